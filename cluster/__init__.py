@@ -1,0 +1,1 @@
+"""The I/O shell of quorumq: node server, wire protocol, client library, admin CLI."""

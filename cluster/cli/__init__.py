@@ -1,0 +1,1 @@
+"""The `quorumq` admin CLI: one module per command group, a thin layer over the client library."""

@@ -1,0 +1,90 @@
+"""Entry point of the `quorumq` CLI: the root group, global options and error mapping.
+
+Each command group lives in its own module and is registered here with `cli.add_command`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from cluster.cli.exits import SOFTWARE, CliError
+
+
+@dataclass
+class CliContext:
+    """Global options shared by every command."""
+
+    output: str
+    data_dir: Path | None
+    endpoints: str | None
+    credentials: str | None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json", "jsonl"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="QUORUMQ_DATA_DIR",
+    help="Cluster data dir (reads cluster.toml and the credentials from it).",
+)
+@click.option(
+    "--endpoints",
+    envvar="QUORUMQ_ENDPOINTS",
+    help="Comma-separated client endpoints host:port, instead of --data-dir.",
+)
+@click.option(
+    "--credentials",
+    envvar="QUORUMQ_CREDENTIALS",
+    help="Path of a client key file (with --endpoints).",
+)
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    output: str,
+    data_dir: Path | None,
+    endpoints: str | None,
+    credentials: str | None,
+) -> None:
+    """quorumq: a replicated work queue with RabbitMQ quorum-queue semantics.
+
+    \b
+    Example:
+      quorumq cluster start --nodes 3 --data-dir /tmp/qq
+      quorumq --data-dir /tmp/qq queue declare jobs
+      quorumq --data-dir /tmp/qq publish jobs --count 1000
+      quorumq --data-dir /tmp/qq consume jobs --count 10 -o jsonl
+    """
+    ctx.obj = CliContext(output, data_dir, endpoints, credentials)
+
+
+def main() -> None:
+    """Run the CLI, turning a CliError into its message and exit code."""
+    try:
+        cli.main(standalone_mode=False)
+    except CliError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(64 if isinstance(err, click.UsageError) else err.exit_code)
+    except Exception as err:  # the edge of the program: report, never a bare traceback
+        click.echo(f"internal error: {type(err).__name__}: {err}", err=True)
+        sys.exit(SOFTWARE)
+    sys.exit(0)

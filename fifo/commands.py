@@ -1,0 +1,289 @@
+"""Commands accepted by the machine: one frozen, slotted dataclass per verb.
+
+This module is the contract between `fifo` and its callers (`raft`, `cluster`, tests). Fields may
+be added with defaults; existing fields keep their meaning in every shipped machine version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ConnectionId:
+    """A client connection: the node that owns it, that node's incarnation, and a number.
+
+    The incarnation changes at every node restart, so effects replayed from the journal after a
+    restart name connections that no longer exist and are dropped by the node.
+    """
+
+    node: str
+    incarnation: int
+    number: int
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ConsumerId:
+    """A consumer as the client names it: a tag unique within its connection."""
+
+    tag: str
+    connection: ConnectionId
+
+
+# v2 keys consumers by the Raft index of the checkout that created them (compact key); the id form
+# is accepted everywhere a key is. v1 keys consumers by their ConsumerId.
+ConsumerKey = int | ConsumerId
+
+Overflow = Literal["drop_head", "reject_publish"]
+DownReason = Literal["normal", "noconnection"]
+
+CONSUMER_TIMEOUT_MS_DEFAULT = 1_800_000
+DISCONNECTED_TIMEOUT_MS_DEFAULT = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """Per-queue configuration; `None` means no limit."""
+
+    single_active_consumer: bool = False
+    delivery_limit: int | None = None
+    max_length: int | None = None
+    max_bytes: int | None = None
+    overflow: Overflow = "drop_head"
+    message_ttl_ms: int | None = None
+    dead_letter_queue: str | None = None
+    consumer_timeout_ms: int = CONSUMER_TIMEOUT_MS_DEFAULT
+    disconnected_timeout_ms: int = DISCONNECTED_TIMEOUT_MS_DEFAULT
+
+
+# --- checkout specs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SimplePrefetch:
+    """AMQP 0.9.1 basic.qos: credit starts at `prefetch` and is refilled by settles."""
+
+    prefetch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Credited:
+    """AMQP 1.0 link credit: credit starts at 0 and is granted by `Credit` commands."""
+
+    initial_delivery_count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Soft cancel: the consumer gets nothing new and leaves once its pending messages are done."""
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """Hard cancel (v2 only): pending messages are returned at once, late settles are ignored."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dequeue:
+    """basic.get: take one ready message; `settled` means no ack is expected."""
+
+    settled: bool
+
+
+CheckoutSpec = SimplePrefetch | Credited | Cancel | Remove | Dequeue
+
+
+# --- queue registry ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareQueue:
+    """Create a queue; declaring an existing queue with an equal config is a no-op."""
+
+    queue: str
+    config: QueueConfig = QueueConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteQueue:
+    """Delete a queue with everything in it; its consumers are told they were cancelled."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateConfig:
+    """Replace a queue's config; limits are re-evaluated at once."""
+
+    queue: str
+    config: QueueConfig
+
+
+# --- per-queue commands -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue:
+    """Publish one message. With `enqueuer` and `seq`, duplicates are acked and gaps refused."""
+
+    queue: str
+    body: bytes
+    enqueuer: str | None = None
+    seq: int | None = None
+    connection: ConnectionId | None = None
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterEnqueuer:
+    """Make an enqueuer known (bound to a connection); replies RejectPublish while over limit."""
+
+    queue: str
+    enqueuer: str
+    connection: ConnectionId
+
+
+@dataclass(frozen=True, slots=True)
+class Checkout:
+    """Attach, update, cancel or remove a consumer, or dequeue one message."""
+
+    queue: str
+    consumer: ConsumerId
+    spec: CheckoutSpec
+    priority: int = 0
+    timeout_ms: int | None = None  # None: the queue's consumer_timeout_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Acknowledge messages: they are done and leave the queue."""
+
+    queue: str
+    consumer_key: ConsumerKey
+    msg_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Return:
+    """Give messages back (requeue at the back of the returns queue) without a failed delivery."""
+
+    queue: str
+    consumer_key: ConsumerKey
+    msg_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Discard:
+    """Reject messages: a failed delivery; they are dead-lettered (or dropped)."""
+
+    queue: str
+    consumer_key: ConsumerKey
+    msg_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Modify:
+    """AMQP 1.0 modified outcome (v2 only): return or dead-letter with annotations."""
+
+    queue: str
+    consumer_key: ConsumerKey
+    msg_ids: tuple[int, ...]
+    delivery_failed: bool
+    undeliverable_here: bool
+    annotations: tuple[tuple[str, str | int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """AMQP 1.0 flow: link credit with the receiver's serial-number delivery count."""
+
+    queue: str
+    consumer_key: ConsumerKey
+    credit: int
+    delivery_count: int
+    drain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RenewLocks:
+    """Extend the consumer-timeout locks of checked-out messages (v2 only)."""
+
+    queue: str
+    consumer_key: ConsumerKey
+    msg_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    """Drop every ready and returned message; checked-out messages are untouched."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvalConsumerTimeouts:
+    """Submitted by the leader when some locks expired: return them and time the consumers out."""
+
+    queue: str
+    consumer_keys: tuple[ConsumerKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerDisconnectedTimeout:
+    """Submitted by the leader when a suspected consumer stayed disconnected too long (v2)."""
+
+    queue: str
+    consumer_key: ConsumerKey
+
+
+@dataclass(frozen=True, slots=True)
+class Expire:
+    """Submitted by the leader when the head of a queue has expired: dead-letter expired messages."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionDown:
+    """A client connection closed (`normal`) or its node is unreachable (`noconnection`)."""
+
+    connection: ConnectionId
+    reason: DownReason
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDown:
+    """The leader lost a node: its connections are treated as `noconnection`."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUp:
+    """A lost node is back: its suspected consumers and enqueuers come up again."""
+
+    node: str
+
+
+Command = (
+    DeclareQueue
+    | DeleteQueue
+    | UpdateConfig
+    | Enqueue
+    | RegisterEnqueuer
+    | Checkout
+    | Settle
+    | Return
+    | Discard
+    | Modify
+    | Credit
+    | RenewLocks
+    | Purge
+    | EvalConsumerTimeouts
+    | ConsumerDisconnectedTimeout
+    | Expire
+    | ConnectionDown
+    | NodeDown
+    | NodeUp
+)

@@ -1,0 +1,116 @@
+"""Replies returned by `apply`: one per command, data only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fifo.commands import ConsumerKey
+
+ErrorCode = Literal[
+    "unknown_command",  # not a command of this machine version
+    "invalid_argument",  # wrong type or out-of-range value
+    "unknown_queue",
+    "unknown_consumer",
+    "queue_exists",  # declared again with a different config
+    "unsupported",  # valid command that this queue or version does not support
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    """The command was applied (or was a harmless duplicate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """The command was refused; the state is unchanged."""
+
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotEnqueued:
+    """An enqueue with a sequence gap: not stored, the publisher must resend in order."""
+
+    expected_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class RejectPublish:
+    """RegisterEnqueuer while the queue is over its limit with overflow reject_publish."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareOk:
+    """The queue exists with the requested config; `created` is False for a re-declare."""
+
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOk:
+    """The queue is gone with `messages` messages in it."""
+
+    messages: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckoutOk:
+    """A consumer was attached or updated (fields as they were before this command's deliveries)."""
+
+    consumer_key: ConsumerKey
+    next_msg_id: int
+    credit: int
+    delivery_count: int
+    is_active: bool
+    num_checked_out: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOk:
+    """A consumer was cancelled or removed; `consumer_key` is None once it is gone."""
+
+    consumer_key: ConsumerKey | None
+    num_checked_out: int
+
+
+@dataclass(frozen=True, slots=True)
+class DequeuedMessage:
+    """One message taken by a Dequeue."""
+
+    msg_id: int
+    body: bytes
+    delivery_count: int
+    redelivered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DequeueOk:
+    """A Dequeue result: `message` is None when the queue had nothing ready."""
+
+    message: DequeuedMessage | None
+    ready: int
+    consumer_key: ConsumerKey | None = None  # set for an unsettled dequeue, to settle it later
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeOk:
+    """Purge dropped `count` messages."""
+
+    count: int
+
+
+Reply = (
+    Ok
+    | Error
+    | NotEnqueued
+    | RejectPublish
+    | DeclareOk
+    | DeleteOk
+    | CheckoutOk
+    | CancelOk
+    | DequeueOk
+    | PurgeOk
+)
