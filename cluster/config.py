@@ -1,0 +1,234 @@
+"""Cluster configuration: `D/cluster.toml`, the cluster secret and the client key.
+
+Layout of a data dir `D` (written by `quorumq cluster start`, read by every node):
+`D/cluster.toml`, `D/secret` (0600, 32 random bytes hex: pysyncobj's password),
+`D/client.key` (0600, HMAC-SHA256(secret, b"quorumq client v1") hex) and one dir per node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from cluster.errors import ConfigError
+
+FsyncPolicy = Literal["always", "batch", "never"]
+FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "batch", "never")
+CONFIG_FILE = "cluster.toml"
+SECRET_FILE = "secret"
+CLIENT_KEY_FILE = "client.key"
+CLIENT_KEY_LABEL = b"quorumq client v1"
+SECRET_BYTES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """One node: its id, where it listens (peer and client ports) and its own data dir."""
+
+    id: str
+    host: str
+    raft_port: int
+    client_port: int
+    data_dir: Path
+    max_machine_version: int | None = None
+
+    @property
+    def raft_address(self) -> str:
+        """The pysyncobj address `host:raft_port`."""
+        return f"{self.host}:{self.raft_port}"
+
+    @property
+    def client_address(self) -> str:
+        """The client endpoint `host:client_port`."""
+        return f"{self.host}:{self.client_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """The whole cluster: name, fsync policy, bind address and its nodes in id order."""
+
+    name: str
+    created_ms: int
+    nodes: tuple[NodeConfig, ...]
+    fsync: FsyncPolicy = "batch"
+    bind: str = "127.0.0.1"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def node(self, node_id: str) -> NodeConfig:
+        """The node called `node_id`; ConfigError if there is none."""
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise ConfigError(f"no node {node_id!r} in the cluster config (have {self.node_ids()})")
+
+    def node_ids(self) -> list[str]:
+        """Every node id, in config order."""
+        return [node.id for node in self.nodes]
+
+    def endpoints(self) -> dict[str, str]:
+        """Client endpoints by node id."""
+        return {node.id: node.client_address for node in self.nodes}
+
+
+def load(data_dir: Path) -> ClusterConfig:
+    """Read and validate `data_dir/cluster.toml`."""
+    path = Path(data_dir) / CONFIG_FILE
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise ConfigError(f"{path} not found: is this a quorumq data dir?") from err
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read {path}: {err}") from err
+    return _parse(raw, path)
+
+
+def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
+    section = raw.get("cluster")
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: missing [cluster] table")
+    fsync = section.get("fsync", "batch")
+    if fsync not in FSYNC_POLICIES:
+        raise ConfigError(f"{path}: fsync must be one of {FSYNC_POLICIES}, got {fsync!r}")
+    nodes_raw = raw.get("nodes")
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise ConfigError(f"{path}: at least one [[nodes]] table is required")
+    nodes = tuple(_parse_node(item, path) for item in nodes_raw)
+    ids = [node.id for node in nodes]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{path}: duplicate node ids in {ids}")
+    return ClusterConfig(
+        name=_typed(section, "name", str, path, "quorumq"),
+        created_ms=_typed(section, "created_ms", int, path, 0),
+        nodes=nodes,
+        fsync=fsync,
+        bind=_typed(section, "bind", str, path, "127.0.0.1"),
+    )
+
+
+def _parse_node(item: Any, path: Path) -> NodeConfig:
+    if not isinstance(item, dict):
+        raise ConfigError(f"{path}: each [[nodes]] entry must be a table")
+    data_dir = _typed(item, "data_dir", str, path, None)
+    cap = item.get("max_machine_version")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise ConfigError(f"{path}: max_machine_version must be a positive integer")
+    node_id = _typed(item, "id", str, path, None)
+    return NodeConfig(
+        id=node_id,
+        host=_typed(item, "host", str, path, "127.0.0.1"),
+        raft_port=_port(item, "raft_port", path),
+        client_port=_port(item, "client_port", path),
+        data_dir=Path(data_dir) if data_dir else path.parent / node_id,
+        max_machine_version=cap,
+    )
+
+
+def _typed(table: dict[str, Any], key: str, kind: type, path: Path, default: Any) -> Any:
+    value = table.get(key, default)
+    if value is None or not isinstance(value, kind) or isinstance(value, bool) != (kind is bool):
+        raise ConfigError(f"{path}: {key!r} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _port(table: dict[str, Any], key: str, path: Path) -> int:
+    port: int = _typed(table, key, int, path, None)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{path}: {key} {port} is not a TCP port")
+    return port
+
+
+def dumps(config: ClusterConfig) -> str:
+    """The TOML text of `config` (a small writer: tomllib only reads)."""
+    lines = [
+        "[cluster]",
+        f"name = {_toml_str(config.name)}",
+        f"created_ms = {config.created_ms}",
+        f"fsync = {_toml_str(config.fsync)}",
+        f"bind = {_toml_str(config.bind)}",
+    ]
+    for node in config.nodes:
+        lines += [
+            "",
+            "[[nodes]]",
+            f"id = {_toml_str(node.id)}",
+            f"host = {_toml_str(node.host)}",
+            f"raft_port = {node.raft_port}",
+            f"client_port = {node.client_port}",
+            f"data_dir = {_toml_str(str(node.data_dir))}",
+        ]
+        if node.max_machine_version is not None:
+            lines.append(f"max_machine_version = {node.max_machine_version}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_str(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    if any(ord(char) < 0x20 for char in escaped):
+        raise ConfigError(f"control characters are not allowed in config strings: {value!r}")
+    return f'"{escaped}"'
+
+
+def write(data_dir: Path, config: ClusterConfig) -> Path:
+    """Write `data_dir/cluster.toml` atomically (tmp file + fsync + rename); returns its path."""
+    path = Path(data_dir) / CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, dumps(config).encode("utf-8"), mode=0o644)
+    return path
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def create_secret(data_dir: Path) -> bytes:
+    """Generate the cluster secret into `data_dir/secret` (0600) and write `client.key`."""
+    secret = secrets.token_hex(SECRET_BYTES).encode("ascii")
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    _write_atomic(Path(data_dir) / SECRET_FILE, secret + b"\n", mode=0o600)
+    _write_atomic(Path(data_dir) / CLIENT_KEY_FILE, client_key(secret) + b"\n", mode=0o600)
+    return secret
+
+
+def read_secret(data_dir: Path) -> bytes:
+    """The cluster secret (hex ascii bytes); ConfigError when it is missing or malformed."""
+    return _read_hex(Path(data_dir) / SECRET_FILE, "cluster secret")
+
+
+def client_key(secret: bytes) -> bytes:
+    """The client credential derived from the secret: HMAC-SHA256(secret, label), hex ascii."""
+    return hmac.new(secret, CLIENT_KEY_LABEL, hashlib.sha256).hexdigest().encode("ascii")
+
+
+def read_client_key(path: Path) -> bytes:
+    """A client key file (hex ascii bytes, as written by `create_secret`)."""
+    return _read_hex(Path(path), "client key")
+
+
+def _read_hex(path: Path, what: str) -> bytes:
+    try:
+        value = path.read_bytes().strip()
+    except FileNotFoundError as err:
+        raise ConfigError(f"{what} file {path} not found") from err
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} file {path}: {err}") from err
+    try:
+        bytes.fromhex(value.decode("ascii"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(f"{what} file {path} is not hex") from err
+    if len(value) < 32:
+        raise ConfigError(f"{what} file {path} is too short ({len(value)} hex chars)")
+    return value

@@ -1,0 +1,200 @@
+"""The client wire protocol: length-prefixed CBOR frames, the handshake and the message shapes.
+
+Frame: a 4-byte big-endian length N (1 <= N <= frame_bytes_max) then N bytes of CBOR encoding
+a map with an "op" key. Sequence: server sends `challenge`, client answers `hello` with
+HMAC-SHA256(client_key, nonce), server answers `welcome` or an `auth_failed` error and closes.
+Then `command` / `query` / `admin` requests (pipelined, matched by "id") and `effect` pushes.
+Commands inside frames are `fifo.encode` bytes; this module never decodes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import socket
+import struct
+from typing import Any, Final
+
+import cbor2
+
+from cluster.errors import ProtocolError
+
+FRAME_BYTES_MAX_DEFAULT: Final = 16 * 1024 * 1024
+HEADER = struct.Struct(">I")
+NONCE_BYTES: Final = 32
+
+# ops
+CHALLENGE: Final = "challenge"
+HELLO: Final = "hello"
+WELCOME: Final = "welcome"
+COMMAND: Final = "command"
+REPLY: Final = "reply"
+QUERY: Final = "query"
+RESULT: Final = "result"
+ADMIN: Final = "admin"
+EFFECT: Final = "effect"
+ERROR: Final = "error"
+CLIENT_OPS: Final = frozenset({HELLO, COMMAND, QUERY, ADMIN})
+
+QUERIES: Final = ("overview", "queues", "consumers", "messages", "status", "machine")
+ADMIN_ACTIONS: Final = ("member_add", "member_remove", "machine_upgrade")
+
+# error codes
+BAD_FRAME: Final = "bad_frame"
+FRAME_TOO_LARGE: Final = "frame_too_large"
+NOT_AUTHENTICATED: Final = "not_authenticated"
+AUTH_FAILED: Final = "auth_failed"
+UNKNOWN_OP: Final = "unknown_op"
+BAD_COMMAND: Final = "bad_command"
+BAD_REQUEST: Final = "bad_request"
+NOT_LEADER_TIMEOUT: Final = "not_leader_timeout"
+UNAVAILABLE: Final = "unavailable"
+INTERNAL: Final = "internal"
+REFUSED: Final = "refused"
+# errors after which the server closes the connection
+FATAL_CODES: Final = frozenset({FRAME_TOO_LARGE, AUTH_FAILED, NOT_AUTHENTICATED})
+
+Message = dict[str, Any]
+
+
+def encode_frame(message: Message, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> bytes:
+    """Header + CBOR body of one message; ProtocolError if the body exceeds the limit."""
+    body = cbor2.dumps(message)
+    if len(body) > frame_bytes_max:
+        raise ProtocolError(FRAME_TOO_LARGE, f"frame of {len(body)} bytes > {frame_bytes_max}")
+    return HEADER.pack(len(body)) + body
+
+
+def check_length(length: int, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+    """Validate a frame header's length; ProtocolError(frame_too_large | bad_frame) if invalid."""
+    if length == 0:
+        raise ProtocolError(BAD_FRAME, "empty frame (length 0)")
+    if length > frame_bytes_max:
+        raise ProtocolError(
+            FRAME_TOO_LARGE, f"frame of {length} bytes exceeds the limit of {frame_bytes_max}"
+        )
+
+
+def decode_body(body: bytes) -> Message:
+    """Decode a frame body: CBOR of a map with a string "op"; ProtocolError(bad_frame) otherwise."""
+    try:
+        message = cbor2.loads(body)
+    except Exception as err:  # cbor2 raises several types for garbage
+        raise ProtocolError(BAD_FRAME, f"frame is not valid CBOR: {err}") from err
+    if not isinstance(message, dict):
+        raise ProtocolError(BAD_FRAME, f"frame must be a CBOR map, got {type(message).__name__}")
+    if not isinstance(message.get("op"), str):
+        raise ProtocolError(BAD_FRAME, "frame map has no string 'op' key")
+    return message
+
+
+async def read_frame(
+    reader: asyncio.StreamReader, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
+) -> Message:
+    """Read one frame; EOF raises asyncio.IncompleteReadError, bad frames ProtocolError."""
+    header = await reader.readexactly(HEADER.size)
+    (length,) = HEADER.unpack(header)
+    check_length(length, frame_bytes_max)
+    return decode_body(await reader.readexactly(length))
+
+
+async def write_frame(
+    writer: asyncio.StreamWriter, message: Message, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
+) -> None:
+    """Write one frame and drain."""
+    writer.write(encode_frame(message, frame_bytes_max))
+    await writer.drain()
+
+
+def recv_frame(sock: socket.socket, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> Message:
+    """Blocking read of one frame from a socket; EOF raises ConnectionError."""
+    (length,) = HEADER.unpack(_recv_exactly(sock, HEADER.size))
+    check_length(length, frame_bytes_max)
+    return decode_body(_recv_exactly(sock, length))
+
+
+def send_frame(
+    sock: socket.socket, message: Message, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
+) -> None:
+    """Blocking write of one frame."""
+    sock.sendall(encode_frame(message, frame_bytes_max))
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise ConnectionError("connection closed by peer")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def proof(client_key: bytes, nonce: bytes) -> bytes:
+    """The handshake proof: HMAC-SHA256(client_key, nonce)."""
+    return hmac.new(client_key, nonce, hashlib.sha256).digest()
+
+
+def verify_proof(client_key: bytes, nonce: bytes, claimed: object) -> bool:
+    """Constant-time check of a `hello` proof."""
+    return isinstance(claimed, bytes) and hmac.compare_digest(proof(client_key, nonce), claimed)
+
+
+def challenge(nonce: bytes, node: str) -> Message:
+    """Server -> client on accept."""
+    return {"op": CHALLENGE, "nonce": nonce, "node": node}
+
+
+def hello(client_key: bytes, nonce: bytes, name: str) -> Message:
+    """Client -> server: answer to a challenge."""
+    return {"op": HELLO, "proof": proof(client_key, nonce), "name": name}
+
+
+def welcome(node: str, connection: bytes, leader: str | None, endpoints: dict[str, str]) -> Message:
+    """Server -> client after a good hello; `connection` is `fifo.encode(ConnectionId)`."""
+    return {
+        "op": WELCOME,
+        "node": node,
+        "connection": connection,
+        "leader": leader,
+        "endpoints": endpoints,
+    }
+
+
+def command(request_id: int, cmd: bytes) -> Message:
+    """Client -> server: one command (`fifo.encode(Command)`)."""
+    return {"op": COMMAND, "id": request_id, "cmd": cmd}
+
+
+def reply(request_id: int, encoded_reply: bytes) -> Message:
+    """Server -> client: the reply to one command (`fifo.encode(Reply)`)."""
+    return {"op": REPLY, "id": request_id, "reply": encoded_reply}
+
+
+def query(request_id: int, name: str, args: dict[str, Any] | None = None) -> Message:
+    """Client -> server: a read-only query (local state of the node answering)."""
+    return {"op": QUERY, "id": request_id, "query": name, "args": args or {}}
+
+
+def result(request_id: int, value: Any) -> Message:
+    """Server -> client: the result of a query or admin request (plain CBOR data)."""
+    return {"op": RESULT, "id": request_id, "result": value}
+
+
+def admin(request_id: int, action: str, args: dict[str, Any] | None = None) -> Message:
+    """Client -> server: an admin action."""
+    return {"op": ADMIN, "id": request_id, "action": action, "args": args or {}}
+
+
+def effect(encoded_effect: bytes) -> Message:
+    """Server -> client push: `fifo.encode(Effect)` addressed to this connection."""
+    return {"op": EFFECT, "effect": encoded_effect}
+
+
+def error(code: str, message: str, request_id: int | None = None) -> Message:
+    """An error frame; `id` is present when the error answers a request with a usable id."""
+    frame: Message = {"op": ERROR, "code": code, "message": message}
+    if request_id is not None:
+        frame["id"] = request_id
+    return frame

@@ -1,0 +1,66 @@
+"""cluster.config and cluster.protocol: round trips and validation."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import cbor2
+import pytest
+
+from cluster import config, protocol
+from cluster.errors import ConfigError, ProtocolError
+
+
+def _sample(tmp_path: Path) -> config.ClusterConfig:
+    nodes = tuple(
+        config.NodeConfig(f"n{i}", "127.0.0.1", 7000 + i, 8000 + i, tmp_path / f"n{i}")
+        for i in range(1, 4)
+    )
+    return config.ClusterConfig("test", 1, nodes, fsync="always")
+
+
+def test_config_round_trips_through_toml(tmp_path: Path) -> None:
+    """write then load gives back an equal config."""
+    cfg = _sample(tmp_path)
+    config.write(tmp_path, cfg)
+    assert config.load(tmp_path) == cfg
+
+
+def test_invalid_config_is_a_config_error(tmp_path: Path) -> None:
+    """A bad fsync policy and a missing file are both ConfigError."""
+    with pytest.raises(ConfigError):
+        config.load(tmp_path)
+    (tmp_path / "cluster.toml").write_text('[cluster]\nfsync = "sometimes"\n')
+    with pytest.raises(ConfigError):
+        config.load(tmp_path)
+
+
+def test_secret_and_client_key_are_private_and_consistent(tmp_path: Path) -> None:
+    """The secret and client key files are mode 0600 and the key derives from the secret."""
+    secret = config.create_secret(tmp_path)
+    assert config.read_secret(tmp_path) == secret
+    assert config.read_client_key(tmp_path / "client.key") == config.client_key(secret)
+    for name in ("secret", "client.key"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
+
+
+def test_frame_codec_rejects_garbage_and_oversize() -> None:
+    """Non-CBOR, non-map and oversized frames raise ProtocolError with the right code."""
+    frame = protocol.encode_frame({"op": "hello"})
+    assert protocol.decode_body(frame[4:]) == {"op": "hello"}
+    with pytest.raises(ProtocolError) as info:
+        protocol.decode_body(b"\xff\xfe")
+    assert info.value.code == protocol.BAD_FRAME
+    with pytest.raises(ProtocolError):
+        protocol.decode_body(cbor2.dumps([1, 2]))
+    with pytest.raises(ProtocolError) as info:
+        protocol.check_length(100, frame_bytes_max=10)
+    assert info.value.code == protocol.FRAME_TOO_LARGE
+
+
+def test_proof_verifies_only_with_the_right_key() -> None:
+    """A proof made with another key is refused."""
+    nonce = b"n" * 32
+    assert protocol.verify_proof(b"k1", nonce, protocol.proof(b"k1", nonce))
+    assert not protocol.verify_proof(b"k1", nonce, protocol.proof(b"k2", nonce))
