@@ -88,3 +88,7 @@ def main() -> None:
         click.echo(f"internal error: {type(err).__name__}: {err}", err=True)
         sys.exit(SOFTWARE)
     sys.exit(0)
+
+from cluster.cli.pipeline import pipeline  # noqa: E402  (groups register after `cli` exists)
+
+cli.add_command(pipeline)
