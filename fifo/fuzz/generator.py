@@ -1,0 +1,290 @@
+"""Draw the next command from the fuzzer's world, like rabbit_fifo_prop_SUITE's weighted log_gen.
+
+Settles, returns, discards and modifies name message ids that the machine really delivered
+(the world learns them from Deliver effects), as the suite's `expand/2` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+from fifo.commands import (
+    CONSUMER_TIMEOUT_MS_DEFAULT,
+    DISCONNECTED_TIMEOUT_MS_DEFAULT,
+    Cancel,
+    Checkout,
+    CheckoutSpec,
+    Command,
+    ConnectionDown,
+    ConnectionId,
+    ConsumerId,
+    ConsumerKey,
+    Credit,
+    Credited,
+    DeclareQueue,
+    DeleteQueue,
+    Dequeue,
+    Discard,
+    Enqueue,
+    EvalConsumerTimeouts,
+    Modify,
+    NodeDown,
+    NodeUp,
+    Purge,
+    QueueConfig,
+    RegisterEnqueuer,
+    Remove,
+    RenewLocks,
+    Return,
+    Settle,
+    SimplePrefetch,
+    UpdateConfig,
+)
+from fifo.fuzz.prng import SplitMix64
+from fifo.fuzz.world import (
+    DEAD_LETTER_QUEUE,
+    NODES,
+    SERIAL_MASK,
+    WORK_QUEUES,
+    EnqueuerSlot,
+    Pending,
+    World,
+)
+
+BODY_PAD = b"." * 16
+
+
+def body_for(queue: str, number: int) -> bytes:
+    """A unique body that records its queue and enqueue number (for the order invariant)."""
+    return b"%s|%09d|%s" % (queue.encode(), number, BODY_PAD)
+
+
+def body_number(body: bytes) -> int | None:
+    """The enqueue number written by `body_for`, or None for a foreign body."""
+    parts = body.split(b"|")
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def random_config(rng: SplitMix64, world: World, queue: str) -> QueueConfig:
+    """A queue config exercising SAC, limits, TTL and dead-lettering (v2 adds timeouts)."""
+    dead_letter = DEAD_LETTER_QUEUE if queue != DEAD_LETTER_QUEUE and rng.chance(1, 2) else None
+    v2 = world.version >= 2
+    return QueueConfig(
+        single_active_consumer=rng.chance(1, 3),
+        delivery_limit=None if rng.chance(1, 2) else rng.between(0, 4),
+        max_length=None if rng.chance(2, 3) else rng.between(2, 15),
+        max_bytes=None if rng.chance(5, 6) else rng.between(200, 2000),
+        overflow="drop_head" if rng.chance(2, 3) else "reject_publish",
+        message_ttl_ms=None if rng.chance(2, 3) else rng.between(0, 3000),
+        dead_letter_queue=dead_letter,
+        consumer_timeout_ms=rng.between(100, 5000)
+        if v2 and rng.chance(1, 2)
+        else CONSUMER_TIMEOUT_MS_DEFAULT,
+        disconnected_timeout_ms=rng.between(100, 5000)
+        if v2 and rng.chance(1, 2)
+        else DISCONNECTED_TIMEOUT_MS_DEFAULT,
+    )
+
+
+class Generator:
+    """Produces commands for one world; every choice comes from the seeded PRNG."""
+
+    def __init__(self, rng: SplitMix64, world: World) -> None:
+        self.rng = rng
+        self.world = world
+
+    def next_command(self) -> tuple[Command, bool]:
+        """The next command, and whether it is deliberately bad input (expects an Error)."""
+        world = self.world
+        if not world.queues or (DEAD_LETTER_QUEUE not in world.queues and self.rng.chance(1, 4)):
+            return self.declare(), False
+        table: list[tuple[int, Callable[[], Command]]] = [
+            (20, self.enqueue),
+            (40 if world.pending else 0, self.outcome),
+            (3, self.checkout),
+            (4 if any(s.credited for s in world.consumers.values()) else 0, self.credit),
+            (2 if world.consumers else 0, self.cancel_or_remove),
+            (1, self.dequeue),
+            (1, self.connection_down),
+            (1, self.node_down_or_up),
+            (1, self.purge),
+            (1, self.update_config),
+            (1, self.declare),
+            (1, self.delete),
+            (1, self.register_enqueuer),
+        ]
+        if self.rng.chance(1, 60):
+            return self.bad_input(), True
+        return self.rng.weighted(table)(), False
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def queue(self) -> str:
+        return self.rng.choice(list(self.world.queues))
+
+    def connection(self) -> ConnectionId:
+        world = self.world
+        if not world.connections or self.rng.chance(1, 10):
+            return world.new_connection(self.rng.choice(NODES))
+        return self.rng.choice(world.connections)
+
+    def key_for(self, pending_or_cid: Pending | ConsumerId) -> ConsumerKey:
+        """The key a client would use: the compact key (v2, mostly) or the consumer id."""
+        cid = pending_or_cid.cid if isinstance(pending_or_cid, Pending) else pending_or_cid
+        slot = self.world.consumers.get(cid)
+        if slot is not None and slot.key is not None and self.rng.chance(3, 4):
+            return slot.key
+        return cid
+
+    # --- commands --------------------------------------------------------------------------
+
+    def declare(self) -> Command:
+        world = self.world
+        missing = [q for q in (DEAD_LETTER_QUEUE, *WORK_QUEUES) if q not in world.queues]
+        if missing and not self.rng.chance(1, 8):
+            queue = missing[0]
+            return DeclareQueue(queue, random_config(self.rng, world, queue))
+        queue = self.queue()
+        same = self.rng.chance(1, 2)
+        config = world.queues[queue] if same else random_config(self.rng, world, queue)
+        return DeclareQueue(queue, config)
+
+    def delete(self) -> Command:
+        queues = [q for q in self.world.queues if q != DEAD_LETTER_QUEUE]
+        if not queues or not self.rng.chance(1, 4):
+            return self.purge()
+        return DeleteQueue(self.rng.choice(queues))
+
+    def purge(self) -> Command:
+        return Purge(self.queue())
+
+    def update_config(self) -> Command:
+        queue = self.queue()
+        return UpdateConfig(queue, random_config(self.rng, self.world, queue))
+
+    def enqueue(self) -> Command:
+        queue = self.queue()
+        body = body_for(queue, self.world.fresh())
+        ttl = self.rng.between(0, 2000) if self.rng.chance(1, 8) else None
+        if self.rng.chance(1, 3):
+            return Enqueue(queue, body, ttl_ms=ttl)
+        slot = self.enqueuer(queue)
+        seq = slot.next_seq
+        if self.rng.chance(1, 20) and seq > 1:
+            seq -= 1  # a resend after a lost confirm: a duplicate
+        elif self.rng.chance(1, 40):
+            seq += 2  # a gap: refused with NotEnqueued
+        return Enqueue(queue, body, slot.name, seq, slot.connection, ttl)
+
+    def enqueuer(self, queue: str) -> EnqueuerSlot:
+        mine = [e for e in self.world.enqueuers.values() if e.queue == queue]
+        if mine and not self.rng.chance(1, 20):
+            return self.rng.choice(mine)
+        slot = EnqueuerSlot(queue, f"e{self.world.fresh()}", self.connection())
+        self.world.enqueuers[slot.name] = slot
+        return slot
+
+    def register_enqueuer(self) -> Command:
+        slot = self.enqueuer(self.queue())
+        return RegisterEnqueuer(slot.queue, slot.name, slot.connection)
+
+    def checkout(self) -> Command:
+        rng, world = self.rng, self.world
+        queue = self.queue()
+        existing = world.slots_of(queue)
+        if existing and rng.chance(1, 3):
+            cid = rng.choice(existing).cid
+        else:
+            cid = ConsumerId(f"c{world.fresh()}", self.connection())
+        spec: CheckoutSpec
+        if rng.chance(2, 3):
+            spec = SimplePrefetch(rng.between(1, 10))
+        else:
+            spec = Credited(rng.choice((0, 7, SERIAL_MASK - 2)))
+        timeout = rng.between(100, 4000) if world.version >= 2 and rng.chance(1, 4) else None
+        return Checkout(queue, cid, spec, rng.between(0, 2), timeout)
+
+    def dequeue(self) -> Command:
+        cid = ConsumerId(f"d{self.world.fresh()}", self.connection())
+        return Checkout(self.queue(), cid, Dequeue(self.rng.chance(1, 2)))
+
+    def cancel_or_remove(self) -> Command:
+        slot = self.rng.choice(list(self.world.consumers.values()))
+        remove = self.world.version >= 2 and self.rng.chance(1, 2)
+        return Checkout(slot.queue, slot.cid, Remove() if remove else Cancel())
+
+    def credit(self) -> Command:
+        slot = self.rng.choice([s for s in self.world.consumers.values() if s.credited])
+        count = slot.delivery_count
+        if self.rng.chance(1, 10):
+            count = (count - self.rng.between(1, 3)) & SERIAL_MASK  # a stale receiver view
+        return Credit(
+            slot.queue, self.key_for(slot.cid), self.rng.between(0, 10), count,
+            drain=self.rng.chance(1, 5),
+        )
+
+    def outcome(self) -> Command:
+        rng, world = self.rng, self.world
+        index = 0 if rng.chance(9, 10) else rng.below(len(world.pending))
+        first = world.pending.pop(index)
+        batch = [first]
+        for other in list(world.pending):
+            if len(batch) < 4 and other.cid == first.cid and rng.chance(1, 3):
+                world.pending.remove(other)
+                batch.append(other)
+        ids = tuple(p.msg_id for p in batch)
+        key = self.key_for(first)
+        v2 = world.version >= 2
+        kind = rng.weighted(
+            [(10, "settle"), (2, "return"), (2, "discard"), (1 if v2 else 0, "modify"),
+             (1 if v2 else 0, "renew")]
+        )
+        if kind == "settle":
+            return Settle(first.queue, key, ids)
+        if kind == "return":
+            return Return(first.queue, key, ids)
+        if kind == "discard":
+            return Discard(first.queue, key, ids)
+        if kind == "renew":
+            world.pending.extend(batch)  # still held after a renew
+            return RenewLocks(first.queue, key, ids)
+        failed, here = rng.chance(1, 2), rng.chance(1, 4)
+        return Modify(first.queue, key, ids, failed, here, (("x-note", rng.below(100)),))
+
+    def connection_down(self) -> Command:
+        conn = self.connection()
+        return ConnectionDown(conn, "normal" if self.rng.chance(1, 2) else "noconnection")
+
+    def node_down_or_up(self) -> Command:
+        down = self.world.nodes_down
+        if down and self.rng.chance(2, 3):
+            return NodeUp(self.rng.choice(down))
+        return NodeDown(self.rng.choice(NODES))
+
+    def bad_input(self) -> Command:
+        """A command the machine must refuse with an Error and no state change."""
+        rng, world = self.rng, self.world
+        queue = self.queue()
+        conn = self.connection()
+        ghost = ConsumerId("ghost", conn)
+        choices: list[Command] = [
+            Enqueue("no-such-queue", b"x"),
+            Settle(queue, ghost, (1,)),
+            Return(queue, 10**9, (0,)),
+            Checkout(queue, ConsumerId("bad", conn), SimplePrefetch(-1)),
+            Credit("no-such-queue", ghost, 1, 0),
+            Purge("no-such-queue"),
+            UpdateConfig(queue, QueueConfig(max_length=-1)),
+            EvalConsumerTimeouts("no-such-queue", (ghost,)),
+            cast(Command, Enqueue(queue, cast(bytes, "not-bytes"))),
+            cast(Command, ("enqueue", queue, b"tuple")),
+            cast(Command, None),
+        ]
+        if world.version < 2:
+            choices += [
+                Checkout(queue, ConsumerId("rm", conn), Remove()),
+                Modify(queue, ghost, (0,), True, False),
+                RenewLocks(queue, ghost, (0,)),
+            ]
+        return rng.choice(choices)

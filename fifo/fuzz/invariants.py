@@ -1,0 +1,249 @@
+"""Invariants checked after every step of a fuzz run (rabbit_fifo_prop_SUITE's, plus accounting).
+
+A `Checker` peeks at the state before each command (what a settle will remove, whether an enqueue
+is fresh) and, after it, checks the state, the reply and the effects against its own ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fifo.commands import (
+    Checkout,
+    Command,
+    ConnectionDown,
+    ConsumerDisconnectedTimeout,
+    ConsumerId,
+    DeclareQueue,
+    DeleteQueue,
+    Dequeue,
+    Enqueue,
+    EvalConsumerTimeouts,
+    Modify,
+    NodeDown,
+    Remove,
+    Return,
+    Settle,
+)
+from fifo.effects import DeadLettered, Deliver, Effect, Released
+from fifo.fuzz import probe
+from fifo.fuzz.generator import body_number
+from fifo.replies import DeleteOk, DequeueOk, Error, NotEnqueued, Ok, PurgeOk, Reply
+from fifo.state import State
+
+Found = tuple[str, str]  # (invariant, detail)
+_DISTURBING = (Return, Modify, ConnectionDown, NodeDown, EvalConsumerTimeouts,
+               ConsumerDisconnectedTimeout)
+
+
+@dataclass(slots=True)
+class Peek:
+    """What the state said just before a command was applied."""
+
+    settled_held: int = 0  # ids named by a Settle that the consumer really held
+    enqueue_expected_seq: int | None = None  # the machine's next seq for the enqueuer
+    total_before: int | None = None
+
+
+@dataclass
+class Ledger:
+    """Per-queue message accounting: enqueued in == total + everything that left."""
+
+    inflow: int = 0
+    outflow: int = 0
+    disturbed: bool = False  # something was returned or dead-lettered in: no order check
+
+
+@dataclass
+class Checker:
+    """Holds the ledgers and last delivered numbers; `after` returns the failed invariants."""
+
+    ledgers: dict[str, Ledger] = field(default_factory=dict)
+    last_number: dict[tuple[str, ConsumerId], int] = field(default_factory=dict)
+    deliveries: int = 0
+
+    def ledger(self, queue: str) -> Ledger:
+        return self.ledgers.setdefault(queue, Ledger())
+
+    def before(self, state: State, command: Command) -> Peek:
+        """Peek at what the command is about to touch."""
+        peek = Peek()
+        name = getattr(command, "queue", None)
+        queue = probe.queue(state, name) if isinstance(name, str) else None
+        if queue is None:
+            return peek
+        peek.total_before = queue.messages_total
+        if isinstance(command, Settle):
+            consumer = probe.find_consumer(queue, command.consumer_key)
+            if consumer is not None and isinstance(command.msg_ids, tuple):
+                ids = {i for i in command.msg_ids if isinstance(i, int)}
+                peek.settled_held = sum(1 for i in ids if i in consumer.checked_out)
+        elif isinstance(command, Enqueue) and isinstance(command.enqueuer, str):
+            expected = probe.enqueuer_next_seq(queue, command.enqueuer)
+            peek.enqueue_expected_seq = 1 if expected is None else expected
+        return peek
+
+    def after(
+        self, state: State, command: Command, reply: Reply, effects: list[Effect], peek: Peek
+    ) -> list[Found]:
+        """Update the ledgers from the reply and effects, then check every invariant."""
+        found: list[Found] = []
+        if not isinstance(reply, Error):
+            found += self._account(command, reply, peek)
+        found += self._account_effects(state, command, effects)
+        found += check_state(state, self.ledgers)
+        return found
+
+    def _account(self, command: Command, reply: Reply, peek: Peek) -> list[Found]:
+        found: list[Found] = []
+        if isinstance(command, DeclareQueue) and command.queue not in self.ledgers:
+            self.ledgers[command.queue] = Ledger()
+        elif isinstance(command, DeleteQueue) and isinstance(reply, DeleteOk):
+            if peek.total_before is not None and reply.messages != peek.total_before:
+                found.append(("delete_count", f"DeleteOk({reply.messages}) but total was "
+                              f"{peek.total_before}"))
+            self.ledgers.pop(command.queue, None)
+        elif isinstance(command, Enqueue):
+            found += self._account_enqueue(command, reply, peek)
+        elif isinstance(command, Settle):
+            self.ledger(command.queue).outflow += peek.settled_held
+        elif isinstance(reply, PurgeOk):
+            self.ledger(getattr(command, "queue", "")).outflow += reply.count
+        elif _is_settled_dequeue(command, reply):
+            self.ledger(getattr(command, "queue", "")).outflow += 1
+        if isinstance(command, _DISTURBING) or (
+            isinstance(command, Checkout) and isinstance(command.spec, Remove)
+        ):
+            self._disturb(getattr(command, "queue", None))
+        return found
+
+    def _account_enqueue(self, command: Enqueue, reply: Reply, peek: Peek) -> list[Found]:
+        expected = peek.enqueue_expected_seq
+        if command.seq is None or command.enqueuer is None or expected is None:
+            if isinstance(reply, Ok):
+                self.ledger(command.queue).inflow += 1
+            return []
+        if command.seq == expected and isinstance(reply, Ok):
+            self.ledger(command.queue).inflow += 1
+            return []
+        if command.seq < expected and isinstance(reply, Ok):
+            return []  # a duplicate: acked, not stored
+        if command.seq > expected and isinstance(reply, NotEnqueued):
+            if reply.expected_seq != expected:
+                detail = f"NotEnqueued({reply.expected_seq}), expected {expected}"
+                return [("enqueuer_dedup", detail)]
+            return []
+        return [("enqueuer_dedup", f"seq {command.seq} with next {expected} got {reply!r}")]
+
+    def _disturb(self, queue: object) -> None:
+        if isinstance(queue, str):
+            self.ledger(queue).disturbed = True
+        else:  # a connection or node event may touch every queue
+            for ledger in self.ledgers.values():
+                ledger.disturbed = True
+
+    def _account_effects(
+        self, state: State, command: Command, effects: list[Effect]
+    ) -> list[Found]:
+        found: list[Found] = []
+        for effect in effects:
+            if isinstance(effect, DeadLettered):
+                self.ledger(effect.queue).outflow += effect.count
+                if effect.target is not None and probe.queue(state, effect.target) is not None:
+                    target = self.ledger(effect.target)
+                    target.inflow += effect.count
+                    target.disturbed = True
+            elif isinstance(effect, Released):
+                self.ledger(effect.queue).disturbed = True
+            elif isinstance(effect, Deliver):
+                found += self._check_order(effect)
+        return found
+
+    def _check_order(self, effect: Deliver) -> list[Found]:
+        """Per consumer, never-redelivered messages arrive in enqueue order."""
+        found: list[Found] = []
+        ledger = self.ledger(effect.queue)
+        cid = ConsumerId(effect.tag, effect.connection)
+        prefix = effect.queue.encode() + b"|"
+        for delivery in effect.messages:
+            self.deliveries += 1
+            number = body_number(delivery.body)
+            if number is None or not delivery.body.startswith(prefix):
+                continue
+            if ledger.disturbed or delivery.redelivered:
+                continue
+            last = self.last_number.get((effect.queue, cid), -1)
+            if number <= last:
+                found.append(("delivery_order", f"{effect.queue}/{effect.tag}: message #{number} "
+                              f"after #{last} with nothing returned"))
+            self.last_number[(effect.queue, cid)] = number
+        return found
+
+
+def check_state(state: State, ledgers: dict[str, Ledger]) -> list[Found]:
+    """The structural invariants over every queue of the state."""
+    found: list[Found] = []
+    owners: dict[int, str] = {}
+    for queue in probe.queues(state):
+        found += _check_queue(queue, ledgers.get(queue.name), owners)
+    return found
+
+
+def _check_queue(
+    queue: probe.Queue, ledger: Ledger | None, owners: dict[int, str]
+) -> list[Found]:
+    found: list[Found] = []
+    name = queue.name
+    held = 0
+    for consumer, msg_id, message in probe.checked_out(queue):
+        held += 1
+        where = f"{name}/{consumer.tag}#{msg_id}"
+        if id(message) in owners:
+            found.append(("double_checkout", f"message {message.body!r} at {where} and "
+                          f"{owners[id(message)]}"))
+        owners[id(message)] = where
+    for message in (*queue.ready, *queue.returns):
+        if id(message) in owners:
+            where = owners[id(message)]
+            found.append(("double_checkout", f"{message.body!r} ready and at {where}"))
+    total = queue.messages_total
+    if total != len(queue.ready) + len(queue.returns) + held:
+        found.append(("messages_total", f"{name}: total {total} != ready {len(queue.ready)} + "
+                      f"returned {len(queue.returns)} + checked out {held}"))
+    if ledger is not None and ledger.inflow - ledger.outflow != total:
+        found.append(("accounting", f"{name}: enqueued {ledger.inflow} - left {ledger.outflow} "
+                      f"!= total {total}"))
+    found += _check_consumers(queue)
+    config = queue.config
+    limited = config.max_length is not None and config.overflow == "drop_head"
+    if limited and probe.ready_count(queue) > (config.max_length or 0):
+        found.append(("max_length", f"{name}: ready {probe.ready_count(queue)} > "
+                          f"max_length {config.max_length}"))
+    return found
+
+
+def _check_consumers(queue: probe.Queue) -> list[Found]:
+    found: list[Found] = []
+    active = 0
+    for consumer in queue.consumers.values():
+        if consumer.status in ("up", "quiescing") and not consumer.once:
+            active += 1
+        if not consumer.credited and not consumer.once and not (
+            0 <= consumer.credit <= consumer.prefetch
+        ):
+            found.append(("credit_bounds", f"{queue.name}/{consumer.tag}: credit "
+                          f"{consumer.credit} not in [0, {consumer.prefetch}]"))
+    if queue.config.single_active_consumer and active > 1:
+        found.append(("single_active", f"{queue.name}: {active} active consumers"))
+    return found
+
+
+def _is_settled_dequeue(command: Command, reply: Reply) -> bool:
+    """A Dequeue(settled=True) that took a message: it left the queue at once."""
+    return (
+        isinstance(command, Checkout)
+        and isinstance(command.spec, Dequeue)
+        and command.spec.settled
+        and isinstance(reply, DequeueOk)
+        and reply.message is not None
+    )

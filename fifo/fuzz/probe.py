@@ -1,0 +1,69 @@
+"""Read-only access to machine internals for invariants; the one place that knows their shape.
+
+Everything here only reads `fifo.state` objects: no invariant may mutate the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fifo.commands import ConsumerKey
+from fifo.state import Consumer, Message, Queue, State
+
+__all__ = ["Consumer", "Message", "Queue", "State"]
+
+
+def queues(state: State) -> Iterator[Queue]:
+    """Every queue, in registry order."""
+    yield from state.queues.values()
+
+
+def queue(state: State, name: str) -> Queue | None:
+    """A queue by name, or None."""
+    found = state.queues.get(name)
+    return found if isinstance(found, Queue) else None
+
+
+def all_consumers(queue_: Queue) -> Iterator[Consumer]:
+    """Consumers in the map, then waiting SAC consumers that are not also in the map."""
+    seen: list[int] = []
+    for consumer in queue_.consumers.values():
+        seen.append(id(consumer))
+        yield consumer
+    for consumer in queue_.waiting:
+        if id(consumer) not in seen:
+            yield consumer
+
+
+def find_consumer(queue_: Queue, key: object) -> Consumer | None:
+    """Resolve a compact key or a ConsumerId the way a client names a consumer."""
+    try:
+        found = queue_.consumers.get(key)  # type: ignore[call-overload]
+        if found is None:
+            resolved: ConsumerKey | None = queue_.key_by_id.get(key)
+            found = queue_.consumers.get(resolved) if resolved is not None else None
+        if found is None:
+            found = next((c for c in queue_.waiting if c.key == key), None)
+        return found
+    except TypeError:  # an unhashable bad-input key
+        return None
+
+
+def checked_out(queue_: Queue) -> Iterator[tuple[Consumer, int, Message]]:
+    """Every checked-out message with its consumer and message id."""
+    for consumer in all_consumers(queue_):
+        for msg_id, message in consumer.checked_out.items():
+            yield consumer, msg_id, message
+
+
+def ready_count(queue_: Queue) -> int:
+    """Ready messages including returned ones (what max_length limits)."""
+    return len(queue_.ready) + len(queue_.returns)
+
+
+def enqueuer_next_seq(queue_: Queue, name: str) -> int | None:
+    """The machine's next expected sequence number of an enqueuer, None if unknown or down."""
+    enqueuer = queue_.enqueuers.get(name)
+    if enqueuer is None or getattr(enqueuer, "status", "up") == "down":
+        return None
+    return enqueuer.next_seq

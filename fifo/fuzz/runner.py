@@ -1,0 +1,227 @@
+"""The seeded fuzz loop: generate, apply, check, and optionally upgrade and snapshot-check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import fifo
+from fifo.commands import Command
+from fifo.effects import Effect
+from fifo.fuzz.generator import Generator
+from fifo.fuzz.invariants import Checker
+from fifo.fuzz.prng import SplitMix64
+from fifo.fuzz.violations import FuzzResult, Violation
+from fifo.fuzz.world import World
+from fifo.meta import Meta
+from fifo.replies import Error, Reply
+from fifo.state import State
+
+ApplyFn = Callable[[Meta, Command, State], tuple[Reply, list[Effect]]]
+UpgradeAt = int | Literal["random"] | None
+
+DIGEST_SAMPLE_ONE_IN = 16  # digest is costly: check "Error leaves the state unchanged" on a sample
+VIOLATIONS_MAX = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Upgrade:
+    """A log position where the effective machine version moved from 1 to 2."""
+
+    meta: Meta
+
+
+LogEntry = tuple[Meta, Command] | Upgrade
+
+
+@dataclass
+class Run:
+    """The mutable state of one fuzz run."""
+
+    seed: int
+    state: State
+    world: World
+    version: int
+    apply_fn: ApplyFn
+    rng: SplitMix64
+    now_ms: int = 1_000
+    due: list[Command] = field(default_factory=list)
+    log: list[LogEntry] = field(default_factory=list)
+    checker: Checker = field(default_factory=Checker)
+    violations: list[Violation] = field(default_factory=list)
+    error_replies: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def reproduce_command(
+    seed: int, steps: int, version: int, upgrade_index: int | None, snapshot_check: bool
+) -> str:
+    """The `quorumq fuzz` command line that replays this run exactly."""
+    line = f"quorumq fuzz --seed {seed} --steps {steps} --machine-version {version}"
+    if upgrade_index is not None:
+        line += f" --upgrade-at {upgrade_index}"
+    if snapshot_check:
+        line += " --snapshot-check"
+    return line + " -o json"
+
+
+def resolve_upgrade(seed: int, steps: int, version: int, upgrade_at: UpgradeAt) -> int | None:
+    """The entry index before which v1 is converted to v2 (None: no upgrade)."""
+    if upgrade_at is None or version >= fifo.LATEST_VERSION or steps <= 0:
+        return None
+    if upgrade_at == "random":
+        return SplitMix64(seed ^ 0x5EED_0F_F00D).below(steps)
+    return max(0, min(int(upgrade_at), steps))
+
+
+def advance_time(run: Run) -> None:
+    """Virtual time: small steps, sometimes a jump so TTLs and consumer timeouts fire."""
+    rng = run.rng
+    if rng.chance(1, 500):
+        run.now_ms += rng.between(60_000, 2_000_000)
+    elif rng.chance(1, 60):
+        run.now_ms += rng.between(500, 10_000)
+    else:
+        run.now_ms += rng.between(0, 20)
+
+
+def next_command(run: Run, generator: Generator) -> tuple[Command, bool]:
+    """A due timer command (as the leader would submit) or a generated one."""
+    if not run.due and run.rng.chance(1, 4):
+        run.due.extend(fifo.due_commands(run.state, run.now_ms))
+    if run.due and run.rng.chance(3, 4):
+        return run.due.pop(0), False
+    return generator.next_command()
+
+
+def step(run: Run, generator: Generator, index: int) -> None:
+    """Apply one generated entry and record any violated invariant."""
+    advance_time(run)
+    command, bad_input = next_command(run, generator)
+    meta = Meta(index + 1, 1, run.now_ms, run.version)
+    run.log.append((meta, command))
+    name = type(command).__name__
+    run.counts[name] = run.counts.get(name, 0) + 1
+    sample = bad_input or run.rng.chance(1, DIGEST_SAMPLE_ONE_IN)
+    before = fifo.digest(run.state) if sample else None
+    peek = run.checker.before(run.state, command)
+    try:
+        reply, effects = run.apply_fn(meta, command, run.state)
+    except Exception as err:  # apply must never raise: report it as a violation
+        run.violations.append(Violation(index, repr(command), "apply_raised", repr(err)))
+        return
+    found = run.checker.after(run.state, command, reply, effects, peek)
+    if isinstance(reply, Error):
+        run.error_replies += 1
+        if before is not None and fifo.digest(run.state) != before:
+            found.append(("error_changed_state", f"{reply!r} but the digest changed"))
+    elif bad_input:
+        found.append(("bad_input_accepted", f"expected an Error reply, got {reply!r}"))
+    run.world.observe(command, reply, effects)
+    for invariant, detail in found:
+        run.violations.append(Violation(index, repr(command), invariant, detail))
+
+
+def upgrade(run: Run, index: int) -> None:
+    """Convert the state to the next machine version before entry `index`."""
+    meta = Meta(index + 1, 1, run.now_ms, fifo.LATEST_VERSION)
+    run.state = fifo.convert(run.state, run.version, fifo.LATEST_VERSION, meta)
+    run.version = fifo.LATEST_VERSION
+    run.world.version = run.version
+    run.log.append(Upgrade(meta))
+
+
+def replay(state: State, entries: list[LogEntry], apply_fn: ApplyFn) -> State:
+    """Apply log entries (commands and upgrades) to a state; returns the final state."""
+    version = fifo.state_version(state)
+    for entry in entries:
+        if isinstance(entry, Upgrade):
+            state = fifo.convert(state, version, entry.meta.machine_version, entry.meta)
+            version = entry.meta.machine_version
+        else:
+            apply_fn(entry[0], entry[1], state)
+    return state
+
+
+def new_run(seed: int, machine_version: int, apply_fn: ApplyFn | None) -> tuple[Run, Generator]:
+    """A fresh run and its generator, all choices derived from `seed`."""
+    rng = SplitMix64(seed)
+    world = World(machine_version)
+    run = Run(seed, fifo.init_state(machine_version), world, machine_version,
+              apply_fn or fifo.apply, rng.fork(1))
+    return run, Generator(rng.fork(2), world)
+
+
+def run(
+    seed: int,
+    steps: int,
+    machine_version: int,
+    upgrade_at: UpgradeAt = None,
+    snapshot_check: bool = False,
+    apply_fn: ApplyFn | None = None,
+) -> FuzzResult:
+    """Run `steps` generated commands from `seed`, checking every invariant after each step."""
+    fuzz, generator = new_run(seed, machine_version, apply_fn)
+    upgrade_index = resolve_upgrade(seed, steps, machine_version, upgrade_at)
+    snap_rng = SplitMix64(seed ^ 0x5A_9_5A07)
+    snap_at = snap_rng.below(steps + 1) if snapshot_check else None
+    snap: bytes | None = None
+    snap_log_len = 0
+    done = 0
+    for index in range(steps):
+        if index == snap_at:
+            snap, snap_log_len = fifo.snapshot(fuzz.state), len(fuzz.log)
+        if index == upgrade_index:
+            upgrade(fuzz, index)
+        step(fuzz, generator, index)
+        done = index + 1
+        if len(fuzz.violations) >= VIOLATIONS_MAX or any(
+            v.invariant == "apply_raised" for v in fuzz.violations
+        ):
+            break
+    if snap_at == steps:
+        snap, snap_log_len = fifo.snapshot(fuzz.state), len(fuzz.log)
+    final_digest = fifo.digest(fuzz.state)
+    if snap is not None and not fuzz.violations:
+        check_snapshot(fuzz, snap, snap_log_len, final_digest, snap_at or 0)
+    return result(fuzz, steps, done, machine_version, upgrade_index, final_digest,
+                  snapshot_check, snap_at)
+
+
+def check_snapshot(fuzz: Run, snap: bytes, log_from: int, full: str, at: int) -> None:
+    """Restore the snapshot, replay the rest of the log, and compare with the full run."""
+    restored = fifo.restore(snap)
+    replayed = fifo.digest(replay(restored, fuzz.log[log_from:], fuzz.apply_fn))
+    if replayed != full:
+        fuzz.violations.append(Violation(at, "snapshot", "snapshot_replay",
+                                         f"replay from snapshot {replayed} != full {full}"))
+
+
+def result(
+    fuzz: Run, steps: int, done: int, version: int, upgrade_index: int | None, digest: str,
+    snapshot_check: bool, snap_at: int | None,
+) -> FuzzResult:
+    """Summarise a finished run."""
+    ready = total = 0
+    for name in fifo.list_queues(fuzz.state):
+        overview = fifo.overview(fuzz.state, name)
+        if overview is not None:
+            ready += overview.ready
+            total += overview.total
+    return FuzzResult(
+        seed=fuzz.seed, steps=steps, initial_machine_version=version,
+        final_machine_version=fuzz.version, upgrade_index=upgrade_index, digest=digest,
+        violations=fuzz.violations, ready=ready, total=total,
+        reproduce=reproduce_command(fuzz.seed, steps, version, upgrade_index, snapshot_check),
+        steps_run=done, error_replies=fuzz.error_replies, deliveries=fuzz.checker.deliveries,
+        snapshot_index=snap_at, command_counts=dict(sorted(fuzz.counts.items())),
+    )
+
+
+def generate_log(seed: int, steps: int, machine_version: int) -> list[tuple[Meta, Command]]:
+    """The log `run(seed, steps, machine_version)` applies (no upgrade), for equivalence tests."""
+    fuzz, generator = new_run(seed, machine_version, None)
+    for index in range(steps):
+        step(fuzz, generator, index)
+    return [entry for entry in fuzz.log if not isinstance(entry, Upgrade)]
