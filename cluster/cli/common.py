@@ -1,0 +1,263 @@
+"""Shared pieces of the client-side commands: connecting, output rendering, error translation."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+import click
+
+from cluster import config as cluster_config
+from cluster.cli.exits import (
+    CONFIG,
+    DATA,
+    NO_INPUT,
+    NO_PERMISSION,
+    SOFTWARE,
+    TEMPORARY,
+    UNAVAILABLE,
+    USAGE,
+    CliError,
+)
+from cluster.client import Client
+from cluster.client.errors import (
+    AuthError,
+    ClusterError,
+    CommandRefused,
+    ConfigError,
+    RequestTimeout,
+    Unavailable,
+)
+from cluster.config import ClusterConfig
+from cluster.launcher import LauncherError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def translate_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn library errors into CliError with a message and a BSD sysexits code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except AuthError as err:
+            raise CliError(
+                f"authentication failed: {err}. Check --credentials (or the data dir's "
+                "client.key): it must be the key of this cluster.",
+                NO_PERMISSION,
+            ) from err
+        except RequestTimeout as err:
+            raise CliError(f"timed out: {err}", TEMPORARY) from err
+        except Unavailable as err:
+            raise CliError(f"cluster unavailable: {err}", UNAVAILABLE) from err
+        except CommandRefused as err:
+            raise CliError(f"refused: {err}", DATA) from err
+        except ConfigError as err:
+            code = NO_INPUT if "not found" in str(err) else CONFIG
+            raise CliError(str(err), code) from err
+        except LauncherError as err:
+            raise CliError(str(err), err.exit_code) from err
+        except ClusterError as err:
+            raise CliError(f"{type(err).__name__}: {err}", SOFTWARE) from err
+
+    return wrapper
+
+
+class Options(Protocol):
+    """The global options (`cluster.cli.main.CliContext`; not imported: main imports us)."""
+
+    output: str
+    data_dir: Path | None
+    endpoints: str | None
+    credentials: str | None
+
+
+def cli_context(ctx: click.Context) -> Options:
+    """The global options of the root group."""
+    obj: Options = ctx.find_root().obj
+    return obj
+
+
+def _override(field: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None:
+            setattr(cli_context(ctx), field, value)
+        return value
+
+    return callback
+
+
+def output_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`-o/--output` after the command name too (overrides the global one)."""
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["table", "json", "jsonl"]),
+        default=None,
+        expose_value=False,
+        callback=_override("output"),
+        help="Output format (same as the global -o).",
+    )(func)
+
+
+def connection_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`-o`, `--data-dir`, `--endpoints`, `--credentials` after the command name too."""
+    func = click.option(
+        "--credentials",
+        default=None,
+        expose_value=False,
+        callback=_override("credentials"),
+        help="Client key file (same as the global option).",
+    )(func)
+    func = click.option(
+        "--endpoints",
+        default=None,
+        expose_value=False,
+        callback=_override("endpoints"),
+        help="host:port,... (same as the global option).",
+    )(func)
+    func = click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        expose_value=False,
+        callback=_override("data_dir"),
+        help="Cluster data dir (same as the global option).",
+    )(func)
+    return output_option(func)
+
+
+def data_dir_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """A local `--data-dir` that falls back to the global one."""
+    return click.option(
+        "--data-dir",
+        "local_data_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Cluster data dir (default: the global --data-dir).",
+    )(func)
+
+
+def resolve_data_dir(ctx: click.Context, local: Path | None) -> Path:
+    """The data dir from the command's or the global option; a usage error when neither."""
+    data_dir = local or cli_context(ctx).data_dir
+    if data_dir is None:
+        raise CliError("--data-dir is required for this command", USAGE)
+    return data_dir
+
+
+def load_config(data_dir: Path) -> ClusterConfig:
+    """`D/cluster.toml`, with clear errors for a missing dir or file."""
+    if not data_dir.exists():
+        raise CliError(f"data dir {data_dir} does not exist", NO_INPUT)
+    try:
+        return cluster_config.load(data_dir)
+    except ConfigError as err:
+        raise CliError(str(err), NO_INPUT if "not found" in str(err) else CONFIG) from err
+
+
+def connection_args(ctx: click.Context) -> tuple[list[str], bytes]:
+    """Endpoints and client key from --endpoints + --credentials, or from --data-dir."""
+    options = cli_context(ctx)
+    if options.endpoints:
+        endpoints = [item.strip() for item in options.endpoints.split(",") if item.strip()]
+        for endpoint in endpoints:
+            host, sep, port = endpoint.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise CliError(f"bad endpoint {endpoint!r}: expected host:port", USAGE)
+        if not options.credentials:
+            raise CliError("--endpoints needs --credentials FILE (a client key file)", USAGE)
+        try:
+            key = cluster_config.read_client_key(Path(options.credentials))
+        except ConfigError as err:
+            raise CliError(str(err), NO_INPUT if "not found" in str(err) else CONFIG) from err
+        return endpoints, key
+    if options.data_dir is None:
+        raise CliError("give --data-dir D, or --endpoints h:p,... with --credentials FILE", USAGE)
+    config = load_config(options.data_dir)
+    credentials = options.credentials
+    key_path = Path(credentials) if credentials else options.data_dir / "client.key"
+    try:
+        key = cluster_config.read_client_key(key_path)
+    except ConfigError as err:
+        raise CliError(str(err), NO_INPUT if "not found" in str(err) else CONFIG) from err
+    return list(config.endpoints().values()), key
+
+
+def connect(ctx: click.Context, **kwargs: Any) -> Client:
+    """A client for the cluster named by the global options (validated before connecting)."""
+    endpoints, key = connection_args(ctx)
+    kwargs.setdefault("connect_timeout_s", 5.0)
+    return Client(endpoints, key, name="quorumq-cli", **kwargs)
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def output_format(ctx: click.Context) -> str:
+    """table | json | jsonl."""
+    return cli_context(ctx).output
+
+
+def emit(ctx: click.Context, data: Any, columns: Sequence[str] | None = None) -> None:
+    """Print rows (a list of maps) or one map as a table, JSON or JSON lines."""
+    fmt = output_format(ctx)
+    if fmt == "json":
+        click.echo(json.dumps(plain(data), indent=2, sort_keys=False))
+    elif fmt == "jsonl":
+        for row in data if isinstance(data, list) else [data]:
+            click.echo(json.dumps(plain(row)))
+    elif isinstance(data, list):
+        click.echo(table(data, columns))
+    elif isinstance(data, dict):
+        click.echo(table([{"field": k, "value": v} for k, v in data.items()], ["field", "value"]))
+    else:
+        click.echo(str(data))
+
+
+def table(rows: list[Any], columns: Sequence[str] | None = None) -> str:
+    """A plain aligned text table (stable across terminals, easy to grep)."""
+    dict_rows = [row if isinstance(row, dict) else {"value": row} for row in rows]
+    if columns is None:
+        columns = list(dict.fromkeys(key for row in dict_rows for key in row))
+    if not columns:
+        return "(none)"
+    cells = [[cell(row.get(column)) for column in columns] for row in dict_rows]
+    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() for line in cells
+    ]
+    return "\n".join(lines) if cells else lines[0] + "\n(none)"
+
+
+def cell(value: Any) -> str:
+    """One table cell: None as '-', containers as compact JSON."""
+    if value is None:
+        return "-"
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(plain(value), separators=(",", ":"))
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def plain(value: Any) -> Any:
+    """JSON-able data: bytes as text (or hex), tuples as lists, other objects via repr."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value.hex()
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return repr(value)

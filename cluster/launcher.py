@@ -1,0 +1,358 @@
+"""Local cluster launcher: create a data dir, start, stop and inspect node processes on one host.
+
+Used by `quorumq cluster ...`, `quorumq node ...`, the demo, the tests and the benchmark. Nodes
+run as `python -m cluster.cli node start --data-dir D --node-id ID` in their own session, with
+stdout/stderr in their node dir, so they outlive the command that started them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from cluster import config as cluster_config
+from cluster.cli import exits
+from cluster.client.client import Client
+from cluster.client.errors import ClusterError, Unavailable
+from cluster.config import ClusterConfig, FsyncPolicy, NodeConfig
+
+PID_FILE = "node.pid"
+STOP_GRACE_S = 5.0
+LEADER_TIMEOUT_S = 30.0
+
+
+class LauncherError(ClusterError):
+    """Raised when a cluster cannot be created, started or stopped as asked (message says why).
+
+    `exit_code` is the sysexits code the CLI exits with for it.
+    """
+
+    def __init__(self, message: str, exit_code: int = exits.SOFTWARE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --- creating a data dir ----------------------------------------------------------------------
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free TCP ports on 127.0.0.1 (bound then released: a small race)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def init_cluster(
+    data_dir: Path,
+    nodes: int = 3,
+    *,
+    base_port: int | None = None,
+    max_machine_version: int | None = None,
+    fsync: FsyncPolicy = "batch",
+    host: str = "127.0.0.1",
+) -> ClusterConfig:
+    """Write `D/cluster.toml`, `D/secret` and `D/client.key` for a new local cluster."""
+    if nodes < 1:
+        raise LauncherError("a cluster needs at least one node", exits.USAGE)
+    ports = (
+        free_ports(2 * nodes)
+        if base_port is None
+        else list(range(base_port, base_port + 2 * nodes))
+    )
+    if ports[-1] > 65535:
+        raise LauncherError(
+            f"--base-port {base_port} leaves no room for {nodes} nodes", exits.USAGE
+        )
+    data_dir = data_dir.resolve()
+    members = tuple(
+        NodeConfig(
+            id=f"n{i + 1}",
+            host=host,
+            raft_port=ports[2 * i],
+            client_port=ports[2 * i + 1],
+            data_dir=data_dir / f"n{i + 1}",
+            max_machine_version=max_machine_version,
+        )
+        for i in range(nodes)
+    )
+    config = ClusterConfig(
+        name=data_dir.name,
+        created_ms=int(time.time() * 1000),
+        nodes=members,
+        fsync=fsync,
+        bind=host,
+    )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    cluster_config.write(data_dir, config)
+    cluster_config.create_secret(data_dir)
+    for node in members:
+        node.data_dir.mkdir(parents=True, exist_ok=True)
+    return config
+
+
+def client_key(data_dir: Path) -> bytes:
+    """The client key of a data dir."""
+    return cluster_config.read_client_key(Path(data_dir) / cluster_config.CLIENT_KEY_FILE)
+
+
+# --- processes ---------------------------------------------------------------------------------
+
+
+def node_pid(node: NodeConfig) -> int | None:
+    """The pid of the running node process for `node`, or None (stale pid files are ignored)."""
+    try:
+        pid = int((node.data_dir / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _is_node_process(pid, node.id) else None
+
+
+def _is_node_process(pid: int, node_id: str) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+        return False  # a zombie is dead, only not yet reaped
+    return b"node" in cmdline and node_id.encode() in cmdline
+
+
+def running_nodes(config: ClusterConfig) -> dict[str, int]:
+    """Node id -> pid of every node of `config` that is running."""
+    pids = {node.id: node_pid(node) for node in config.nodes}
+    return {node_id: pid for node_id, pid in pids.items() if pid is not None}
+
+
+def spawn_node(
+    data_dir: Path, node_id: str, max_machine_version: int | None = None
+) -> subprocess.Popen[bytes]:
+    """Start one node in the background (its own session; output in its node dir)."""
+    config = cluster_config.load(data_dir)
+    node = config.node(node_id)
+    if (pid := node_pid(node)) is not None:
+        raise LauncherError(f"node {node_id} is already running (pid {pid})", exits.USAGE)
+    node.data_dir.mkdir(parents=True, exist_ok=True)
+    args = [
+        sys.executable,
+        "-m",
+        "cluster.cli",
+        "node",
+        "start",
+        "--data-dir",
+        str(Path(data_dir).resolve()),
+        "--node-id",
+        node_id,
+    ]
+    if max_machine_version is not None:
+        args += ["--max-machine-version", str(max_machine_version)]
+    with (
+        (node.data_dir / "stdout.log").open("ab") as out,
+        (node.data_dir / "stderr.log").open("ab") as err,
+    ):
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            cwd=node.data_dir,
+        )
+    (node.data_dir / PID_FILE).write_text(f"{process.pid}\n")
+    return process
+
+
+def set_node_cap(data_dir: Path, node_id: str, max_machine_version: int | None) -> None:
+    """Record a node's `max_machine_version` in `cluster.toml` (so later starts keep it)."""
+    config = cluster_config.load(data_dir)
+    nodes = tuple(
+        dataclasses.replace(node, max_machine_version=max_machine_version)
+        if node.id == node_id
+        else node
+        for node in config.nodes
+    )
+    cluster_config.write(data_dir, dataclasses.replace(config, nodes=nodes))
+
+
+def stop_node(node: NodeConfig, grace_s: float = STOP_GRACE_S) -> bool:
+    """SIGTERM the node, SIGKILL it after `grace_s`; False if it was not running."""
+    pid = node_pid(node)
+    if pid is None:
+        return False
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _is_node_process(pid, node.id):
+            return True
+        time.sleep(0.05)
+    _signal(pid, signal.SIGKILL)
+    while _is_node_process(pid, node.id) and time.monotonic() < deadline + 5.0:
+        time.sleep(0.05)
+    return True
+
+
+def kill_node(node: NodeConfig, sig: int = signal.SIGKILL) -> int | None:
+    """Send `sig` (default SIGKILL) to the node; returns its pid, or None if it was not running."""
+    pid = node_pid(node)
+    if pid is not None:
+        _signal(pid, sig)
+    return pid
+
+
+def _signal(pid: int, sig: int) -> None:
+    with suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+def node_status(node: NodeConfig, key: bytes, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """The status map of one node, or None if it cannot be reached."""
+    try:
+        with Client(
+            [node.client_address],
+            key,
+            reconnect=False,
+            connect_timeout_s=timeout_s,
+            request_timeout_s=timeout_s,
+            name="quorumq-status",
+        ) as client:
+            status = client.status()
+    except (Unavailable, OSError):
+        return None
+    return dict(status) if isinstance(status, dict) else None
+
+
+def cluster_status(
+    config: ClusterConfig, key: bytes, timeout_s: float = 2.0
+) -> list[dict[str, Any]]:
+    """One row per node; unreachable nodes are `role: down` (with the pid if one is running)."""
+    rows: list[dict[str, Any]] = []
+    for node in config.nodes:
+        status = node_status(node, key, timeout_s)
+        if status is None:
+            status = {
+                "id": node.id,
+                "address": node.client_address,
+                "role": "down",
+                "pid": node_pid(node),
+            }
+        status.setdefault("id", node.id)
+        status.setdefault("address", node.client_address)
+        rows.append(status)
+    return rows
+
+
+def wait_for_leader(
+    config: ClusterConfig,
+    key: bytes,
+    timeout_s: float = LEADER_TIMEOUT_S,
+    exclude: str | None = None,
+) -> str:
+    """Wait until a majority of reachable nodes agree on a leader; returns its id."""
+    deadline = time.monotonic() + timeout_s
+    majority = len(config.nodes) // 2 + 1
+    while True:
+        votes: dict[str, int] = {}
+        for node in config.nodes:
+            status = node_status(node, key, timeout_s=1.0)
+            leader = status.get("leader") if status else None
+            if isinstance(leader, str) and leader != exclude:
+                votes[leader] = votes.get(leader, 0) + 1
+        for leader, count in votes.items():
+            if count >= majority:
+                return leader
+        if time.monotonic() >= deadline:
+            raise LauncherError(
+                f"no leader elected within {timeout_s:.0f}s (see the node.log and stderr.log "
+                f"files in the node dirs of {config.nodes[0].data_dir.parent})",
+                exits.UNAVAILABLE,
+            )
+        time.sleep(0.1)
+
+
+# --- whole clusters -------------------------------------------------------------------------
+
+
+def start_cluster(
+    data_dir: Path,
+    nodes: int = 3,
+    *,
+    base_port: int | None = None,
+    max_machine_version: int | None = None,
+    fsync: FsyncPolicy | None = None,
+    timeout_s: float = LEADER_TIMEOUT_S,
+) -> tuple[ClusterConfig, str]:
+    """Create (or reuse a stopped) cluster in `data_dir`, start every node, wait for a leader."""
+    data_dir = data_dir.resolve()
+    if (data_dir / cluster_config.CONFIG_FILE).exists():
+        config = cluster_config.load(data_dir)
+        if running := running_nodes(config):
+            raise LauncherError(
+                f"{data_dir} holds a running cluster (pids {sorted(running.values())}); "
+                f"stop it first with: quorumq cluster stop --data-dir {data_dir}",
+                exits.USAGE,
+            )
+    elif data_dir.exists() and any(data_dir.iterdir()):
+        raise LauncherError(
+            f"{data_dir} is not empty and holds no cluster.toml; pick another dir",
+            exits.CANT_CREATE,
+        )
+    else:
+        config = init_cluster(
+            data_dir,
+            nodes,
+            base_port=base_port,
+            max_machine_version=max_machine_version,
+            fsync=fsync or "batch",
+        )
+    for node in config.nodes:
+        spawn_node(data_dir, node.id, max_machine_version)
+    try:
+        leader = wait_for_leader(config, client_key(data_dir), timeout_s)
+    except LauncherError:
+        stop_cluster(config)
+        raise
+    return config, leader
+
+
+def stop_cluster(config: ClusterConfig, grace_s: float = STOP_GRACE_S) -> list[str]:
+    """Stop every running node (SIGTERM, then SIGKILL after `grace_s`); returns those stopped."""
+    running = running_nodes(config)
+    for node in config.nodes:
+        if node.id in running:
+            _signal(running[node.id], signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and running_nodes(config):
+        time.sleep(0.05)
+    for node in config.nodes:
+        if node_pid(node) is not None:
+            stop_node(node, grace_s=0.0)
+    return sorted(running)
+
+
+@contextmanager
+def local_cluster(data_dir: Path, nodes: int = 3, **kwargs: Any) -> Iterator[ClusterConfig]:
+    """A started cluster for the duration of a `with` block; every node is stopped after."""
+    config, _ = start_cluster(data_dir, nodes, **kwargs)
+    try:
+        yield config
+    finally:
+        stop_cluster(cluster_config.load(data_dir), grace_s=2.0)
