@@ -16,7 +16,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.fuzz_job import UpgradeAt
 
 MASTERS = ("local[1]", "local[2]")
 RATIO_TARGET = 1.6
@@ -36,11 +39,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _upgrade_at(text: str) -> int | str | None:
+def _upgrade_at(text: str) -> UpgradeAt:
     """`none` -> None, `random` -> "random", digits -> int."""
     if text == "none":
         return None
-    return text if text == "random" else int(text)
+    return "random" if text == "random" else int(text)
 
 
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -50,7 +53,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     from pipeline.spark import create_session
 
     spark = create_session(args.worker)
-    config = CampaignConfig(args.steps, 1, _upgrade_at(args.upgrade_at))  # type: ignore[arg-type]
+    config = CampaignConfig(args.steps, 1, _upgrade_at(args.upgrade_at))
     cores = spark.sparkContext.defaultParallelism
     try:
         with tempfile.TemporaryDirectory(prefix="qq-bench-") as out:

@@ -5,21 +5,24 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
 from cluster.cli.exits import CANT_CREATE, FAILURE, UNAVAILABLE, USAGE, CliError
 
+if TYPE_CHECKING:  # pyspark is slow to import: the CLI imports the pipeline only when used
+    from pipeline.fuzz_job import CampaignConfig
 
-class UpgradeAtType(click.ParamType[int | str, Any]):
+
+class UpgradeAtType(click.ParamType[int | Literal["random"], Any]):
     """`random` or a non-negative log step at which the v1 -> v2 upgrade happens."""
 
     name = "random|K"
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> int | str:
+    ) -> int | Literal["random"]:
         if value == "random":
             return "random"
         try:
@@ -91,7 +94,7 @@ def fuzz(
     seeds: int,
     steps: int,
     machine_version: int,
-    upgrade_at: int | str | None,
+    upgrade_at: int | Literal["random"] | None,
     master: str,
     partitions: int | None,
     first_seed: int,
@@ -115,14 +118,14 @@ def fuzz(
     _check_machine_version(machine_version, upgrade_at)
     _check_apply_fn(apply_fn)
     _check_out_dir(out_dir)
-    config = CampaignConfig(steps, machine_version, upgrade_at, snapshot_check, apply_fn)  # type: ignore[arg-type]
+    config = CampaignConfig(steps, machine_version, upgrade_at, snapshot_check, apply_fn)
     summary = _run(config, seeds, first_seed, partitions, master, out_dir)
     _print_summary(summary, ctx.obj.output if ctx.obj else "table")
     if summary["failures"]:
         raise CliError(f"{summary['failures']} of {summary['seeds']} seeds failed", FAILURE)
 
 
-def _check_machine_version(machine_version: int, upgrade_at: int | str | None) -> None:
+def _check_machine_version(machine_version: int, upgrade_at: object) -> None:
     """Usage errors for a version the machine lacks or an upgrade with nowhere to go."""
     from fifo import LATEST_VERSION, SUPPORTED_VERSIONS
 
@@ -155,7 +158,12 @@ def _check_out_dir(out_dir: Path) -> None:
 
 
 def _run(
-    config: Any, seeds: int, first_seed: int, partitions: int | None, master: str, out_dir: Path
+    config: CampaignConfig,
+    seeds: int,
+    first_seed: int,
+    partitions: int | None,
+    master: str,
+    out_dir: Path,
 ) -> dict[str, Any]:
     """Start Spark on `master`, run the campaign, always stop Spark."""
     from pyspark.sql import SparkSession

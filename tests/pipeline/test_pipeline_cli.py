@@ -1,0 +1,131 @@
+"""`quorumq pipeline fuzz` through the real CLI entry point, on the shared local[2] session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from cluster.cli import exits
+from cluster.cli.main import main
+
+pytestmark = pytest.mark.spark
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+    """Run `quorumq ARGS` in this process and return its exit code."""
+    monkeypatch.setattr("sys.argv", ["quorumq", *args])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    code = stopped.value.code
+    return code if isinstance(code, int) else exits.SOFTWARE
+
+
+def test_clean_campaign_exits_0_and_prints_the_summary_as_json(
+    spark: SparkSession,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """No failure: exit 0, the summary on stdout equals summary.json, progress on stderr."""
+    code = run_cli(
+        monkeypatch,
+        "-o",
+        "json",
+        "pipeline",
+        "fuzz",
+        "--seeds",
+        "8",
+        "--steps",
+        "50",
+        "--upgrade-at",
+        "random",
+        "--master",
+        "local[2]",
+        "--out",
+        str(tmp_path),
+    )
+    captured = capsys.readouterr()
+    assert code == exits.OK, captured.err
+    summary = json.loads(captured.out)
+    assert (summary["seeds"], summary["failures"]) == (8, 0)
+    assert summary == json.loads((tmp_path / "summary.json").read_text())
+    assert "fuzzing 8 seeds" in captured.err
+
+
+def test_planted_bug_exits_1_and_prints_each_failing_seed_with_its_command(
+    spark: SparkSession,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """A broken machine: exit 1 (FAILURE), and the table names the seeds and their commands."""
+    code = run_cli(
+        monkeypatch,
+        "pipeline",
+        "fuzz",
+        "--seeds",
+        "20",
+        "--steps",
+        "100",
+        "--upgrade-at",
+        "random",
+        "--apply-fn",
+        "pipeline.planted:lossy_enqueue",
+        "--master",
+        "local[2]",
+        "--out",
+        str(tmp_path),
+    )
+    captured = capsys.readouterr()
+    assert code == exits.FAILURE
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failures"] > 0
+    for failing in summary["failing_seeds"]:
+        assert f"seed {failing['seed']}: " in captured.out
+        assert f"reproduce: {failing['reproduce']}" in captured.out
+    assert f"{summary['failures']} of 20 seeds failed" in captured.err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--seeds", "0", "--steps", "10"],
+        ["--seeds", "5", "--steps", "10", "--upgrade-at", "soon"],
+        ["--seeds", "5", "--steps", "10", "--upgrade-at", "-3"],
+        ["--seeds", "5", "--steps", "10", "--machine-version", "99"],
+        ["--seeds", "5", "--steps", "10", "--machine-version", "2", "--upgrade-at", "random"],
+        ["--seeds", "5", "--steps", "10", "--apply-fn", "no_such_module:apply"],
+        ["--seeds", "5", "--steps", "10", "--apply-fn", "no-colon"],
+        ["--steps", "10"],
+    ],
+)
+def test_bad_flags_exit_64_before_spark_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: list[str]
+) -> None:
+    """Usage errors are caught before any Spark work and exit with EX_USAGE."""
+    code = run_cli(monkeypatch, "pipeline", "fuzz", *flags, "--out", str(tmp_path / "o"))
+    assert code == exits.USAGE
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_an_out_dir_that_cannot_be_created_exits_73(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--out under a regular file cannot be created: EX_CANTCREAT."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code = run_cli(
+        monkeypatch,
+        "pipeline",
+        "fuzz",
+        "--seeds",
+        "2",
+        "--steps",
+        "5",
+        "--out",
+        str(blocker / "out"),
+    )
+    assert code == exits.CANT_CREATE
