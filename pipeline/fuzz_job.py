@@ -85,7 +85,28 @@ def fuzz_seed(seed: int, config: CampaignConfig) -> dict[str, Any]:
 
     started = time.perf_counter()
     apply_fn = resolve_apply_fn(config.apply_fn) if config.apply_fn else None
-    row: dict[str, Any] = {
+    row = _crashed_row(seed, config)
+    try:
+        result = fuzz.run(
+            seed,
+            config.steps,
+            config.machine_version,
+            upgrade_at=config.upgrade_at,
+            snapshot_check=config.snapshot_check,
+            apply_fn=apply_fn,
+        )
+    except Exception as err:  # a crashing seed is a finding, not a reason to fail the job
+        row["error"] = f"{type(err).__name__}: {err}"[:DETAIL_CHARS_MAX]
+    else:
+        row.update(_result_columns(result))
+    row["failed"] = row["violations"] > 0 or row["error"] is not None
+    row["elapsed_ms"] = (time.perf_counter() - started) * 1000.0
+    return row
+
+
+def _crashed_row(seed: int, config: CampaignConfig) -> dict[str, Any]:
+    """The columns known before the run: what a row says when the fuzzer itself raised."""
+    return {
         "seed": seed,
         "steps": config.steps,
         "initial_machine_version": config.machine_version,
@@ -99,34 +120,22 @@ def fuzz_seed(seed: int, config: CampaignConfig) -> dict[str, Any]:
         "error": None,
         "reproduce": _fallback_reproduce(seed, config),
     }
-    try:
-        result = fuzz.run(
-            seed,
-            config.steps,
-            config.machine_version,
-            upgrade_at=config.upgrade_at,
-            snapshot_check=config.snapshot_check,
-            apply_fn=apply_fn,
-        )
-    except Exception as err:  # a crashing seed is a finding, not a reason to fail the job
-        row["error"] = f"{type(err).__name__}: {err}"[:DETAIL_CHARS_MAX]
-    else:
-        row.update(
-            initial_machine_version=result.initial_machine_version,
-            final_machine_version=result.final_machine_version,
-            upgrade_index=result.upgrade_index,
-            digest=result.digest,
-            ready=result.ready,
-            total=result.total,
-            violations=len(result.violations),
-            first_violation=(
-                _describe_violation(result.violations[0]) if result.violations else None
-            ),
-            reproduce=result.reproduce,
-        )
-    row["failed"] = row["violations"] > 0 or row["error"] is not None
-    row["elapsed_ms"] = (time.perf_counter() - started) * 1000.0
-    return row
+
+
+def _result_columns(result: Any) -> dict[str, Any]:
+    """The columns a finished `fifo.fuzz.FuzzResult` fills in."""
+    violations = result.violations
+    return {
+        "initial_machine_version": result.initial_machine_version,
+        "final_machine_version": result.final_machine_version,
+        "upgrade_index": result.upgrade_index,
+        "digest": result.digest,
+        "ready": result.ready,
+        "total": result.total,
+        "violations": len(violations),
+        "first_violation": _describe_violation(violations[0]) if violations else None,
+        "reproduce": result.reproduce,
+    }
 
 
 def seed_frame(spark: SparkSession, first_seed: int, seeds: int, partitions: int) -> DataFrame:

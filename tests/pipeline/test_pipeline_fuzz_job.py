@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,19 @@ def test_executor_rows_equal_a_local_run_of_the_same_seed(
         local.ready,
         local.total,
     )
+
+
+def test_a_row_reproduce_command_replays_its_seed_exactly(
+    spark: SparkSession, clean: Outcome
+) -> None:
+    """The row's `quorumq fuzz` command, run as printed, passes and prints the same digest."""
+    row = read_rows(spark, clean[1])[3]
+    words = shlex.split(row["reproduce"])
+    assert words[:2] == ["quorumq", "fuzz"]
+    executable = str(Path(sys.executable).parent / "quorumq")
+    done = subprocess.run([executable, *words[1:]], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert row["digest"] in done.stdout
 
 
 def test_summary_reports_seeds_failures_and_rate(clean: Outcome) -> None:
