@@ -1,0 +1,90 @@
+"""quorumq's deterministic replicated queue state machine (rabbit_fifo semantics), pure.
+
+Public API: build a state with `init_state`, feed log entries to `apply`, read it with the query
+functions, persist it with `snapshot` / `restore`, compare replicas with `digest`.
+"""
+
+from __future__ import annotations
+
+from fifo.codec import decode, digest, encode, restore, snapshot
+from fifo.convert import convert, convert_v1_to_v2
+from fifo.effects import Effect
+from fifo.errors import CodecError, FifoError, UnsupportedVersionError
+from fifo.meta import Meta
+from fifo.queries import (
+    ConsumerInfo,
+    MessageInfo,
+    QueueOverview,
+    consumers,
+    list_queues,
+    messages,
+    overview,
+    state_version,
+)
+from fifo.registry import Machine
+from fifo.replies import Error, Reply
+from fifo.state import State
+from fifo.timers import due_commands, next_deadline_ms
+from fifo.v1.machine import QueueMachineV1
+from fifo.v2.machine import QueueMachineV2
+
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
+LATEST_VERSION = 2
+_MACHINES: dict[int, Machine] = {1: Machine(QueueMachineV1()), 2: Machine(QueueMachineV2())}
+
+
+def machine_for(version: int) -> Machine:
+    """The frozen machine of a version (`.version`, `.apply(meta, cmd, state)`, `.init()`)."""
+    m = _MACHINES.get(version) if type(version) is int else None
+    if m is None:
+        raise UnsupportedVersionError(f"machine version {version!r} is not supported")
+    return m
+
+
+def init_state(version: int = 1) -> State:
+    """An empty state shaped for machine `version`."""
+    return machine_for(version).init()
+
+
+def apply(meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect]]:
+    """Apply one command with the machine the state is shaped for; never raises.
+
+    Mutates `state` in place; an Error reply leaves it unchanged. The state's version (not
+    `meta.machine_version`) picks the machine: the caller converts the state at an upgrade.
+    """
+    m = _MACHINES.get(getattr(state, "version", None))  # type: ignore[arg-type]
+    if m is None:
+        return Error("unsupported", "not a fifo state of a supported version"), []
+    return m.apply(meta, command, state)
+
+
+__all__ = [
+    "LATEST_VERSION",
+    "SUPPORTED_VERSIONS",
+    "CodecError",
+    "ConsumerInfo",
+    "FifoError",
+    "Machine",
+    "MessageInfo",
+    "Meta",
+    "QueueOverview",
+    "State",
+    "UnsupportedVersionError",
+    "apply",
+    "consumers",
+    "convert",
+    "convert_v1_to_v2",
+    "decode",
+    "digest",
+    "due_commands",
+    "encode",
+    "init_state",
+    "list_queues",
+    "machine_for",
+    "messages",
+    "next_deadline_ms",
+    "overview",
+    "restore",
+    "snapshot",
+    "state_version",
+]

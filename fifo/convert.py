@@ -1,0 +1,40 @@
+"""Pure conversions between machine versions (the state shape changes only in its rules)."""
+
+from __future__ import annotations
+
+from fifo.codec import restore, snapshot
+from fifo.errors import UnsupportedVersionError
+from fifo.meta import Meta
+from fifo.state import State
+from fifo.v2.machine import waiting_order
+
+
+def convert_v1_to_v2(state: State, meta: Meta) -> State:
+    """A v2 copy of a v1 state: ids stay keys; every checked-out message gets a lock.
+
+    Messages, enqueuers and consumers are kept; locks expire at meta time + consumer timeout;
+    SAC waiting lists are put in v2 order. The input state is not modified.
+    """
+    if state.version != 1:
+        raise UnsupportedVersionError(f"convert_v1_to_v2 got a v{state.version} state")
+    new = restore(snapshot(state))
+    new.version = 2
+    new.last_time = max(new.last_time, meta.system_time_ms)
+    now = new.last_time
+    for q in new.queues.values():
+        for c in (*q.consumers.values(), *q.waiting):
+            for m in c.checked_out.values():
+                m.lock = now + c.timeout_ms
+        q.waiting.sort(key=waiting_order)
+    return new
+
+
+def convert(state: State, from_version: int, to_version: int, meta: Meta) -> State:
+    """Chain conversions one version at a time; pure (returns a new state)."""
+    if state.version != from_version or not 1 <= from_version <= to_version <= 2:
+        raise UnsupportedVersionError(
+            f"cannot convert a v{state.version} state from v{from_version} to v{to_version}"
+        )
+    if from_version == to_version:
+        return restore(snapshot(state))
+    return convert_v1_to_v2(state, meta)

@@ -1,0 +1,25 @@
+"""Limits on everything the machine accepts; names carry their unit last."""
+
+from __future__ import annotations
+
+queue_name_bytes_max = 255
+enqueuer_name_bytes_max = 255
+consumer_tag_bytes_max = 255
+node_name_bytes_max = 255
+body_bytes_max = 16 * 1024 * 1024
+msg_ids_per_command_max = 4096
+consumer_keys_per_command_max = 4096
+prefetch_max = 65_535
+queues_max = 10_000
+consumers_per_queue_max = 10_000
+enqueuers_per_queue_max = 10_000
+annotations_per_message_max = 32
+annotation_bytes_max = 255
+priority_abs_max = 255
+ttl_ms_max = 10 * 365 * 24 * 3600 * 1000
+timeout_ms_max = 10 * 365 * 24 * 3600 * 1000
+length_max = 1 << 48
+seq_max = (1 << 63) - 1
+int_field_max = (1 << 63) - 1
+serial_modulus = 1 << 32
+dead_letter_hops_max = 4

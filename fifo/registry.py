@@ -1,0 +1,146 @@
+"""One machine holds many queues: declare / delete / update config, and per-queue dispatch.
+
+`ConnectionDown`, `NodeDown` and `NodeUp` apply to every queue, in sorted queue-name order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fifo import limits
+from fifo import validate as v
+from fifo.commands import (
+    ConnectionDown,
+    DeclareQueue,
+    DeleteQueue,
+    NodeDown,
+    NodeUp,
+    UpdateConfig,
+)
+from fifo.effects import Effect
+from fifo.meta import Meta
+from fifo.replies import DeclareOk, DeleteOk, Error, Reply
+from fifo.state import Queue, State
+from fifo.v1.machine import OK, Ctx, QueueMachineV1, invalid
+
+
+class Machine:
+    """A machine version: `apply(meta, command, state)` and `init()`."""
+
+    def __init__(self, queue_machine: QueueMachineV1) -> None:
+        self.qm = queue_machine
+        self.version = queue_machine.version
+        self.global_handlers: dict[type, Callable[[Ctx, Any], Reply]] = {
+            DeclareQueue: self.declare,
+            DeleteQueue: self.delete,
+            UpdateConfig: self.update_config,
+            ConnectionDown: self.connection_down,
+            NodeDown: self.node_down,
+            NodeUp: self.node_up,
+        }
+
+    def init(self) -> State:
+        """An empty state shaped for this version."""
+        return State(self.version)
+
+    def apply(self, meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect]]:
+        """Apply one command; never raises; an Error reply leaves the state unchanged."""
+        now = meta.system_time_ms
+        if type(now) is not int or type(meta.index) is not int:
+            return invalid("meta.index and meta.system_time_ms must be int"), []
+        if now < state.last_time:
+            now = state.last_time
+        ctx = Ctx(state, meta.index, now)
+        try:
+            reply = self.dispatch(ctx, command)
+        except Exception as exc:  # last resort: validation should have caught it
+            return Error("invalid_argument", f"rejected: {type(exc).__name__}"), []
+        if type(reply) is not Error:
+            state.last_time = now
+        return reply, ctx.effects
+
+    def dispatch(self, ctx: Ctx, command: object) -> Reply:
+        """Route a command to its queue handler or registry handler."""
+        handler = self.qm.handlers.get(type(command))
+        if handler is not None:
+            name = command.queue  # type: ignore[attr-defined]
+            q = ctx.state.queues.get(name) if type(name) is str else None
+            if q is None:
+                return Error("unknown_queue", f"no queue {name!r}")
+            return handler(ctx, q, command)
+        ghandler = self.global_handlers.get(type(command))
+        if ghandler is None:
+            return Error("unknown_command", f"{type(command).__name__} is not a command "
+                         f"of machine version {self.version}")  # fmt: skip
+        return ghandler(ctx, command)
+
+    def declare(self, ctx: Ctx, cmd: DeclareQueue) -> Reply:
+        """Create a queue; an equal re-declare is a no-op, a different config an error."""
+        err = v.name_error(cmd.queue, "queue", limits.queue_name_bytes_max)
+        err = err or v.config_error(cmd.config, cmd.queue)
+        if err:
+            return invalid(err)
+        q = ctx.state.queues.get(cmd.queue)
+        if q is not None:
+            if q.config == cmd.config:
+                return DeclareOk(False)
+            return Error("queue_exists", f"queue {cmd.queue!r} exists with another config")
+        if len(ctx.state.queues) >= limits.queues_max:
+            return Error("unsupported", "queues_max reached")
+        ctx.state.queues[cmd.queue] = Queue(cmd.queue, cmd.config, ctx.now)
+        return DeclareOk(True)
+
+    def delete(self, ctx: Ctx, cmd: DeleteQueue) -> Reply:
+        """Delete a queue with everything in it."""
+        q = ctx.state.queues.get(cmd.queue) if type(cmd.queue) is str else None
+        if q is None:
+            return Error("unknown_queue", f"no queue {cmd.queue!r}")
+        lost = self.qm.delete(ctx, q)
+        del ctx.state.queues[cmd.queue]
+        return DeleteOk(lost)
+
+    def update_config(self, ctx: Ctx, cmd: UpdateConfig) -> Reply:
+        """Replace a queue's config and re-evaluate its limits at once."""
+        q = ctx.state.queues.get(cmd.queue) if type(cmd.queue) is str else None
+        if q is None:
+            return Error("unknown_queue", f"no queue {cmd.queue!r}")
+        if err := v.config_error(cmd.config, cmd.queue):
+            return invalid(err)
+        sac = cmd.config.single_active_consumer
+        if sac != q.config.single_active_consumer and (q.consumers or q.waiting):
+            return Error("unsupported", "cannot switch single_active_consumer with consumers")
+        q.config = cmd.config
+        self.qm.after_change(ctx, q)
+        return OK
+
+    def sorted_queues(self, ctx: Ctx) -> list[Queue]:
+        """Queues in name order (commands that touch every queue)."""
+        return [ctx.state.queues[n] for n in sorted(ctx.state.queues)]
+
+    def connection_down(self, ctx: Ctx, cmd: ConnectionDown) -> Reply:
+        """A connection closed or became unreachable: every queue reacts."""
+        err = v.connection_error(cmd.connection)
+        if err:
+            return invalid(err)
+        if not v.one_of(cmd.reason, ("normal", "noconnection")):
+            return invalid("reason must be normal or noconnection")
+        for q in self.sorted_queues(ctx):
+            self.qm.connection_down(ctx, q, cmd)
+        return OK
+
+    def node_down(self, ctx: Ctx, cmd: NodeDown) -> Reply:
+        """A node was lost: its connections are treated as noconnection."""
+        if err := v.name_error(cmd.node, "node", limits.node_name_bytes_max):
+            return invalid(err)
+        for q in self.sorted_queues(ctx):
+            self.qm.node_down(ctx, q, cmd)
+        return OK
+
+    def node_up(self, ctx: Ctx, cmd: NodeUp) -> Reply:
+        """A lost node is back: its suspected consumers and enqueuers come up."""
+        if err := v.name_error(cmd.node, "node", limits.node_name_bytes_max):
+            return invalid(err)
+        for q in self.sorted_queues(ctx):
+            self.qm.node_up(ctx, q, cmd)
+        return OK

@@ -1,0 +1,1 @@
+"""Machine version 1, frozen."""

@@ -1,0 +1,1 @@
+"""Machine version 2, frozen."""
