@@ -1,0 +1,1 @@
+"""The node process: server, effect routing, leader timers, logging (entry: `run_node`)."""

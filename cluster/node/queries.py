@@ -1,0 +1,73 @@
+"""Read-only queries answered from this node's local state (possibly stale on a follower)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import fifo
+from raft.node import RaftNode
+
+
+class QueryError(Exception):
+    """Raised for an unknown query or bad arguments; answered with a `bad_request` error."""
+
+
+def plain(value: Any) -> Any:
+    """Turn dataclasses, tuples and the like into CBOR-able maps, lists, str, int, bytes."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {"type": type(value).__name__}
+        out.update({f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)})
+        return out
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _queue_arg(args: dict[str, Any]) -> str:
+    queue = args.get("queue")
+    if not isinstance(queue, str):
+        raise QueryError("argument 'queue' (a string) is required")
+    return queue
+
+
+def run_query(node: RaftNode, name: str, args: dict[str, Any], extra: dict[str, Any]) -> Any:
+    """Answer query `name`; `extra` is merged into the status map (address, pid, ...)."""
+    if name == "status":
+        return {**extra, **node.status(), "pid": os.getpid()}
+    with node.lock:
+        state = node.replicated_state.state
+        if name == "queues":
+            return list(fifo.list_queues(state))
+        if name == "overview":
+            if "queue" not in args:
+                return [plain(fifo.overview(state, q)) for q in fifo.list_queues(state)]
+            return plain(fifo.overview(state, _queue_arg(args)))
+        if name == "consumers":
+            queues = [_queue_arg(args)] if "queue" in args else list(fifo.list_queues(state))
+            return {q: plain(fifo.consumers(state, q)) for q in queues}
+        if name == "messages":
+            limit = args.get("limit", 100)
+            if not isinstance(limit, int) or limit < 0:
+                raise QueryError("argument 'limit' must be a non-negative integer")
+            return plain(fifo.messages(state, _queue_arg(args), limit))
+        if name == "machine":
+            return machine_status(node)
+    raise QueryError(f"unknown query {name!r}")
+
+
+def machine_status(node: RaftNode) -> dict[str, Any]:
+    """Effective version, every member's supported version, and the index of every switch."""
+    meta = node.replicated_state.meta
+    return {
+        "effective_version": meta.effective_version,
+        "supported": dict(sorted(meta.supported.items())),
+        "members": list(meta.members),
+        "switches": [{"index": i, "version": v} for i, v in meta.switches],
+        "refused": dict(sorted(meta.refused.items())),
+        "upgrade_target": node.replicated_state.upgrade_target(),
+        "this_node_supports": node.settings.supported_version,
+    }

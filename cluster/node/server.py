@@ -1,0 +1,292 @@
+"""The node process: a RaftNode, the asyncio client server, effect routing and leader timers.
+
+`run_node(data_dir, node_id, max_machine_version)` is what `quorumq node start` calls; it writes
+`<node dir>/node.pid`, logs to `<node dir>/node.log`, and exits 0 after SIGTERM (journal flushed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+import fifo
+from cluster import config, protocol
+from cluster.config import ClusterConfig, NodeConfig
+from cluster.errors import ConfigError
+from cluster.node.effects import EffectRouter
+from cluster.node.logs import setup_logging
+from cluster.node.session import ClientSession
+from cluster.node.timers import LeaderTimers
+from fifo.commands import ConnectionId
+from fifo.replies import Error
+from raft.batcher import GroupCommitter
+from raft.entry import Entry, Origin
+from raft.errors import SubmitError
+from raft.node import RaftNode, RaftSettings
+from raft.replicated import Outcome
+
+log = structlog.get_logger("cluster.node")
+
+EX_OK = 0
+EX_USAGE = 64
+EX_SOFTWARE = 70
+EX_CONFIG = 78
+TIMER_PERIOD_S = 0.1
+STATUS_PERIOD_S = 2.0
+
+
+class NodeServer:
+    """Everything one node runs, wired together on one asyncio loop."""
+
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        node: NodeConfig,
+        secret: bytes,
+        supported: int,
+        incarnation: int,
+        node_dir: Path,
+    ) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.node_id = node.id
+        self.node_dir = node_dir
+        self.client_key = config.client_key(secret)
+        self.frame_bytes_max = protocol.FRAME_BYTES_MAX_DEFAULT
+        self.endpoints = cluster.endpoints()
+        self.incarnation = incarnation
+        self.router = EffectRouter(node.id, incarnation)
+        self.stopping = False
+        self.refused_reason: str | None = None
+        self._numbers = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sessions: set[ClientSession] = set()
+        self.settings = RaftSettings(
+            node_id=node.id,
+            address=node.raft_address,
+            peers={n.id: n.raft_address for n in cluster.nodes if n.id != node.id},
+            data_dir=node_dir,
+            password=secret.decode("ascii"),
+            supported_version=supported,
+            incarnation=incarnation,
+            fsync=cluster.fsync,
+            bind_host=cluster.bind,
+        )
+        self.raft: RaftNode
+        self.committer: GroupCommitter
+        self.timers: LeaderTimers
+
+    def new_connection(self) -> ConnectionId:
+        """A fresh connection id owned by this node incarnation."""
+        return ConnectionId(self.node_id, self.incarnation, next(self._numbers))
+
+    def status_extra(self) -> dict[str, Any]:
+        """Fields of the status map that the raft node does not know."""
+        extra: dict[str, Any] = {
+            "id": self.node_id,
+            "address": self.node.client_address,
+            "raft_address": self.node.raft_address,
+            "incarnation": self.incarnation,
+            "fsync": self.cluster.fsync,
+        }
+        if self.refused_reason is not None:
+            extra["reason"] = self.refused_reason
+        return extra
+
+    # --- outcomes from the tick thread -------------------------------------------------------
+
+    def _on_outcome(self, outcome: Outcome) -> None:
+        """Tick thread: forward what concerns this node incarnation to the loop, in order."""
+        loop = self._loop
+        origin = outcome.origin
+        mine = origin is not None and origin[0] == self.node_id and origin[1] == self.incarnation
+        effects = [
+            e
+            for e in outcome.effects
+            if getattr(getattr(e, "connection", None), "node", None) == self.node_id
+        ]
+        if loop is None or not (mine or effects):
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
+            loop.call_soon_threadsafe(self._deliver, outcome, effects)
+
+    def _deliver(self, outcome: Outcome, effects: list[Any]) -> None:
+        self.committer.resolve(outcome)  # replies first, then the effects of the same entry
+        self.router.dispatch(effects)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Start raft and the client server; run until `stop` is set; shut down cleanly."""
+        self._loop = asyncio.get_running_loop()
+        self.raft = RaftNode(self.settings, self._on_outcome)
+        self.committer = GroupCommitter(self.raft, self._loop)
+        self.timers = LeaderTimers(self.raft, self.committer)
+        server = await asyncio.start_server(
+            self._on_client, host=self.cluster.bind, port=self.node.client_port
+        )
+        log.info(
+            "node_started",
+            client=self.node.client_address,
+            raft=self.node.raft_address,
+            incarnation=self.incarnation,
+            supported=self.settings.supported_version,
+        )
+        tasks = [
+            asyncio.create_task(self._periodic()),
+            asyncio.create_task(self._hello()),
+        ]
+        await stop.wait()
+        self.stopping = True
+        log.info("node_stopping")
+        server.close()
+        for task in tasks:
+            task.cancel()
+        for session in list(self._sessions):
+            session.close()
+        for _ in range(50):  # let the session tasks see EOF and finish before the loop closes
+            if not self._sessions:
+                break
+            await asyncio.sleep(0.01)
+        self.committer.fail_all(SubmitError("unavailable", "the node is shutting down"))
+        await asyncio.sleep(0)
+        self.raft.sync_journal()
+        self.raft.destroy_synchronous()
+        log.info("node_stopped")
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = ClientSession(self, reader, writer)
+        self._sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            self._sessions.discard(session)
+
+    async def _periodic(self) -> None:
+        last_status = 0.0
+        while True:
+            await asyncio.sleep(TIMER_PERIOD_S)
+            try:
+                self.timers.tick()
+                self.committer.sweep()
+                if time.monotonic() - last_status > STATUS_PERIOD_S:
+                    last_status = time.monotonic()
+                    self._write_status()
+            except Exception:
+                log.exception("periodic_failed")
+
+    def _write_status(self) -> None:
+        status = {**self.status_extra(), **self.raft.status(), "pid": os.getpid()}
+        tmp = self.node_dir / "status.json.tmp"
+        tmp.write_text(json.dumps(status, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, self.node_dir / "status.json")
+
+    async def _hello(self) -> None:
+        """Record, through the log, the machine version this node's code supports."""
+        while True:
+            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            now = self.raft.now_ms()
+
+            def make(origin: Origin, now: int = now) -> Entry:
+                return Entry(
+                    "hello",
+                    now,
+                    origin,
+                    node=self.node_id,
+                    version=self.settings.supported_version,
+                    incarnation=self.incarnation,
+                )
+
+            self.committer.submit_entry(make, partial(_settle, done))
+            reply = await done
+            if isinstance(reply, SubmitError):
+                await asyncio.sleep(0.5)
+                continue
+            if isinstance(reply, Error):
+                self.refused_reason = reply.message
+                log.error("join_refused", reason=reply.message)
+            else:
+                log.info("hello_recorded", supported=self.settings.supported_version)
+            return
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def next_incarnation(node_dir: Path) -> int:
+    """Start time in ms, forced strictly above the previous incarnation (persisted, fsynced)."""
+    path = node_dir / "incarnation"
+    try:
+        previous = int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        previous = 0
+    incarnation = max(int(time.time() * 1000), previous + 1)
+    tmp = node_dir / "incarnation.tmp"
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(f"{incarnation}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return incarnation
+
+
+def supported_version(cap: int | None) -> int:
+    """The highest machine version this code supports, capped by `--max-machine-version`."""
+    latest = max(fifo.SUPPORTED_VERSIONS)
+    if cap is None:
+        return int(latest)
+    if cap not in fifo.SUPPORTED_VERSIONS:
+        raise ConfigError(
+            f"--max-machine-version {cap}: this code supports {fifo.SUPPORTED_VERSIONS}"
+        )
+    return cap
+
+
+def run_node(data_dir: Path, node_id: str, max_machine_version: int | None) -> int:
+    """Run one node in the foreground until SIGTERM/SIGINT; returns the process exit code."""
+    data_dir = Path(data_dir)
+    try:
+        cluster = config.load(data_dir)
+        node = cluster.node(node_id)
+        secret = config.read_secret(data_dir)
+        cap = max_machine_version if max_machine_version is not None else node.max_machine_version
+        supported = supported_version(cap)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EX_CONFIG
+    node_dir = node.data_dir if node.data_dir.is_absolute() else data_dir / node.data_dir
+    node_dir.mkdir(parents=True, exist_ok=True)
+    setup_logging(node_dir / "node.log", node_id)
+    incarnation = next_incarnation(node_dir)
+    pid_file = node_dir / "node.pid"
+    pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
+    server = NodeServer(cluster, node, secret, supported, incarnation, node_dir)
+    try:
+        asyncio.run(_serve_until_signal(server))
+    except OSError as err:
+        log.error("node_failed", error=str(err))
+        return EX_SOFTWARE
+    finally:
+        pid_file.unlink(missing_ok=True)
+    return EX_OK
+
+
+async def _serve_until_signal(server: NodeServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.serve(stop)

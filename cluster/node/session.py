@@ -1,0 +1,277 @@
+"""One client connection: handshake, frame loop, commands, queries, admin requests.
+
+Every bad frame gets an error frame and nothing is applied for it; oversized frames and failed
+authentication close the connection after the error frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+import fifo
+from cluster import protocol
+from cluster.errors import ProtocolError
+from cluster.node.queries import QueryError, run_query
+from fifo.commands import (
+    Checkout,
+    ConnectionDown,
+    ConnectionId,
+    Credit,
+    DeclareQueue,
+    DeleteQueue,
+    Discard,
+    Enqueue,
+    Modify,
+    Purge,
+    RegisterEnqueuer,
+    RenewLocks,
+    Return,
+    Settle,
+    UpdateConfig,
+)
+from fifo.replies import Error
+from raft.entry import Entry, Origin
+from raft.errors import SubmitError
+from raft.replicated import InternalFailure
+
+if TYPE_CHECKING:
+    from cluster.node.server import NodeServer
+
+log = structlog.get_logger("cluster.session")
+
+HELLO_TIMEOUT_S = 10.0
+WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
+CLIENT_COMMANDS = (
+    DeclareQueue,
+    DeleteQueue,
+    UpdateConfig,
+    Enqueue,
+    RegisterEnqueuer,
+    Checkout,
+    Settle,
+    Return,
+    Discard,
+    Modify,
+    Credit,
+    RenewLocks,
+    Purge,
+)
+
+
+def bind_connection(command: Any, connection: ConnectionId) -> Any:
+    """The command with every `connection` field set to the caller's own connection."""
+    if isinstance(command, (Enqueue, RegisterEnqueuer)):
+        return dataclasses.replace(command, connection=connection)
+    if isinstance(command, Checkout):
+        consumer = dataclasses.replace(command.consumer, connection=connection)
+        return dataclasses.replace(command, consumer=consumer)
+    return command
+
+
+class ClientSession:
+    """Serves one accepted TCP connection until it closes."""
+
+    def __init__(
+        self, server: NodeServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self.connection: ConnectionId | None = None
+        self.closed = False
+        self.used = False  # submitted a command that may have registered the connection
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Queue a frame to the client (loop thread); closes a client that stopped reading."""
+        if self.closed:
+            return
+        try:
+            self.writer.write(protocol.encode_frame(message, self.server.frame_bytes_max))
+        except ProtocolError as err:
+            log.error("frame_not_sent", error=err.message)
+            return
+        if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
+            log.warning("client_too_slow", connection=repr(self.connection))
+            self.close()
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            self.writer.close()
+
+    def error(self, code: str, message: str, request_id: Any = None) -> None:
+        """Send an error frame (with the request id when it is a usable int)."""
+        rid = (
+            request_id if isinstance(request_id, int) and not isinstance(request_id, bool) else None
+        )
+        self.send(protocol.error(code, message, rid))
+
+    async def run(self) -> None:
+        """Handshake, then serve frames until EOF."""
+        try:
+            if await self._handshake():
+                await self._serve()
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+            pass
+        finally:
+            self._closed()
+
+    async def _handshake(self) -> bool:
+        nonce = os.urandom(protocol.NONCE_BYTES)
+        self.send(protocol.challenge(nonce, self.server.node_id))
+        try:
+            hello = await asyncio.wait_for(
+                protocol.read_frame(self.reader, self.server.frame_bytes_max), HELLO_TIMEOUT_S
+            )
+        except ProtocolError as err:
+            self.error(err.code, err.message)
+            return False
+        if hello.get("op") != protocol.HELLO:
+            self.error(protocol.NOT_AUTHENTICATED, "the first frame must be a 'hello'")
+            return False
+        if not protocol.verify_proof(self.server.client_key, nonce, hello.get("proof")):
+            log.warning("auth_failed", peer=str(self.writer.get_extra_info("peername")))
+            self.error(protocol.AUTH_FAILED, "authentication failed: wrong client credentials")
+            return False
+        self.connection = self.server.new_connection()
+        self.server.router.register(self.connection, self.send)
+        self.send(
+            protocol.welcome(
+                self.server.node_id,
+                fifo.encode(self.connection),
+                self.server.raft.leader_id(),
+                self.server.endpoints,
+            )
+        )
+        log.info("client_connected", connection=self.connection.number, name=hello.get("name"))
+        return True
+
+    async def _serve(self) -> None:
+        while not self.closed:
+            try:
+                message = await protocol.read_frame(self.reader, self.server.frame_bytes_max)
+            except ProtocolError as err:
+                self.error(err.code, err.message)
+                if err.code in protocol.FATAL_CODES:
+                    return
+                continue
+            self._dispatch(message)
+            await self.writer.drain()
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        op, request_id = message["op"], message.get("id")
+        if not isinstance(request_id, int) or isinstance(request_id, bool):
+            self.error(protocol.BAD_FRAME, f"'{op}' needs an integer 'id'")
+            return
+        if op == protocol.COMMAND:
+            self._command(request_id, message.get("cmd"))
+        elif op == protocol.QUERY:
+            self._query(request_id, message.get("query"), message.get("args") or {})
+        elif op == protocol.ADMIN:
+            self._admin(request_id, message.get("action"), message.get("args") or {})
+        else:
+            self.error(protocol.UNKNOWN_OP, f"unknown op {op!r}", request_id)
+
+    def _command(self, request_id: int, blob: Any) -> None:
+        assert self.connection is not None
+        if not isinstance(blob, bytes):
+            self.error(protocol.BAD_COMMAND, "'cmd' must be bytes (fifo.encode)", request_id)
+            return
+        try:
+            command = fifo.decode(blob)
+        except Exception as err:
+            self.error(protocol.BAD_COMMAND, f"command does not decode: {err}", request_id)
+            return
+        if not isinstance(command, CLIENT_COMMANDS):
+            name = type(command).__name__
+            self.error(protocol.BAD_COMMAND, f"{name} is not a client command", request_id)
+            return
+        command = bind_connection(command, self.connection)
+        self.used = True
+        self.server.committer.submit(fifo.encode(command), self._reply_sink(request_id))
+
+    def _reply_sink(self, request_id: int) -> Any:
+        def sink(reply: Any) -> None:
+            if isinstance(reply, SubmitError):
+                self.error(reply.code, reply.message, request_id)
+            elif isinstance(reply, InternalFailure):
+                self.error(protocol.INTERNAL, reply.message, request_id)
+            else:
+                self.send(protocol.reply(request_id, fifo.encode(reply)))
+
+        return sink
+
+    def _query(self, request_id: int, name: Any, args: Any) -> None:
+        if not isinstance(name, str) or not isinstance(args, dict):
+            self.error(protocol.BAD_REQUEST, "'query' must be a string, 'args' a map", request_id)
+            return
+        try:
+            value = run_query(self.server.raft, name, args, self.server.status_extra())
+        except QueryError as err:
+            self.error(protocol.BAD_REQUEST, str(err), request_id)
+            return
+        except Exception as err:
+            log.exception("query_failed", query=name)
+            self.error(protocol.INTERNAL, f"query {name} failed: {err!r}", request_id)
+            return
+        self.send(protocol.result(request_id, value))
+
+    def _admin(self, request_id: int, action: Any, args: Any) -> None:
+        if action == "machine_upgrade" and isinstance(args, dict):
+            self._machine_upgrade(request_id, args.get("to"))
+        elif action == "snapshot":
+            self.server.raft.forceLogCompaction()
+            self.send(protocol.result(request_id, {"requested": True}))
+        elif action in ("member_add", "member_remove"):
+            message = "membership is static (cluster.toml) in this version"
+            self.error(protocol.REFUSED, message, request_id)
+        else:
+            self.error(protocol.BAD_REQUEST, f"unknown admin action {action!r}", request_id)
+
+    def _machine_upgrade(self, request_id: int, to: Any) -> None:
+        raft = self.server.raft
+        with raft.lock:
+            state = raft.replicated_state
+            effective = state.meta.effective_version
+            target = to if isinstance(to, int) else max(fifo.SUPPORTED_VERSIONS)
+            refusal = state.upgrade_refusal(target)
+        if target <= effective:
+            self.send(
+                protocol.result(request_id, {"effective_version": effective, "changed": False})
+            )
+            return
+        if refusal is not None:
+            self.error(protocol.REFUSED, refusal, request_id)
+            return
+        now = raft.now_ms()
+
+        def make(origin: Origin) -> Entry:
+            return Entry("upgrade", now, origin, version=target)
+
+        def sink(reply: Any) -> None:
+            if isinstance(reply, Error):
+                self.error(protocol.REFUSED, reply.message, request_id)
+            elif isinstance(reply, (SubmitError, InternalFailure)):
+                code = reply.code if isinstance(reply, SubmitError) else protocol.INTERNAL
+                self.error(code, reply.message, request_id)
+            else:
+                result = {"effective_version": target, "changed": True}
+                self.send(protocol.result(request_id, result))
+
+        self.server.committer.submit_entry(make, sink)
+
+    def _closed(self) -> None:
+        self.close()
+        if self.connection is None:
+            return
+        self.server.router.unregister(self.connection)
+        log.info("client_disconnected", connection=self.connection.number)
+        if self.used and not self.server.stopping:
+            down = ConnectionDown(self.connection, "normal")
+            self.server.committer.submit(fifo.encode(down), lambda _reply: None)

@@ -1,0 +1,162 @@
+"""Group commit: client commands arriving within a short window become one log entry.
+
+Runs on the node's asyncio loop. A batch is flushed when the window (1 ms) elapses, or when it
+reaches `count_max` commands or `bytes_max` bytes. Each command keeps its own reply sink; the
+sinks are resolved when the submitting node applies the entry (`resolve`, in log order), or
+failed with a SubmitError when pysyncobj reports a failure or the batch times out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from pysyncobj import FAIL_REASON
+
+from raft.entry import SUB_INDEX_SPAN, Entry, Origin
+from raft.errors import SubmitError
+from raft.node import RaftNode
+from raft.replicated import Outcome
+
+log = structlog.get_logger("raft.batcher")
+
+Sink = Callable[[Any], None]  # receives a fifo Reply, an InternalFailure or a SubmitError
+
+WINDOW_S_DEFAULT = 0.001
+COUNT_MAX_DEFAULT = SUB_INDEX_SPAN
+BYTES_MAX_DEFAULT = 1024 * 1024
+TIMEOUT_S_DEFAULT = 10.0
+
+_FAILURES = {
+    FAIL_REASON.QUEUE_FULL: ("unavailable", "the node's command queue is full"),
+    FAIL_REASON.MISSING_LEADER: ("unavailable", "no leader"),
+    FAIL_REASON.DISCARDED: ("unavailable", "the entry was discarded by a new leader"),
+    FAIL_REASON.NOT_LEADER: ("unavailable", "the node asked is not the leader"),
+    FAIL_REASON.LEADER_CHANGED: ("unavailable", "the leader changed: outcome unknown, retry"),
+    FAIL_REASON.REQUEST_DENIED: ("unavailable", "request denied"),
+    FAIL_REASON.UNKNOWN_OUTCOME: ("unavailable", "outcome unknown, retry"),
+}
+
+
+@dataclass
+class _Batch:
+    sinks: list[Sink]
+    submitted_s: float = field(default_factory=time.monotonic)
+
+
+class GroupCommitter:
+    """Batches commands into `cmds` entries and routes each reply back to its sink."""
+
+    def __init__(
+        self,
+        node: RaftNode,
+        loop: asyncio.AbstractEventLoop,
+        window_s: float = WINDOW_S_DEFAULT,
+        count_max: int = COUNT_MAX_DEFAULT,
+        bytes_max: int = BYTES_MAX_DEFAULT,
+        timeout_s: float = TIMEOUT_S_DEFAULT,
+    ) -> None:
+        self.node = node
+        self.loop = loop
+        self.window_s = window_s
+        self.count_max = min(count_max, SUB_INDEX_SPAN)
+        self.bytes_max = bytes_max
+        self.timeout_s = timeout_s
+        self._buffer: list[bytes] = []
+        self._sinks: list[Sink] = []
+        self._bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._pending: dict[int, _Batch] = {}
+        self._ids = itertools.count(1)
+        self.entries_submitted = 0
+        self.commands_submitted = 0
+
+    def _origin(self, batch_id: int) -> Origin:
+        return (self.node.settings.node_id, self.node.settings.incarnation, batch_id)
+
+    def submit(self, command_blob: bytes, sink: Sink) -> None:
+        """Queue one encoded command (loop thread); the sink gets its reply later."""
+        self._buffer.append(command_blob)
+        self._sinks.append(sink)
+        self._bytes += len(command_blob)
+        if len(self._buffer) >= self.count_max or self._bytes >= self.bytes_max:
+            self.flush()
+        elif self._timer is None:
+            self._timer = self.loop.call_later(self.window_s, self.flush)
+
+    def flush(self) -> None:
+        """Submit the buffered commands as one entry now."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._buffer:
+            return
+        cmds, sinks = tuple(self._buffer), self._sinks
+        self._buffer, self._sinks, self._bytes = [], [], 0
+        batch_id = next(self._ids)
+        entry = Entry("cmds", self.node.now_ms(), self._origin(batch_id), cmds=cmds)
+        self._send(batch_id, entry, sinks)
+        self.commands_submitted += len(cmds)
+
+    def submit_entry(self, make: Callable[[Origin], Entry], sink: Sink) -> None:
+        """Submit a non-command entry (hello, upgrade) built for its origin; one reply."""
+        batch_id = next(self._ids)
+        self._send(batch_id, make(self._origin(batch_id)), [sink])
+
+    def _send(self, batch_id: int, entry: Entry, sinks: list[Sink]) -> None:
+        self._pending[batch_id] = _Batch(sinks)
+        self.entries_submitted += 1
+
+        def on_done(_result: Any, reason: int) -> None:  # tick thread
+            if reason != FAIL_REASON.SUCCESS:
+                code, message = _FAILURES.get(reason, ("unavailable", f"failure {reason}"))
+                self.loop.call_soon_threadsafe(self.fail, batch_id, SubmitError(code, message))
+
+        try:
+            self.node.submit(entry, callback=on_done)
+        except Exception as err:  # e.g. the node is shutting down
+            self.fail(batch_id, SubmitError("unavailable", f"cannot submit: {err}"))
+
+    def resolve(self, outcome: Outcome) -> None:
+        """Hand the replies of an applied entry to their sinks (loop thread, log order)."""
+        origin = outcome.origin
+        if origin is None or origin[:2] != self._origin(0)[:2]:
+            return
+        batch = self._pending.pop(origin[2], None)
+        if batch is None:
+            return  # already failed (timeout, leader change): the client retries with dedup
+        for sink, reply in zip(batch.sinks, outcome.replies, strict=False):
+            _call(sink, reply)
+        for sink in batch.sinks[len(outcome.replies) :]:
+            _call(sink, SubmitError("internal", "entry applied without a reply for this command"))
+
+    def fail(self, batch_id: int, error: SubmitError) -> None:
+        """Fail every command of a batch that will not be answered."""
+        batch = self._pending.pop(batch_id, None)
+        if batch is not None:
+            for sink in batch.sinks:
+                _call(sink, error)
+
+    def sweep(self) -> None:
+        """Fail batches older than the timeout (pysyncobj has no timeout on async calls)."""
+        deadline = time.monotonic() - self.timeout_s
+        for batch_id in [b for b, batch in self._pending.items() if batch.submitted_s < deadline]:
+            self.fail(batch_id, SubmitError("not_leader_timeout", "no commit within the timeout"))
+
+    def fail_all(self, error: SubmitError) -> None:
+        """Fail everything pending (shutdown)."""
+        self.flush()
+        for batch_id in list(self._pending):
+            self.fail(batch_id, error)
+
+
+def _call(sink: Sink, value: Any) -> None:
+    try:
+        sink(value)
+    except Exception:
+        log.exception("reply_sink_failed")

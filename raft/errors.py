@@ -1,0 +1,39 @@
+"""Errors raised by the replication layer."""
+
+from __future__ import annotations
+
+
+class RaftError(Exception):
+    """Base class of every error raised by `raft`."""
+
+
+class EntryError(RaftError):
+    """Raised when a log entry blob cannot be decoded (it is then applied as a no-op)."""
+
+
+class VersionTooOldError(RaftError):
+    """Raised inside apply when an entry needs a machine version this node's code lacks.
+
+    The node stops applying (its log is kept) until it is restarted with newer code.
+    """
+
+    def __init__(self, needed: int, supported: int, index: int) -> None:
+        super().__init__(
+            f"machine version {needed} is effective from index {index}; this node supports "
+            f"only up to {supported}: restart it with newer code"
+        )
+        self.needed = needed
+        self.supported = supported
+        self.index = index
+
+
+class SubmitError(RaftError):
+    """Raised (or passed to callbacks) when a batch could not be committed.
+
+    `code` is a protocol error code: `unavailable` or `not_leader_timeout`.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

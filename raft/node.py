@@ -1,0 +1,283 @@
+"""The pysyncobj node: one replicated method, durable journal, CBOR snapshots, version gate.
+
+Ordering obligations (as etcd's `Ready` documents them):
+- an entry's journal record is fsynced (policy permitting) before the node acks it as a follower
+  or replicates it as a leader, and before any reply for it is handed to `on_outcome`;
+- `on_outcome` is called in log order from pysyncobj's tick thread, once per applied entry, on
+  every node (replies are for the submitter, effects for the node owning the connection);
+- nothing raised inside apply reaches pysyncobj, except the deliberate version stop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cbor2
+import structlog
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.monotonic import monotonic as monotonic_time
+from pysyncobj.syncobj import SyncObjExceptionWrongVer
+
+from raft import durability, safe_pickle
+from raft.durability import DurableFileJournal
+from raft.entry import Entry, decode_entry, encode_entry
+from raft.errors import EntryError, VersionTooOldError
+from raft.replicated import InternalFailure, Outcome, ReplicatedState
+
+log = structlog.get_logger("raft")
+
+ROLES = {0: "follower", 1: "candidate", 2: "leader"}
+
+
+@dataclass(frozen=True, slots=True)
+class RaftSettings:
+    """Everything a RaftNode needs; addresses are pysyncobj `host:port` strings."""
+
+    node_id: str
+    address: str
+    peers: dict[str, str]  # node id -> raft address, without this node
+    data_dir: Path
+    password: str
+    supported_version: int
+    incarnation: int
+    fsync: str = "batch"
+    bind_host: str = "127.0.0.1"
+    election_timeout_ms: tuple[int, int] = (400, 800)
+    heartbeat_ms: int = 50
+    compaction_min_entries: int = 5000
+    compaction_min_time_s: int = 300
+
+    @property
+    def journal_file(self) -> str:
+        """pysyncobj's journalFile."""
+        return str(self.data_dir / "raft.journal")
+
+    @property
+    def dump_file(self) -> str:
+        """pysyncobj's fullDumpFile: our CBOR snapshot."""
+        return str(self.data_dir / "raft.dump")
+
+
+OutcomeListener = Callable[[Outcome], None]
+
+
+class RaftNode(SyncObj):  # type: ignore[misc]
+    """A SyncObj with exactly one replicated method, `apply_entry(blob)`."""
+
+    def __init__(self, settings: RaftSettings, on_outcome: OutcomeListener) -> None:
+        safe_pickle.install()
+        durability.install()
+        durability.register(settings.journal_file, settings.fsync)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        # our attributes exist before SyncObj starts its tick thread (it may load the dump)
+        self.settings = settings
+        self.lock = threading.RLock()
+        self.replicated_state = ReplicatedState([settings.node_id, *settings.peers])
+        self.stopped_reason: str | None = None
+        self._on_outcome = on_outcome
+        self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
+        self._address_to_id[settings.address] = settings.node_id
+        low, high = settings.election_timeout_ms
+        conf = SyncObjConf(
+            password=settings.password,
+            bindAddress=f"{settings.bind_host}:{settings.address.rsplit(':', 1)[1]}",
+            journalFile=settings.journal_file,
+            fullDumpFile=settings.dump_file,
+            serializer=self._serialize_snapshot,
+            deserializer=self._deserialize_snapshot,
+            appendEntriesUseBatch=False,  # we group-commit ourselves; send at once
+            appendEntriesPeriod=settings.heartbeat_ms / 1000,
+            raftMinTimeout=low / 1000,
+            raftMaxTimeout=high / 1000,
+            leaderFallbackTimeout=2 * high / 1000,
+            connectionTimeout=max(0.5, 2 * high / 1000),
+            connectionRetryTime=0.3,
+            autoTickPeriod=0.02,
+            logCompactionMinEntries=settings.compaction_min_entries,
+            logCompactionMinTime=settings.compaction_min_time_s,
+            commandsWaitLeader=True,
+            dynamicMembershipChange=False,
+        )
+        super().__init__(settings.address, list(settings.peers.values()), conf)
+        self.addOnTickCallback(self._guard_leadership)
+
+    # --- the replicated method ---------------------------------------------------------------
+
+    @replicated  # type: ignore[untyped-decorator]
+    def apply_entry(self, blob: bytes) -> None:
+        """Apply one log entry (runs on every node, in log order, in the tick thread)."""
+        index = self.raftLastApplied + 1
+        with self.lock:
+            if self.stopped_reason is not None:
+                raise SyncObjExceptionWrongVer(self.replicated_state.meta.effective_version)
+            outcome = self._apply_locked(index, blob)
+        self.sync_journal()  # the reply must not leave before the entry is durable here
+        try:
+            self._on_outcome(outcome)
+        except Exception:  # a listener bug must not wedge the log
+            log.exception("outcome_listener_failed", index=index)
+
+    def _apply_locked(self, index: int, blob: bytes) -> Outcome:
+        try:
+            entry = decode_entry(blob)
+        except EntryError as err:
+            log.error("entry_undecodable", index=index, error=str(err))
+            return Outcome(index, None, [], [])
+        try:
+            outcome = self.replicated_state.apply_entry(
+                index, self._entry_term(index), entry, self.settings.supported_version
+            )
+        except VersionTooOldError as err:
+            self.stopped_reason = str(err)
+            log.error("apply_stopped", index=index, reason=self.stopped_reason)
+            raise SyncObjExceptionWrongVer(err.needed) from err
+        except Exception as err:
+            log.exception("apply_failed", index=index)
+            failure = InternalFailure(f"internal error applying entry {index}: {err!r}")
+            return Outcome(index, entry.origin, [failure] * max(1, len(entry.cmds)), [])
+        for failure_message in outcome.failures:
+            log.error("command_failed", index=index, error=failure_message)
+        return outcome
+
+    def _entry_term(self, index: int) -> int:
+        entries = self._SyncObj__getEntries(index, 1)
+        return int(entries[0][2]) if entries else 0
+
+    # --- durability --------------------------------------------------------------------------
+
+    def _journal(self) -> Any:
+        return self._SyncObj__raftLog
+
+    def sync_journal(self) -> None:
+        """fsync the journal if it has unsynced records (no-op under `never`)."""
+        journal = self._journal()
+        if isinstance(journal, DurableFileJournal):
+            journal.sync()
+
+    def _SyncObj__sendNextNodeIdx(self, *args: Any, **kwargs: Any) -> None:
+        # follower ack: entries must be on disk before the leader counts them
+        self.sync_journal()
+        SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
+
+    def _SyncObj__sendAppendEntries(self) -> None:
+        # leader: its own copy is on disk before any follower can make it committed
+        self.sync_journal()
+        SyncObj._SyncObj__sendAppendEntries(self)
+
+    # --- snapshots (pysyncobj serializer hooks) ----------------------------------------------
+
+    def _serialize_snapshot(self, file_name: str, raft_data: Any) -> None:
+        last, prev, cluster = raft_data
+        with self.lock:
+            body = self.replicated_state.snapshot()
+        body["raft"] = {
+            "last": [bytes(last[0]), last[1], last[2]],
+            "prev": [bytes(prev[0]), prev[1], prev[2]],
+            "cluster": sorted(node.id if hasattr(node, "id") else str(node) for node in cluster),
+        }
+        with open(file_name, "wb") as f:
+            f.write(cbor2.dumps(body))
+            f.flush()
+            if self.settings.fsync != "never":
+                os.fsync(f.fileno())
+        log.info("snapshot_written", index=last[1], bytes=len(body["fifo"]))
+
+    def _deserialize_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
+        with open(file_name, "rb") as f:
+            body = cbor2.loads(f.read())
+        with self.lock:
+            self.replicated_state.restore(body)
+            meta = self.replicated_state.meta
+            if meta.effective_version > self.settings.supported_version:
+                self.stopped_reason = (
+                    f"machine version {meta.effective_version} is effective; this node supports "
+                    f"only up to {self.settings.supported_version}: restart it with newer code"
+                )
+                log.error("apply_stopped", reason=self.stopped_reason)
+        raft = body["raft"]
+        last, prev = raft["last"], raft["prev"]
+        log.info("snapshot_loaded", index=last[1])
+        last_entry = (bytes(last[0]), last[1], last[2])
+        return last_entry, (bytes(prev[0]), prev[1], prev[2]), raft["cluster"]
+
+    # --- leadership guard --------------------------------------------------------------------
+
+    def _guard_leadership(self) -> None:
+        """A node that stopped applying never stands for election and hands leadership over.
+
+        pysyncobj has no pre-vote hook, so this pushes the election deadline away instead.
+        """
+        if self.stopped_reason is None:
+            return
+        self._SyncObj__raftElectionDeadline = monotonic_time() + 3600
+        if self._isLeader():
+            self.transferLeadership()
+
+    # --- submitting and status ---------------------------------------------------------------
+
+    def submit(self, entry: Entry, callback: Callable[[Any, int], None] | None = None) -> None:
+        """Queue an entry for replication (thread-safe); `callback(result, fail_reason)`."""
+        self.apply_entry(encode_entry(entry), callback=callback)
+
+    def node_id_of(self, address: Any) -> str | None:
+        """The node id of a pysyncobj node or address."""
+        if address is None:
+            return None
+        return self._address_to_id.get(getattr(address, "id", str(address)))
+
+    def leader_id(self) -> str | None:
+        """The node id of the current leader as this node sees it."""
+        return self.node_id_of(self._getLeader())
+
+    def role(self) -> str:
+        """leader | follower | candidate | stopped (stopped applying)."""
+        if self.stopped_reason is not None:
+            return "stopped"
+        return ROLES.get(int(self._raw_status()["state"]), "follower")
+
+    def peer_connected(self, node_id: str) -> bool:
+        """Whether this node has a live raft connection to `node_id`."""
+        address = self.settings.peers.get(node_id)
+        return address is not None and bool(self.isNodeConnected(address))
+
+    def status(self) -> dict[str, Any]:
+        """This node's status map (see cluster.protocol's "status" query)."""
+        raw = self._raw_status()
+        with self.lock:
+            meta = self.replicated_state.meta
+            status: dict[str, Any] = {
+                "role": self.role(),
+                "term": int(raw["raft_term"]),
+                "commit_index": int(raw["commit_idx"]),
+                # the index of the last entry our method applied: the digest is exactly at it
+                "last_applied": meta.last_index,
+                "raft_last_applied": int(raw["last_applied"]),
+                "effective_machine_version": meta.effective_version,
+                "supported_machine_version": self.settings.supported_version,
+                "digest": self.replicated_state.digest(),
+                "leader": self.leader_id(),
+                "log_len": int(raw["log_len"]),
+                "has_quorum": bool(raw["has_quorum"]),
+            }
+        if self.stopped_reason is not None:
+            status["reason"] = self.stopped_reason
+        return status
+
+    def _raw_status(self) -> dict[str, Any]:
+        # getStatus iterates pysyncobj dicts the tick thread may resize: retry on that race
+        for _ in range(5):
+            try:
+                return dict(self.getStatus())
+            except RuntimeError:
+                time.sleep(0.001)
+        return dict(self.getStatus())
+
+    def now_ms(self) -> int:
+        """The submitter clock stamped into entries (wall clock, made monotonic in apply)."""
+        return int(time.time() * 1000)

@@ -1,0 +1,61 @@
+"""An allow-list unpickler installed into pysyncobj (defense in depth behind the password).
+
+pysyncobj unpickles wire messages, log commands and snapshots through the module attributes
+`pysyncobj.pickle.loads/load`; replacing them covers every path. Only the few globals that
+pysyncobj's own messages need are allowed; any other global (an `os.system` gadget) is refused.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import IO, Any
+
+import pysyncobj.journal as pysyncobj_journal
+import pysyncobj.pickle as pysyncobj_pickle
+
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("_codecs", "encode"),  # protocol 2 encodes bytes as _codecs.encode(str, "latin1")
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "bytearray"),
+        ("collections", "deque"),
+        ("collections", "OrderedDict"),
+        ("pysyncobj.node", "TCPNode"),  # membership commands carry nodes
+        ("pysyncobj.node", "Node"),
+    }
+)
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An Unpickler whose `find_class` only resolves allow-listed globals."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        """Resolve `module.name` if allow-listed, else raise UnpicklingError."""
+        if (module, name) not in ALLOWED_GLOBALS:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
+        return super().find_class(module, name)
+
+
+def loads(data: bytes | str) -> Any:
+    """Restricted replacement for `pysyncobj.pickle.loads`."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8")
+    return RestrictedUnpickler(io.BytesIO(raw)).load()
+
+
+def load(file: IO[bytes]) -> Any:
+    """Restricted replacement for `pysyncobj.pickle.load`."""
+    return RestrictedUnpickler(file).load()
+
+
+def install() -> None:
+    """Replace pysyncobj's pickle loaders with the restricted ones (idempotent)."""
+    pysyncobj_pickle.loads = loads
+    pysyncobj_pickle.load = load
+    pysyncobj_journal.loads = loads  # the journal's meta file imports `loads` by name
+
+
+def installed() -> bool:
+    """Whether the restricted loaders are in place."""
+    return pysyncobj_pickle.loads is loads and pysyncobj_pickle.load is load
