@@ -94,6 +94,9 @@ def test_pass_forwards_both_directions_and_counts_bytes(server: Server, proxy: L
     assert recv_exactly(upstream, 5) == b"hello"
     upstream.sendall(b"world!")
     assert recv_exactly(client, 6) == b"world!"
+    deadline = time.monotonic() + 5  # the pump counts right after its send returns
+    while proxy.bytes_forwarded() != (5, 6) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert proxy.bytes_forwarded() == (5, 6)
     assert proxy.open_connections() == 1
     client.close()

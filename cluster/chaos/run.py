@@ -1,0 +1,368 @@
+"""One chaos run: start a local cluster, run the workload under the nemesis schedule, heal,
+drain every queue through every node, check the history and write the report and timeline.
+
+Files in `out_dir`: `history.jsonl` (see `cluster.chaos.history`), `report.json`,
+`timeline.png`. The cluster lives in a fresh data dir under /tmp and is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from cluster import config as cluster_config
+from cluster import launcher
+from cluster.chaos import availability
+from cluster.chaos.availability import FaultWindow
+from cluster.chaos.checker import check
+from cluster.chaos.control import LauncherCluster, route_through_proxies
+from cluster.chaos.history import Recorder
+from cluster.chaos.linkproxy import ProxyMesh
+from cluster.chaos.nemesis import Nemesis, ScheduleParams, expand_faults, make_schedule
+from cluster.chaos.replicas import ReplicaCheck, check_replicas
+from cluster.chaos.timeline import plot_timeline
+from cluster.chaos.workload import (
+    Drainer,
+    Producer,
+    QueueConsumer,
+    Worker,
+    WorkloadParams,
+)
+from cluster.client import Client
+from cluster.client.errors import ClusterError
+from cluster.config import FsyncPolicy
+
+log = structlog.get_logger(__name__)
+
+CONSUMER_TAIL_S = 3.0  # consumers keep going this long after producers stop
+JOIN_TIMEOUT_S = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunParams:
+    """Everything a run depends on; the seed fixes the fault schedule."""
+
+    duration_s: float = 60.0
+    faults: tuple[str, ...] = ("kill", "pause", "partition")
+    seed: int = 1
+    out_dir: Path = Path("results/chaos")
+    nodes: int = 3
+    fsync: FsyncPolicy | None = None  # None: the cluster's default policy
+    workload: WorkloadParams = field(default_factory=WorkloadParams)
+    schedule: ScheduleParams = field(default_factory=ScheduleParams)
+    leader_timeout_s: float = 30.0
+    drain_idle_s: float = 2.0
+    drain_timeout_s: float = 60.0
+    gap_s: float = 1.0  # a pause between publish confirms longer than this is unavailability
+    keep_data: bool = False
+
+
+@dataclass(slots=True)
+class _Stage:
+    """Mutable state of a run, for the report."""
+
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    drained: dict[str, int] = field(default_factory=dict)
+    drain_errors: list[str] = field(default_factory=list)
+
+
+def run(params: RunParams) -> dict[str, Any]:
+    """Run the whole experiment and return the report (also written to out_dir)."""
+    out_dir = params.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(tempfile.mkdtemp(prefix="quorumq-chaos-", dir="/tmp"))
+    kinds = expand_faults(params.faults)
+    stage = _Stage()
+    if params.fsync is None:
+        launcher.init_cluster(data_dir, params.nodes)  # the cluster's default fsync policy
+    else:
+        launcher.init_cluster(data_dir, params.nodes, fsync=params.fsync)
+    mesh = _make_mesh(data_dir, kinds, stage)
+    if mesh is None:
+        kinds = [k for k in kinds if not k.startswith("partition")]
+    cluster = LauncherCluster(data_dir)
+    recorder = Recorder(out_dir / "history.jsonl")
+    nemesis = Nemesis(cluster, recorder, mesh)
+    replicas: ReplicaCheck | None = None
+    try:
+        cluster.start_all()
+        launcher.wait_for_leader(cluster.config, cluster.key, params.leader_timeout_s)
+        _declare_queues(cluster, params.workload.queues)
+        schedule = make_schedule(kinds, params.duration_s, params.seed, params.schedule)
+        workload_end_s = _run_workload(params, cluster, recorder, nemesis, schedule, stage)
+        _recover(params, cluster, nemesis, recorder, stage)
+        _drain(params, cluster, recorder, stage)
+        replicas = check_replicas(cluster, params.workload.queues)
+    finally:
+        nemesis.heal_everything()
+        cluster.shutdown()
+        if mesh is not None:
+            mesh.close()
+        recorder.close()
+        if not params.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    report = _report(params, kinds, recorder, nemesis, replicas, stage, workload_end_s, data_dir)
+    _write_json(out_dir / "report.json", report)
+    return report
+
+
+def _make_mesh(data_dir: Path, kinds: list[str], stage: _Stage) -> ProxyMesh | None:
+    """Proxies between the peers when partitions are asked for and the config can route them."""
+    if not any(k.startswith("partition") for k in kinds):
+        return None
+    config = cluster_config.load(data_dir)
+    mesh = ProxyMesh({node.id: node.raft_address for node in config.nodes})
+    if route_through_proxies(data_dir, mesh):
+        return mesh
+    mesh.close()
+    stage.notes.append(
+        "partition faults skipped: cluster.config.NodeConfig has no `peer_addresses` field, "
+        "so nodes cannot dial their peers through the link proxies"
+    )
+    return None
+
+
+def _declare_queues(cluster: LauncherCluster, queues: tuple[str, ...]) -> None:
+    with Client(list(cluster.endpoints().values()), cluster.key, name="chaos-setup") as client:
+        for queue in queues:
+            client.declare_queue(queue)
+
+
+def _client_factory(cluster: LauncherCluster, params: WorkloadParams) -> Callable[[str], Client]:
+    """Clients spread over the nodes: each new one starts with the next node in turn."""
+    endpoints = list(cluster.endpoints().values())
+    turn = itertools.count()
+
+    def make(name: str) -> Client:
+        first = next(turn) % len(endpoints)
+        ordered = endpoints[first:] + endpoints[:first]
+        return Client(
+            ordered,
+            cluster.key,
+            name=name,
+            connect_timeout_s=5.0,
+            request_timeout_s=params.confirm_timeout_s,
+            reconnect_timeout_s=10.0,
+        )
+
+    return make
+
+
+def _run_workload(
+    params: RunParams,
+    cluster: LauncherCluster,
+    recorder: Recorder,
+    nemesis: Nemesis,
+    schedule: list[Any],
+    stage: _Stage,
+) -> float:
+    """Producers, consumers and the nemesis for `duration_s`; returns the workload end (s)."""
+    wl = params.workload
+    factory = _client_factory(cluster, wl)
+    produce_stop, consume_stop, nemesis_stop = (
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
+    run_id = f"s{params.seed}-{int(time.time())}"
+    producers: list[Worker] = [
+        Producer(i, wl.queues[i % len(wl.queues)], factory, recorder, produce_stop, wl, run_id)
+        for i in range(wl.producers)
+    ]
+    consumers: list[Worker] = [
+        QueueConsumer(
+            i,
+            wl.queues[i % len(wl.queues)],
+            factory,
+            recorder,
+            consume_stop,
+            wl,
+            credited=i % 2 == 1,
+        )
+        for i in range(wl.consumers)
+    ]
+    nemesis_thread = threading.Thread(
+        target=nemesis.run, args=(schedule, nemesis_stop), name="nemesis", daemon=True
+    )
+    for worker in [*consumers, *producers]:
+        worker.start()
+    nemesis_thread.start()
+    time.sleep(max(0.0, params.duration_s - recorder.now_ns() / 1e9))
+    nemesis_stop.set()
+    nemesis_thread.join(JOIN_TIMEOUT_S)
+    produce_stop.set()
+    _join(producers, stage)
+    workload_end_s = recorder.now_ns() / 1e9
+    time.sleep(CONSUMER_TAIL_S)
+    consume_stop.set()
+    _join(consumers, stage)
+    for worker in [*producers, *consumers]:
+        if worker.errors:
+            stage.notes.append(
+                f"{worker.name}: {len(worker.errors)} errors, first: {worker.errors[0]}"
+            )
+    return workload_end_s
+
+
+def _join(workers: list[Worker], stage: _Stage) -> None:
+    for worker in workers:
+        worker.join(JOIN_TIMEOUT_S)
+        if worker.is_alive():
+            stage.notes.append(f"{worker.name} did not stop within {JOIN_TIMEOUT_S:.0f}s")
+
+
+def _recover(
+    params: RunParams, cluster: LauncherCluster, nemesis: Nemesis, recorder: Recorder, stage: _Stage
+) -> None:
+    """Heal everything, then wait for a leader; the wait is reported."""
+    nemesis.heal_everything()
+    healed = recorder.now_ns() / 1e9
+    launcher.wait_for_leader(cluster.config, cluster.key, params.leader_timeout_s)
+    stage.timings["leader_after_heal_s"] = round(recorder.now_ns() / 1e9 - healed, 3)
+
+
+def _drain(params: RunParams, cluster: LauncherCluster, recorder: Recorder, stage: _Stage) -> None:
+    """Drain every queue through every node in turn, until each is idle; twice if needed."""
+    deadline = time.monotonic() + params.drain_timeout_s
+    started = recorder.now_ns() / 1e9
+    for _round in range(2):
+        for node_id, endpoint in cluster.endpoints().items():
+            drainer = Drainer(node_id, recorder, params.workload)
+            try:
+                with Client(
+                    [endpoint],
+                    cluster.key,
+                    name=f"chaos-drain-{node_id}",
+                    reconnect=False,
+                    request_timeout_s=10.0,
+                ) as client:
+                    for queue in params.workload.queues:
+                        got = drainer.drain(client, queue, params.drain_idle_s, deadline)
+                        stage.drained[node_id] = stage.drained.get(node_id, 0) + got
+            except (ClusterError, OSError) as err:
+                stage.drain_errors.append(f"{node_id}: {type(err).__name__}: {err}")
+        if time.monotonic() >= deadline:
+            break
+    stage.timings["drain_s"] = round(recorder.now_ns() / 1e9 - started, 3)
+
+
+def _report(
+    params: RunParams,
+    kinds: list[str],
+    recorder: Recorder,
+    nemesis: Nemesis,
+    replicas: ReplicaCheck | None,
+    stage: _Stage,
+    workload_end_s: float,
+    data_dir: Path,
+) -> dict[str, Any]:
+    events = recorder.events()
+    verdict = check(events)
+    windows = availability.unavailable_windows(
+        events, params.schedule.warmup_s / 2, workload_end_s, params.gap_s
+    )
+    fault_windows = [
+        FaultWindow(r.kind, r.start_s, r.end_s if r.end_s is not None else r.start_s)
+        for r in nemesis.records
+    ]
+    faults = []
+    for record, window in zip(nemesis.records, fault_windows, strict=True):
+        recovery_s, unavailable_s = availability.recovery(window, windows)
+        faults.append(
+            {
+                **record.to_dict(),
+                "recovery_s": round(recovery_s, 3),
+                "unavailable_s": round(unavailable_s, 3),
+            }
+        )
+    end_s = recorder.now_ns() / 1e9
+    series = availability.throughput(events, end_s)
+    png = plot_timeline(
+        series,
+        fault_windows,
+        windows,
+        params.out_dir / "timeline.png",
+        title=f"quorumq chaos: faults {','.join(kinds) or 'none'}, seed {params.seed}",
+    )
+    acks = _ack_counts(events)
+    replica_dict = replicas.to_dict() if replicas is not None else None
+    return {
+        "valid": verdict.valid and bool(replicas and replicas.ok),
+        "seed": params.seed,
+        "duration_s": params.duration_s,
+        "faults_requested": list(params.faults),
+        "fault_kinds": kinds,
+        "params": _params_dict(params),
+        "faults": faults,
+        "operations": {
+            "publish": {
+                "attempted": verdict.attempted,
+                "ok": verdict.ok,
+                "failed": verdict.failed,
+                "unknown": verdict.unknown,
+            },
+            "ack": acks,
+            "delivered": verdict.delivered,
+        },
+        "lost": len(verdict.lost),
+        "unexpected": len(verdict.unexpected),
+        "duplicated": len(verdict.duplicated),
+        "recovered": len(verdict.recovered),
+        "checker": verdict.to_dict(),
+        "availability": {
+            "max_unavailability_s": round(max((w.length_s for w in windows), default=0.0), 3),
+            "unavailable_windows": [w.to_dict() for w in windows],
+            "unexpected_unavailability": [
+                w.to_dict() for w in availability.unexpected(windows, fault_windows)
+            ],
+            "gap_s": params.gap_s,
+        },
+        "replicas": replica_dict,
+        "drain": {"consumed_per_node": stage.drained, "errors": stage.drain_errors},
+        "timings": stage.timings,
+        "notes": stage.notes,
+        "files": {
+            "history": str(params.out_dir / "history.jsonl"),
+            "timeline": str(png),
+            "report": str(params.out_dir / "report.json"),
+            "data_dir": str(data_dir) if params.keep_data else None,
+        },
+    }
+
+
+def _ack_counts(events: list[Any]) -> dict[str, int]:
+    counts = {"ok": 0, "failed": 0, "unknown": 0}
+    invoked = 0
+    for event in events:
+        if event.f != "ack":
+            continue
+        if event.type == "invoke":
+            invoked += 1
+        elif event.type == "ok":
+            counts["ok"] += 1
+        elif event.type == "fail":
+            counts["failed"] += 1
+    counts["unknown"] = invoked - counts["ok"] - counts["failed"]
+    return counts
+
+
+def _params_dict(params: RunParams) -> dict[str, Any]:
+    raw = asdict(params)
+    raw["out_dir"] = str(params.out_dir)
+    return raw
+
+
+def _write_json(path: Path, report: dict[str, Any]) -> None:
+    import json
+
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")

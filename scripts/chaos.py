@@ -1,0 +1,147 @@
+"""Chaos run against a real local 3-node cluster: workload + nemeses + total-queue checker.
+
+    python scripts/chaos.py --duration 120 --faults kill,pause,partition --seed 1 --json
+
+Writes history.jsonl, report.json and timeline.png into --out (default results/chaos-seed<N>),
+prints a summary (or the whole report with --json) and exits 0 when the run is valid (nothing
+lost, nothing unexpected, equal digests, every queue empty after the drain), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import structlog
+
+from cluster.chaos.nemesis import FAULT_KINDS, LEADER_TOKEN, expand_faults
+from cluster.chaos.run import RunParams, run
+from cluster.chaos.workload import WorkloadParams
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def _quiet_logs(verbose: bool) -> None:
+    """Logs go to stderr so that --json leaves stdout to the report."""
+    level = logging.INFO if verbose else logging.WARNING
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+    )
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(10, 3600),
+    default=60.0,
+    show_default=True,
+    help="Seconds of workload under faults.",
+)
+@click.option(
+    "--faults",
+    default="kill,pause,partition",
+    show_default=True,
+    help=f"Comma-separated: {', '.join([*FAULT_KINDS, LEADER_TOKEN])} (or 'none').",
+)
+@click.option("--seed", type=int, default=1, show_default=True, help="Fault schedule seed.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Output dir (default results/chaos-seed<N>).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
+@click.option("--producers", type=click.IntRange(1, 32), default=3, show_default=True)
+@click.option("--consumers", type=click.IntRange(1, 32), default=3, show_default=True)
+@click.option("--queues", type=click.IntRange(1, 16), default=2, show_default=True)
+@click.option(
+    "--rate",
+    type=click.FloatRange(1, 2000),
+    default=40.0,
+    show_default=True,
+    help="Total publishes per second over every producer (upper bound).",
+)
+@click.option(
+    "--fsync",
+    type=click.Choice(["always", "batch", "never"]),
+    default=None,
+    help="Journal fsync policy (default: the cluster's default).",
+)
+@click.option("--keep-data", is_flag=True, help="Keep the cluster data dir under /tmp.")
+@click.option("--verbose", is_flag=True, help="Log fault and client events to stderr.")
+def main(
+    duration_s: float,
+    faults: str,
+    seed: int,
+    out_dir: Path | None,
+    as_json: bool,
+    producers: int,
+    consumers: int,
+    queues: int,
+    rate: float,
+    fsync: str | None,
+    keep_data: bool,
+    verbose: bool,
+) -> None:
+    """Run one chaos experiment and check it.
+
+    \b
+    Example:
+      python scripts/chaos.py --duration 60 --faults kill,pause --seed 7 --json
+    """
+    tokens = [] if faults.strip() in ("", "none") else [t.strip() for t in faults.split(",")]
+    try:
+        expand_faults(tokens)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--faults") from err
+    _quiet_logs(verbose)
+    params = RunParams(
+        duration_s=duration_s,
+        faults=tuple(tokens),
+        seed=seed,
+        out_dir=out_dir or RESULTS / f"chaos-seed{seed}",
+        fsync=fsync,  # type: ignore[arg-type]  # click.Choice checked the value
+        workload=WorkloadParams(
+            producers=producers,
+            consumers=consumers,
+            queues=tuple(f"chaos-{i + 1}" for i in range(queues)),
+            rate_per_s=rate,
+        ),
+        keep_data=keep_data,
+    )
+    report = run(params)
+    click.echo(json.dumps(report, indent=2, default=str) if as_json else _summary(report))
+    sys.exit(0 if report["valid"] else 1)
+
+
+def _summary(report: dict[str, Any]) -> str:
+    ops = report["operations"]["publish"]
+    replicas = report.get("replicas") or {}
+    lines = [
+        f"valid: {report['valid']}",
+        f"publishes: ok {ops['ok']}, failed {ops['failed']}, unknown {ops['unknown']}",
+        f"lost {report['lost']}, unexpected {report['unexpected']}, "
+        f"duplicated {report['duplicated']}, recovered {report['recovered']}",
+        f"digests equal: {replicas.get('digests_equal')}, "
+        f"queues empty: {replicas.get('queues_empty_on_every_replica')}",
+        f"max unavailability: {report['availability']['max_unavailability_s']} s",
+    ]
+    for fault in report["faults"]:
+        lines.append(
+            f"  {fault['kind']:<17} {','.join(fault['nodes']):<9} "
+            f"{fault['start_s']:7.2f}-{fault['end_s']:7.2f} s  recovery {fault['recovery_s']} s"
+        )
+    lines += [f"note: {note}" for note in report["notes"]]
+    lines.append(f"report: {report['files']['report']}  timeline: {report['files']['timeline']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
