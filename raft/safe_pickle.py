@@ -20,6 +20,9 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
         ("builtins", "set"),
         ("builtins", "frozenset"),
         ("builtins", "bytearray"),
+        ("__builtin__", "set"),  # protocol 2 writes Python 2 module names
+        ("__builtin__", "frozenset"),
+        ("__builtin__", "bytearray"),
         ("collections", "deque"),
         ("collections", "OrderedDict"),
         ("pysyncobj.node", "TCPNode"),  # membership commands carry nodes

@@ -1,0 +1,64 @@
+"""raft.safe_pickle and raft.durability: the allow-list unpickler and the fsync policies."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pysyncobj.pickle as pysyncobj_pickle
+import pytest
+from pysyncobj.node import TCPNode
+
+from raft import durability, safe_pickle
+
+
+class _Gadget:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_malicious_pickle_is_refused_after_install() -> None:
+    """An os.system gadget is refused by pysyncobj's (patched) loader."""
+    safe_pickle.install()
+    payload = pickle.dumps(_Gadget(), 2)
+    with pytest.raises(pickle.UnpicklingError):
+        pysyncobj_pickle.loads(payload)
+
+
+def test_pysyncobj_messages_still_load() -> None:
+    """The messages pysyncobj sends (dicts, bytes, tuples, nodes) pass the allow-list."""
+    safe_pickle.install()
+    message = {
+        "type": "append_entries",
+        "entries": [(b"\x00cmd", 5, 1)],
+        "nodes": {TCPNode("127.0.0.1:1")},
+        "data": bytearray(b"x"),
+    }
+    loaded = pysyncobj_pickle.loads(pysyncobj_pickle.dumps(message))
+    assert loaded["entries"] == [(b"\x00cmd", 5, 1)]
+    assert next(iter(loaded["nodes"])).id == "127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("policy", "syncs_after_adds"), [("always", 3), ("batch", 0), ("never", 0)]
+)
+def test_journal_fsync_policies(tmp_path: Path, policy: str, syncs_after_adds: int) -> None:
+    """`always` syncs every record, `batch` only on sync(), `never` not at all."""
+    journal = durability.DurableFileJournal(str(tmp_path / "raft.journal"), policy)
+    for i in range(3):
+        journal.add(b"\x00entry", i + 1, 1)
+    assert journal.syncs == syncs_after_adds
+    synced = journal.sync()
+    assert synced == (policy == "batch")
+    assert journal.sync() is False  # nothing new
+    journal._destroy()
+    reopened = durability.DurableFileJournal(str(tmp_path / "raft.journal"), policy)
+    assert [reopened[i][1] for i in range(len(reopened))] == [1, 2, 3]
+    reopened._destroy()
+
+
+def test_unknown_policy_is_rejected() -> None:
+    """register() refuses a policy that is not always/batch/never."""
+    with pytest.raises(ValueError):
+        durability.register("/tmp/x.journal", "sometimes")

@@ -1,0 +1,115 @@
+"""raft.node with a real single-member pysyncobj cluster in this process: restart and wedging."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fifo
+from cluster.testing import free_ports, wait_until
+from fifo.commands import DeclareQueue, Enqueue
+from fifo.replies import Ok
+from raft.entry import Entry
+from raft.node import RaftNode, RaftSettings
+from raft.replicated import InternalFailure, Outcome, ReplicatedState
+
+
+class Harness:
+    """One RaftNode plus the outcomes it produced, keyed by batch id."""
+
+    def __init__(self, data_dir: Path, port: int) -> None:
+        self.outcomes: dict[int, Outcome] = {}
+        self.changed = threading.Condition()
+        settings = RaftSettings(
+            node_id="n1",
+            address=f"127.0.0.1:{port}",
+            peers={},
+            data_dir=data_dir,
+            password="secret-for-tests",
+            supported_version=2,
+            incarnation=1,
+            election_timeout_ms=(300, 500),
+        )
+        self.node = RaftNode(settings, self._on_outcome)
+        self.next_batch = 1
+
+    def _on_outcome(self, outcome: Outcome) -> None:
+        with self.changed:
+            if outcome.origin is not None:
+                self.outcomes[outcome.origin[2]] = outcome
+            self.changed.notify_all()
+
+    def run(self, *commands: Any) -> list[Any]:
+        """Submit one batch and wait for its replies."""
+        batch = self.next_batch
+        self.next_batch += 1
+        blobs = tuple(fifo.encode(c) for c in commands)
+        self.node.submit(Entry("cmds", int(time.time() * 1000), ("n1", 1, batch), cmds=blobs))
+        with self.changed:
+            assert self.changed.wait_for(lambda: batch in self.outcomes, timeout=10)
+        return self.outcomes[batch].replies
+
+    def digest(self) -> str:
+        with self.node.lock:
+            return self.node.replicated_state.digest()
+
+    def close(self) -> None:
+        self.node.destroy_synchronous()
+
+
+@pytest.fixture
+def port() -> int:
+    return free_ports(1)[0]
+
+
+@pytest.fixture
+def harness(tmp_path: Path, port: int) -> Iterator[Harness]:
+    h = Harness(tmp_path, port)
+    yield h
+    h.close()
+
+
+def test_restart_from_journal_and_dump_gives_an_equal_digest(tmp_path: Path, port: int) -> None:
+    """State rebuilt from the CBOR dump plus the journal tail equals the state before."""
+    first = Harness(tmp_path, port)
+    first.run(DeclareQueue("q"))
+    for i in range(30):
+        first.run(*[Enqueue("q", b"m%d-%d" % (i, j)) for j in range(5)])
+    first.node.forceLogCompaction()
+    wait_until(lambda: (tmp_path / "raft.dump").exists(), 10, "the dump")
+    wait_until(lambda: first.node.getStatus()["log_len"] < 10, 10, "compaction")
+    for i in range(10):  # a journal tail after the snapshot
+        first.run(Enqueue("q", b"tail%d" % i))
+    before, applied = first.digest(), first.node.replicated_state.meta.last_index
+    first.close()
+
+    second = Harness(tmp_path, port)
+    try:
+        wait_until(lambda: second.node.replicated_state.meta.last_index == applied, 10, "replay")
+        assert second.digest() == before
+        assert fifo.overview(second.node.replicated_state.state, "q").total == 160  # type: ignore[union-attr]
+    finally:
+        second.close()
+
+
+def test_an_exception_in_apply_does_not_wedge_the_node(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A raising apply is answered with an internal failure and later entries still apply."""
+    harness.run(DeclareQueue("q"))
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(ReplicatedState, "apply_entry", broken)
+    replies = harness.run(Enqueue("q", b"a"))
+    assert isinstance(replies[0], InternalFailure) and "injected bug" in replies[0].message
+    monkeypatch.undo()
+    assert harness.run(Enqueue("q", b"b")) == [Ok()]
+    status = harness.node.getStatus()
+    assert status["last_applied"] == status["commit_idx"]
