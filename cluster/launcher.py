@@ -349,10 +349,73 @@ def stop_cluster(config: ClusterConfig, grace_s: float = STOP_GRACE_S) -> list[s
 
 
 @contextmanager
-def local_cluster(data_dir: Path, nodes: int = 3, **kwargs: Any) -> Iterator[ClusterConfig]:
+def local_cluster(data_dir: Path, nodes: int = 3, **kwargs: Any) -> Iterator[LocalCluster]:
     """A started cluster for the duration of a `with` block; every node is stopped after."""
-    config, _ = start_cluster(data_dir, nodes, **kwargs)
+    start_cluster(data_dir, nodes, **kwargs)
+    cluster = LocalCluster(data_dir)
     try:
-        yield config
+        yield cluster
     finally:
-        stop_cluster(cluster_config.load(data_dir), grace_s=2.0)
+        cluster.stop()
+
+
+class LocalCluster:
+    """A running local cluster in a data dir: clients, leader lookup, kill and restart (tests)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.config = cluster_config.load(self.data_dir)
+        self.key = client_key(self.data_dir)
+
+    def endpoint(self, node_id: str) -> str:
+        """The client endpoint of a node."""
+        return self.config.node(node_id).client_address
+
+    def client(self, node_id: str | None = None, *, only: bool = False, **kwargs: Any) -> Client:
+        """A client that connects to `node_id` first (`only`: to it alone, no reconnect)."""
+        endpoints = list(self.config.endpoints().values())
+        if node_id is not None:
+            first = self.endpoint(node_id)
+            endpoints = [first] if only else [first] + [e for e in endpoints if e != first]
+        if only:
+            kwargs.setdefault("reconnect", False)
+        return Client(endpoints, self.key, **kwargs)
+
+    def leader(self, exclude: str | None = None, timeout_s: float = LEADER_TIMEOUT_S) -> str:
+        """The current leader (agreed by a majority), other than `exclude`."""
+        return wait_for_leader(self.config, self.key, timeout_s, exclude=exclude)
+
+    def followers(self) -> list[str]:
+        """Every node id but the leader's."""
+        leader = self.leader()
+        return [node_id for node_id in self.config.node_ids() if node_id != leader]
+
+    def kill(self, node_id: str, sig: int = signal.SIGKILL) -> int | None:
+        """Send `sig` to a node (SIGKILL by default) and wait until it is gone."""
+        node = self.config.node(node_id)
+        pid = kill_node(node, sig)
+        deadline = time.monotonic() + 10.0
+        while sig == signal.SIGKILL and node_pid(node) is not None:
+            if time.monotonic() > deadline:
+                raise LauncherError(f"{node_id} (pid {pid}) survived SIGKILL")
+            time.sleep(0.02)
+        return pid
+
+    def restart(self, node_id: str, max_machine_version: int | None = None) -> None:
+        """Stop (if running) and start a node, then wait until it answers."""
+        node = self.config.node(node_id)
+        stop_node(node, grace_s=2.0)
+        spawn_node(self.data_dir, node_id, max_machine_version)
+        deadline = time.monotonic() + LEADER_TIMEOUT_S
+        while node_status(node, self.key, timeout_s=1.0) is None:
+            if time.monotonic() > deadline:
+                raise LauncherError(f"{node_id} did not answer after its restart")
+            time.sleep(0.1)
+
+    def status(self) -> list[dict[str, Any]]:
+        """`cluster status` rows."""
+        return cluster_status(self.config, self.key)
+
+    def stop(self) -> None:
+        """Stop every node."""
+        stop_cluster(self.config, grace_s=2.0)

@@ -18,6 +18,7 @@ from cluster.cli.exits import USAGE, CliError
 from fifo.commands import CONSUMER_TIMEOUT_MS_DEFAULT, QueueConfig
 
 QUEUE_NAME_BYTES_MAX = 255
+LIST_COLUMNS = ["name", "ready", "returned", "checked_out", "total", "bytes", "consumers"]
 
 
 def validate_queue_name(name: str) -> str:
@@ -142,8 +143,8 @@ def list_queues(ctx: click.Context) -> None:
       quorumq --data-dir /tmp/qq -o json queue list
     """
     with connect(ctx) as client:
-        rows = _rows(client.queues())
-    emit(ctx, rows)
+        rows = _rows(client.overview())
+    emit(ctx, rows, LIST_COLUMNS if output_format(ctx) == "table" else None)
 
 
 @queue_group.command("info")
@@ -163,7 +164,7 @@ def info(ctx: click.Context, name: str) -> None:
         overview = client.overview(name)
     if not overview:
         raise CliError(f"no queue {name!r}", USAGE)
-    emit(ctx, plain(overview))
+    emit(ctx, {k: v for k, v in plain(overview).items() if k != "type"})
 
 
 @queue_group.command("purge")
@@ -210,6 +211,11 @@ def delete(ctx: click.Context, name: str) -> None:
 
 def _rows(result: Any) -> list[Any]:
     """Queries may answer a list of maps or a map by name; make rows either way."""
+    if isinstance(result, list):
+        return [
+            {k: v for k, v in row.items() if k != "type"} if isinstance(row, dict) else row
+            for row in plain(result)
+        ]
     if isinstance(result, dict):
         return [
             {"name": key, **value} if isinstance(value, dict) else {"name": key, "value": value}

@@ -400,7 +400,8 @@ class Consumer:
         return self._leave(Remove())
 
     def _leave(self, spec: CheckoutSpec) -> CancelOk | None:
-        self.flush_acks()
+        if isinstance(spec, Remove):
+            self.flush_acks()  # a removed consumer's late settles are ignored
         reply = self.client.command(self._checkout(spec))
         with self._cond:
             self.cancelled = True

@@ -1,0 +1,135 @@
+"""The client library against a real 3-node cluster: publish, consume, settle, dedup, queries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cluster.client import AuthError, Client, CommandRefused
+from cluster.launcher import LocalCluster, local_cluster
+from fifo.commands import QueueConfig
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with local_cluster(tmp_path_factory.mktemp("client-basic") / "D", 3) as running:
+        yield running
+
+
+def drain(client: Client, queue: str, count: int, prefetch: int = 100) -> list[bytes]:
+    """Consume and ack `count` messages (fails the test if they do not all come)."""
+    consumer = client.consume(queue, prefetch=prefetch)
+    bodies = []
+    while len(bodies) < count:
+        message = consumer.get(timeout_s=10.0)
+        assert message is not None, f"only {len(bodies)} of {count} messages arrived"
+        bodies.append(message.body)
+        message.ack()
+    consumer.cancel()
+    assert consumer.wait_settled()
+    return bodies
+
+
+def test_published_messages_are_consumed_once_each_through_any_node(cluster: LocalCluster) -> None:
+    follower = cluster.followers()[0]
+    with cluster.client(follower, only=True) as client:
+        client.declare_queue("basic")
+        with client.publisher("basic", window=100) as publisher:
+            publisher.publish_many(b"m%d" % i for i in range(500))
+        assert publisher.confirmed == 500
+    with cluster.client(cluster.leader(), only=True) as client:
+        bodies = drain(client, "basic", 500)
+        assert sorted(bodies) == sorted(b"m%d" % i for i in range(500))
+        overview = client.overview("basic")
+        assert overview["total"] == 0
+        assert overview["checked_out"] == 0
+
+
+def test_a_duplicate_publish_with_the_same_enqueuer_and_seq_is_not_stored(
+    cluster: LocalCluster,
+) -> None:
+    with cluster.client() as client:
+        client.declare_queue("dedup")
+        for _ in range(2):  # the second publisher resends seqs 1..3 of the same enqueuer
+            with client.publisher("dedup", window=10, enqueuer="producer-1") as publisher:
+                publisher.publish_many([b"a", b"b", b"c"])
+        assert client.overview("dedup")["total"] == 3
+
+
+def test_nack_requeues_with_the_redelivered_flag(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        client.declare_queue("nack")
+        client.publish("nack", b"once")
+        consumer = client.consume("nack", prefetch=1)
+        first = consumer.get(timeout_s=10.0)
+        assert first is not None and not first.redelivered
+        first.nack(requeue=True)
+        again = consumer.get(timeout_s=10.0)
+        assert again is not None
+        assert again.body == b"once" and again.redelivered
+        again.ack()
+        consumer.cancel()
+
+
+def test_reject_dead_letters_into_the_target_queue(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        client.declare_queue("dlq")
+        client.declare_queue("work", QueueConfig(dead_letter_queue="dlq"))
+        client.publish("work", b"poison")
+        consumer = client.consume("work", prefetch=1)
+        message = consumer.get(timeout_s=10.0)
+        assert message is not None
+        message.reject()
+        consumer.cancel()
+        assert consumer.wait_settled()
+        assert drain(client, "dlq", 1) == [b"poison"]
+
+
+def test_a_credited_consumer_gets_only_what_it_was_granted(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        client.declare_queue("credit")
+        with client.publisher("credit", window=50) as publisher:
+            publisher.publish_many(b"c%d" % i for i in range(10))
+        consumer = client.consume("credit", credited=True)
+        assert consumer.get(timeout_s=0.5) is None
+        consumer.grant(3)
+        got = [consumer.get(timeout_s=10.0) for _ in range(3)]
+        assert all(m is not None for m in got)
+        assert consumer.get(timeout_s=0.5) is None
+        consumer.ack([m for m in got if m is not None])
+        consumer.cancel()
+
+
+def test_errors_are_typed_and_the_state_is_unchanged(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        client.declare_queue("typed", QueueConfig(max_length=10))
+        with pytest.raises(CommandRefused) as refused:
+            client.declare_queue("typed", QueueConfig(max_length=20))
+        assert refused.value.code == "queue_exists"
+        with pytest.raises(CommandRefused) as unknown:
+            client.purge_queue("no-such-queue")
+        assert unknown.value.code == "unknown_queue"
+
+
+def test_wrong_credentials_are_refused_with_an_auth_error(cluster: LocalCluster) -> None:
+    with pytest.raises(AuthError):
+        Client([cluster.endpoint("n1")], b"00" * 32, connect_timeout_s=2.0)
+
+
+def test_cluster_status_lists_every_node_with_one_leader(cluster: LocalCluster) -> None:
+    rows = cluster.status()
+    assert [row["id"] for row in rows] == ["n1", "n2", "n3"]
+    assert sum(1 for row in rows if row["role"] == "leader") == 1
+    for row in rows:
+        for field in ("term", "commit_index", "last_applied", "digest", "pid"):
+            assert field in row
+
+
+def test_data_dir_client_reads_the_endpoints_and_key(cluster: LocalCluster) -> None:
+    with Client.from_data_dir(Path(cluster.data_dir)) as client:
+        assert client.node in {"n1", "n2", "n3"}
+        assert "basic" in client.queues()
