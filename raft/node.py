@@ -105,6 +105,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             dynamicMembershipChange=False,
         )
         super().__init__(settings.address, list(settings.peers.values()), conf)
+        # pysyncobj compares Node objects, not address strings
+        self._peer_nodes = {self._address_to_id[node.id]: node for node in self.otherNodes}
         self.addOnTickCallback(self._guard_leadership)
 
     # --- the replicated method ---------------------------------------------------------------
@@ -243,8 +245,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def peer_connected(self, node_id: str) -> bool:
         """Whether this node has a live raft connection to `node_id`."""
-        address = self.settings.peers.get(node_id)
-        return address is not None and bool(self.isNodeConnected(address))
+        node = self._peer_nodes.get(node_id)
+        return node is not None and bool(self.isNodeConnected(node))
 
     def status(self) -> dict[str, Any]:
         """This node's status map (see cluster.protocol's "status" query)."""

@@ -266,12 +266,25 @@ class ClientSession:
 
         self.server.committer.submit_entry(make, sink)
 
+    def _registered(self) -> bool:
+        """Whether the replicated metadata knows this connection (else no ConnectionDown)."""
+        assert self.connection is not None
+        key = (self.connection.incarnation, self.connection.number)
+        with self.server.raft.lock:
+            conns = self.server.raft.replicated_state.meta.connections.get(self.node_id_of_conn())
+            return conns is not None and key in conns
+
+    def node_id_of_conn(self) -> str:
+        """The node id in this session's connection id."""
+        assert self.connection is not None
+        return self.connection.node
+
     def _closed(self) -> None:
         self.close()
         if self.connection is None:
             return
         self.server.router.unregister(self.connection)
         log.info("client_disconnected", connection=self.connection.number)
-        if self.used and not self.server.stopping:
+        if self.used and not self.server.stopping and self._registered():
             down = ConnectionDown(self.connection, "normal")
             self.server.committer.submit(fifo.encode(down), lambda _reply: None)
