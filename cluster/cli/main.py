@@ -89,6 +89,34 @@ def main() -> None:
         sys.exit(SOFTWARE)
     sys.exit(0)
 
+
 from cluster.cli.pipeline import pipeline  # noqa: E402  (groups register after `cli` exists)
 
 cli.add_command(pipeline)
+
+from cluster.cli.fuzz import fuzz  # noqa: E402
+
+cli.add_command(fuzz)
+
+from cluster.cli.cluster_cmd import cluster_group  # noqa: E402
+from cluster.cli.completion import completion  # noqa: E402
+from cluster.cli.consume import consume  # noqa: E402
+from cluster.cli.consumer import consumer_group  # noqa: E402
+from cluster.cli.demo import demo  # noqa: E402
+from cluster.cli.member import member_group  # noqa: E402
+from cluster.cli.node import node_group  # noqa: E402
+from cluster.cli.publish import publish  # noqa: E402
+from cluster.cli.queue import queue_group  # noqa: E402
+
+for _command in (
+    cluster_group,
+    node_group,
+    queue_group,
+    publish,
+    consume,
+    consumer_group,
+    member_group,
+    demo,
+    completion,
+):
+    cli.add_command(_command)

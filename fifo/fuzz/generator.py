@@ -142,7 +142,7 @@ class Generator:
     def declare(self) -> Command:
         world = self.world
         missing = [q for q in (DEAD_LETTER_QUEUE, *WORK_QUEUES) if q not in world.queues]
-        if missing and not self.rng.chance(1, 8):
+        if missing and (not world.queues or not self.rng.chance(1, 8)):
             queue = missing[0]
             return DeclareQueue(queue, random_config(self.rng, world, queue))
         queue = self.queue()

@@ -11,29 +11,20 @@ from dataclasses import dataclass, field
 from fifo.commands import (
     Checkout,
     Command,
-    ConnectionDown,
-    ConsumerDisconnectedTimeout,
     ConsumerId,
     DeclareQueue,
     DeleteQueue,
     Dequeue,
     Enqueue,
-    EvalConsumerTimeouts,
-    Modify,
-    NodeDown,
-    Remove,
-    Return,
     Settle,
 )
-from fifo.effects import DeadLettered, Deliver, Effect, Released
+from fifo.effects import DeadLettered, Deliver, Effect
 from fifo.fuzz import probe
 from fifo.fuzz.generator import body_number
 from fifo.replies import DeleteOk, DequeueOk, Error, NotEnqueued, Ok, PurgeOk, Reply
 from fifo.state import State
 
 Found = tuple[str, str]  # (invariant, detail)
-_DISTURBING = (Return, Modify, ConnectionDown, NodeDown, EvalConsumerTimeouts,
-               ConsumerDisconnectedTimeout)
 
 
 @dataclass(slots=True)
@@ -51,7 +42,7 @@ class Ledger:
 
     inflow: int = 0
     outflow: int = 0
-    disturbed: bool = False  # something was returned or dead-lettered in: no order check
+    disturbed: bool = False  # dead-lettered messages came in: enqueue order no longer applies
 
 
 @dataclass
@@ -111,10 +102,6 @@ class Checker:
             self.ledger(getattr(command, "queue", "")).outflow += reply.count
         elif _is_settled_dequeue(command, reply):
             self.ledger(getattr(command, "queue", "")).outflow += 1
-        if isinstance(command, _DISTURBING) or (
-            isinstance(command, Checkout) and isinstance(command.spec, Remove)
-        ):
-            self._disturb(getattr(command, "queue", None))
         return found
 
     def _account_enqueue(self, command: Enqueue, reply: Reply, peek: Peek) -> list[Found]:
@@ -135,13 +122,6 @@ class Checker:
             return []
         return [("enqueuer_dedup", f"seq {command.seq} with next {expected} got {reply!r}")]
 
-    def _disturb(self, queue: object) -> None:
-        if isinstance(queue, str):
-            self.ledger(queue).disturbed = True
-        else:  # a connection or node event may touch every queue
-            for ledger in self.ledgers.values():
-                ledger.disturbed = True
-
     def _account_effects(
         self, state: State, command: Command, effects: list[Effect]
     ) -> list[Found]:
@@ -153,14 +133,17 @@ class Checker:
                     target = self.ledger(effect.target)
                     target.inflow += effect.count
                     target.disturbed = True
-            elif isinstance(effect, Released):
-                self.ledger(effect.queue).disturbed = True
             elif isinstance(effect, Deliver):
                 found += self._check_order(effect)
+                found += _check_recipient(state, effect)
         return found
 
     def _check_order(self, effect: Deliver) -> list[Found]:
-        """Per consumer, never-redelivered messages arrive in enqueue order."""
+        """Per consumer, first deliveries arrive in enqueue order; only redeliveries go back.
+
+        Stronger than "in order when nothing was returned": returned messages are redelivered
+        (flagged) and must not disturb the order of the others.
+        """
         found: list[Found] = []
         ledger = self.ledger(effect.queue)
         cid = ConsumerId(effect.tag, effect.connection)
@@ -214,6 +197,7 @@ def _check_queue(
         found.append(("accounting", f"{name}: enqueued {ledger.inflow} - left {ledger.outflow} "
                       f"!= total {total}"))
     found += _check_consumers(queue)
+    found += _check_bytes(queue)
     config = queue.config
     limited = config.max_length is not None and config.overflow == "drop_head"
     if limited and probe.ready_count(queue) > (config.max_length or 0):
@@ -228,6 +212,9 @@ def _check_consumers(queue: probe.Queue) -> list[Found]:
     for consumer in queue.consumers.values():
         if consumer.status in ("up", "quiescing") and not consumer.once:
             active += 1
+        if consumer.credited and consumer.credit < 0:
+            detail = f"{queue.name}/{consumer.tag}: credit {consumer.credit} below 0"
+            found.append(("credit_bounds", detail))
         if not consumer.credited and not consumer.once and not (
             0 <= consumer.credit <= consumer.prefetch
         ):
@@ -247,3 +234,31 @@ def _is_settled_dequeue(command: Command, reply: Reply) -> bool:
         and isinstance(reply, DequeueOk)
         and reply.message is not None
     )
+
+
+def _check_recipient(state: State, effect: Deliver) -> list[Found]:
+    """A message goes only to a consumer that is up: not suspected, cancelled or timed out."""
+    queue = probe.queue(state, effect.queue)
+    consumer = None if queue is None else probe.find_consumer(queue, effect.consumer_key)
+    if consumer is None:
+        return [("delivery_to_unknown", f"{effect.queue}/{effect.tag} is not a consumer")]
+    if consumer.suspected_since is not None or consumer.status == "cancelled" or (
+        consumer.timed_out and consumer.status != "up"
+    ):
+        return [("delivery_to_inactive", f"{effect.queue}/{effect.tag} status {consumer.status} "
+                 f"suspected_since {consumer.suspected_since} timed_out {consumer.timed_out}")]
+    return []
+
+
+def _check_bytes(queue: probe.Queue) -> list[Found]:
+    """Byte counters match the bodies, and drop_head keeps ready bytes within max_bytes."""
+    found: list[Found] = []
+    ready = sum(len(m.body) for m in (*queue.ready, *queue.returns))
+    held = sum(len(m.body) for _, _, m in probe.checked_out(queue))
+    if (queue.bytes_ready, queue.bytes_checkout) != (ready, held):
+        found.append(("byte_counters", f"{queue.name}: ready/checked-out bytes "
+                      f"{queue.bytes_ready}/{queue.bytes_checkout}, bodies {ready}/{held}"))
+    max_bytes = queue.config.max_bytes
+    if max_bytes is not None and queue.config.overflow == "drop_head" and ready > max_bytes:
+        found.append(("max_bytes", f"{queue.name}: {ready} ready bytes > max_bytes {max_bytes}"))
+    return found

@@ -38,7 +38,7 @@ def all_consumers(queue_: Queue) -> Iterator[Consumer]:
 def find_consumer(queue_: Queue, key: object) -> Consumer | None:
     """Resolve a compact key or a ConsumerId the way a client names a consumer."""
     try:
-        found = queue_.consumers.get(key)  # type: ignore[call-overload]
+        found: Consumer | None = queue_.consumers.get(key)  # type: ignore[call-overload]
         if found is None:
             resolved: ConsumerKey | None = queue_.key_by_id.get(key)
             found = queue_.consumers.get(resolved) if resolved is not None else None

@@ -1,0 +1,123 @@
+"""`quorumq fuzz`: output, exit codes, and the same digest under different hash seeds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import fifo.fuzz
+from cluster.cli import exits
+from cluster.cli.main import cli, main
+from fifo.fuzz import FuzzResult, Violation
+
+ROOT = Path(__file__).resolve().parents[2]
+QUORUMQ = Path(sys.executable).with_name("quorumq")
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+    """Run the real entry point (with its exit-code mapping) and return its exit code."""
+    monkeypatch.setattr(sys, "argv", ["quorumq", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    return int(exit_info.value.code or 0)
+
+
+def test_json_output_has_the_documented_fields() -> None:
+    """-o json prints seed, steps, versions, upgrade index, digest and violations."""
+    result = CliRunner().invoke(cli, ["-o", "json", "fuzz", "--seed", "4", "--steps", "300",
+                                      "--machine-version", "1", "--upgrade-at", "100"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["seed"] == 4 and report["steps"] == 300
+    assert report["final_machine_version"] == 2 and report["upgrade_index"] == 100
+    assert report["violations"] == [] and len(report["digest"]) == 64
+    assert report["digest"] == fifo.fuzz.run(4, 300, 1, upgrade_at=100).digest
+
+
+def test_table_output_is_readable() -> None:
+    """The default table output lists the digest and the violation count."""
+    result = CliRunner().invoke(cli, ["fuzz", "--seed", "4", "--steps", "100",
+                                      "--machine-version", "2"])
+    assert result.exit_code == 0, result.output
+    assert "digest" in result.output and "violations" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seed", "1", "--steps", "0", "--machine-version", "1"], "--steps"),
+        (["--seed", "1", "--steps", "10", "--machine-version", "9"], "--machine-version 9"),
+        (["--seed", "1", "--steps", "10", "--machine-version", "1", "--upgrade-at", "soon"],
+         "neither 'random' nor an integer"),
+        (["--seed", "1", "--steps", "10", "--machine-version", "2", "--upgrade-at", "3"],
+         "--upgrade-at needs"),
+        (["--seed", "1", "--steps", "10", "--machine-version", "1", "--upgrade-at", "10"],
+         "must be below --steps"),
+        (["--steps", "10", "--machine-version", "1"], "--seed"),
+    ],
+)
+def test_bad_flags_exit_64_with_a_clear_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
+    message: str,
+) -> None:
+    """Usage errors exit EX_USAGE (64) and say what is wrong."""
+    assert run_main(monkeypatch, "fuzz", *args) == exits.USAGE
+    assert message in capsys.readouterr().err
+
+
+def test_violation_exits_1_and_prints_the_reproducer(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run with a violation exits FAILURE and prints the command that reproduces it."""
+    def fake_run(seed: int, steps: int, version: int, *_: object) -> FuzzResult:
+        bad = Violation(3, "Settle(...)", "accounting", "planted")
+        return FuzzResult(seed, steps, version, version, None, "0" * 64, [bad], 0, 0,
+                          f"quorumq fuzz --seed {seed} --steps {steps} --machine-version 2 -o json")
+
+    monkeypatch.setattr(fifo.fuzz, "run", fake_run)
+    code = run_main(monkeypatch, "-o", "json", "fuzz", "--seed", "8", "--steps", "10",
+                    "--machine-version", "2")
+    captured = capsys.readouterr()
+    assert code == exits.FAILURE
+    assert json.loads(captured.out)["violations"][0]["invariant"] == "accounting"
+    assert "quorumq fuzz --seed 8 --steps 10 --machine-version 2" in captured.err
+
+
+def test_help_ends_with_an_example() -> None:
+    """--help documents the command with an example at the end."""
+    result = CliRunner().invoke(cli, ["fuzz", "--help"])
+    assert result.exit_code == 0
+    assert "Example:" in result.output and "quorumq -o json fuzz --seed 7" in result.output
+
+
+def quorumq_json(hash_seed: str, *args: str) -> dict[str, object]:
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run([str(QUORUMQ), "-o", "json", "fuzz", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    report: dict[str, object] = json.loads(done.stdout)
+    return report
+
+
+@pytest.mark.slow
+def test_real_process_same_digest_under_hash_seeds_1_and_2() -> None:
+    """The installed `quorumq fuzz --seed 7 --steps 5000 --machine-version 2` is hash-seed free."""
+    args = ("--seed", "7", "--steps", "5000", "--machine-version", "2")
+    first, second = quorumq_json("1", *args), quorumq_json("2", *args)
+    assert first["violations"] == [] and first["final_machine_version"] == 2
+    assert first["digest"] == second["digest"]
+
+
+@pytest.mark.slow
+def test_real_process_upgrade_at_random_reports_the_index() -> None:
+    """`--machine-version 1 --upgrade-at random` exits 0 and says where it upgraded."""
+    report = quorumq_json("0", "--seed", "7", "--steps", "5000", "--machine-version", "1",
+                          "--upgrade-at", "random")
+    assert report["final_machine_version"] == 2
+    assert isinstance(report["upgrade_index"], int) and 0 <= report["upgrade_index"] < 5000

@@ -1,0 +1,191 @@
+"""A small reference model of one fifo queue, for the Hypothesis stateful tests.
+
+It is deliberately naive: lists of bodies and dicts, no service ring. It predicts which message is
+delivered next (returns first, in the order they came back, then ready in enqueue order), credit
+and consumer status; it lets the machine choose which consumer with credit gets a message.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+
+from fifo.commands import ConnectionId, ConsumerId
+
+
+class ModelMismatch(AssertionError):
+    """The machine did something the model says it must not."""
+
+
+@dataclass
+class ModelConsumer:
+    """A simple_prefetch consumer as the model sees it."""
+
+    cid: ConsumerId
+    prefetch: int
+    credit: int
+    status: str = "up"  # up | cancelled | suspected
+    held: dict[int, bytes] = field(default_factory=dict)  # msg id -> body
+
+
+@dataclass
+class QueueModel:
+    """One queue with competing simple_prefetch consumers, no limits, no dead-letter target."""
+
+    version: int
+    ready: list[bytes] = field(default_factory=list)
+    returns: list[bytes] = field(default_factory=list)
+    consumers: dict[ConsumerId, ModelConsumer] = field(default_factory=dict)
+    delivered_before: set[bytes] = field(default_factory=set)
+    enqueuer_next: dict[str, int] = field(default_factory=dict)
+
+    # --- what the model predicts -----------------------------------------------------------
+
+    def ready_count(self) -> int:
+        return len(self.ready) + len(self.returns)
+
+    def checked_out_count(self) -> int:
+        return sum(len(c.held) for c in self.consumers.values())
+
+    def total(self) -> int:
+        return self.ready_count() + self.checked_out_count()
+
+    def can_deliver(self) -> bool:
+        """Some message is ready and some up consumer has credit: the machine must deliver."""
+        hungry = any(c.status == "up" and c.credit > 0 for c in self.consumers.values())
+        return hungry and self.ready_count() > 0
+
+    # --- commands --------------------------------------------------------------------------
+
+    def enqueue(self, body: bytes, enqueuer: str | None = None, seq: int | None = None) -> str:
+        """Returns 'stored', 'duplicate' or 'gap' (the reply the machine must give)."""
+        if enqueuer is not None and seq is not None:
+            expected = self.enqueuer_next.get(enqueuer, 1)
+            if seq < expected:
+                return "duplicate"
+            if seq > expected:
+                return "gap"
+            self.enqueuer_next[enqueuer] = seq + 1
+        self.ready.append(body)
+        return "stored"
+
+    def checkout(self, cid: ConsumerId, prefetch: int) -> None:
+        existing = self.consumers.get(cid)
+        if existing is None:
+            self.consumers[cid] = ModelConsumer(cid, prefetch, prefetch)
+            return
+        existing.credit = max(0, prefetch - len(existing.held))
+        existing.prefetch = prefetch
+        if existing.status == "cancelled":
+            existing.status = "up"
+
+    def deliver_batch(self, batch: list[tuple[ConsumerId, int, bytes, bool]]) -> None:
+        """Check the deliveries of one command: the next k messages, in order per consumer.
+
+        Effects of one command may come in any order (one Deliver per consumer), so only each
+        consumer's own sequence has to follow the queue order.
+        """
+        queue = self.returns + self.ready
+        head = queue[: len(batch)]
+        if sorted(body for _, _, body, _ in batch) != sorted(head):
+            raise ModelMismatch(f"delivered {[b for _, _, b, _ in batch]}, model expected {head}")
+        last: dict[ConsumerId, int] = {}
+        for cid, msg_id, body, redelivered in batch:
+            position = head.index(body)
+            if position < last.get(cid, -1):
+                raise ModelMismatch(f"{cid.tag} got {body!r} out of queue order")
+            last[cid] = position
+            self._deliver_one(cid, msg_id, body, redelivered)
+        for body in head:
+            (self.returns if body in self.returns else self.ready).remove(body)
+
+    def _deliver_one(self, cid: ConsumerId, msg_id: int, body: bytes, redelivered: bool) -> None:
+        consumer = self.consumers.get(cid)
+        if consumer is None or consumer.status != "up" or consumer.credit <= 0:
+            state = "unknown" if consumer is None else f"{consumer.status}/{consumer.credit}"
+            raise ModelMismatch(f"delivery to {cid.tag} which is {state}")
+        if redelivered != (body in self.delivered_before):
+            raise ModelMismatch(f"{body!r} redelivered={redelivered}")
+        self.delivered_before.add(body)
+        if msg_id in consumer.held:
+            raise ModelMismatch(f"msg id {msg_id} reused for {cid.tag}")
+        consumer.held[msg_id] = body
+        consumer.credit -= 1
+
+    def settle(self, cid: ConsumerId, msg_ids: tuple[int, ...], outcome: str) -> None:
+        """settle | return | discard of held ids (unknown ids are ignored, as in rabbit_fifo)."""
+        consumer = self.consumers.get(cid)
+        if consumer is None:
+            return
+        done = [i for i in dict.fromkeys(msg_ids) if i in consumer.held]
+        for msg_id in done:
+            body = consumer.held.pop(msg_id)
+            if outcome == "return":
+                self.returns.append(body)
+        consumer.credit = min(consumer.prefetch, consumer.credit + len(done))
+        self._maybe_leave(consumer)
+
+    def cancel(self, cid: ConsumerId) -> None:
+        consumer = self.consumers.get(cid)
+        if consumer is not None:
+            consumer.status = "cancelled"
+            self._maybe_leave(consumer)
+
+    def connection_down(self, conn: ConnectionId, reason: str) -> None:
+        for consumer in [c for c in self.consumers.values() if c.cid.connection == conn]:
+            if reason == "normal":
+                self._return_all(consumer)
+                del self.consumers[consumer.cid]
+            elif self.version == 1 or consumer.status == "cancelled":
+                # v1 returns at once; v2 does so only for a cancelled consumer (then it leaves)
+                self._return_all(consumer)
+                consumer.status = "suspected" if consumer.status == "up" else consumer.status
+                consumer.credit = consumer.prefetch
+                self._maybe_leave(consumer)
+            elif consumer.status == "up":
+                consumer.status = "suspected"
+
+    def node_up(self, node: str) -> None:
+        for consumer in self.consumers.values():
+            if consumer.cid.connection.node == node and consumer.status == "suspected":
+                consumer.status = "up"
+
+    def purge(self) -> int:
+        count = self.ready_count()
+        self.ready.clear()
+        self.returns.clear()
+        return count
+
+    def _return_all(self, consumer: ModelConsumer) -> None:
+        for msg_id in sorted(consumer.held):
+            self.returns.append(consumer.held.pop(msg_id))
+
+    def _maybe_leave(self, consumer: ModelConsumer) -> None:
+        if consumer.status == "cancelled" and not consumer.held:
+            del self.consumers[consumer.cid]
+
+
+# --- Hypothesis settings profiles for the fifo property suites -------------------------------
+# "ci" keeps the whole fifo property suite at about 2-3 minutes on 2 busy cores; "thorough" is for
+# a nightly or pre-release run: QUORUMQ_HYPOTHESIS_PROFILE=thorough pytest tests/fifo
+
+PROFILE = os.environ.get("QUORUMQ_HYPOTHESIS_PROFILE", "ci")
+settings.register_profile("ci", deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+SCALE = 10 if PROFILE == "thorough" else 1
+
+
+def examples(count: int) -> int:
+    """`max_examples` for a test, scaled up by the thorough profile."""
+    return count * SCALE
+
+
+def fifo_settings(max_examples: int, **overrides: Any) -> settings:
+    """Settings of one property: the active profile with a deliberate `max_examples`."""
+    return settings(settings.get_profile(PROFILE), max_examples=examples(max_examples),
+                    **overrides)

@@ -1,0 +1,193 @@
+"""Hypothesis stateful tests of each machine version against the reference model (model.py).
+
+After every step: the machine matches the model (which message is delivered next, ready, checked
+out, total, consumers), it is work-conserving, and the fuzzer's invariants hold (messages total,
+accounting, single active consumer, no double checkout, credit bounds, max length, order).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import fifo
+from fifo.commands import (
+    Cancel,
+    Checkout,
+    Command,
+    ConnectionDown,
+    ConnectionId,
+    ConsumerId,
+    DeclareQueue,
+    Discard,
+    Enqueue,
+    NodeUp,
+    Purge,
+    QueueConfig,
+    Return,
+    Settle,
+    SimplePrefetch,
+)
+from fifo.effects import Deliver, Effect
+from fifo.fuzz import probe
+from fifo.fuzz.invariants import Checker
+from fifo.meta import Meta
+from fifo.replies import Error, NotEnqueued, Ok, PurgeOk, Reply
+from tests.fifo.model import QueueModel, fifo_settings
+
+QUEUE = "q"
+TAGS = ("c1", "c2", "c3")
+NODES = ("n1", "n2")
+PUBLISHER = ConnectionId("n3", 1, 99)  # never goes down: enqueuer dedup state stays
+
+
+class FifoAgainstModel(RuleBasedStateMachine):
+    """One queue, competing simple_prefetch consumers on two nodes, a deduplicating publisher."""
+
+    version = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = fifo.init_state(self.version)
+        self.model = QueueModel(self.version)
+        self.checker = Checker()
+        self.index = 0
+        self.now_ms = 1_000
+        self.connections = {node: ConnectionId(node, 1, n) for n, node in enumerate(NODES)}
+        self.suspected: set[str] = set()
+        self.bodies = 0
+        reply, _ = self.apply(DeclareQueue(QUEUE, QueueConfig()))
+        assert not isinstance(reply, Error), reply
+
+    def apply(self, command: Command) -> tuple[Reply, list[Effect]]:
+        """Apply to the machine, check the fuzzer invariants, feed deliveries to the model."""
+        self.index += 1
+        self.now_ms += 7
+        meta = Meta(self.index, 1, self.now_ms, self.version)
+        peek = self.checker.before(self.state, command)
+        reply, effects = fifo.apply(meta, command, self.state)
+        assert self.checker.after(self.state, command, reply, effects, peek) == []
+        self.model.deliver_batch([
+            (ConsumerId(e.tag, e.connection), m.msg_id, m.body, m.redelivered)
+            for e in effects if isinstance(e, Deliver) for m in e.messages
+        ])
+        return reply, effects
+
+    def body(self) -> bytes:
+        self.bodies += 1
+        return b"m%06d" % self.bodies
+
+    def cid(self, tag: str, node: str) -> ConsumerId:
+        return ConsumerId(tag, self.connections[node])
+
+    # --- rules -------------------------------------------------------------------------------
+
+    @rule()
+    def enqueue(self) -> None:
+        body = self.body()
+        self.model.enqueue(body)
+        reply, _ = self.apply(Enqueue(QUEUE, body))
+        assert isinstance(reply, Ok), reply
+
+    @rule(enqueuer=st.sampled_from(("p1", "p2")), shift=st.sampled_from((0, 0, 0, -1, 1)))
+    def enqueue_with_seq(self, enqueuer: str, shift: int) -> None:
+        """In order, a resend (duplicate) or a gap; the model says which reply is due."""
+        seq = max(1, self.model.enqueuer_next.get(enqueuer, 1) + shift)
+        body = self.body()
+        expected = self.model.enqueue(body, enqueuer, seq)
+        reply, _ = self.apply(Enqueue(QUEUE, body, enqueuer, seq, PUBLISHER))
+        assert isinstance(reply, NotEnqueued if expected == "gap" else Ok), (expected, reply)
+
+    @rule(tag=st.sampled_from(TAGS), node=st.sampled_from(NODES), prefetch=st.integers(1, 5))
+    def checkout(self, tag: str, node: str, prefetch: int) -> None:
+        if node in self.suspected:
+            return  # a client on an unreachable node cannot attach
+        cid = self.cid(tag, node)
+        self.model.checkout(cid, prefetch)
+        reply, _ = self.apply(Checkout(QUEUE, cid, SimplePrefetch(prefetch)))
+        assert not isinstance(reply, Error), reply
+
+    @precondition(lambda self: self.model.checked_out_count() > 0)
+    @rule(data=st.data(), outcome=st.sampled_from(("settle", "settle", "return", "discard")))
+    def settle(self, data: st.DataObject, outcome: str) -> None:
+        holders = [c for c in self.model.consumers.values() if c.held]
+        consumer = data.draw(st.sampled_from(holders))
+        ids = data.draw(st.lists(st.sampled_from(sorted(consumer.held)), min_size=1, max_size=3))
+        command: Command
+        if outcome == "settle":
+            command = Settle(QUEUE, consumer.cid, tuple(ids))
+        elif outcome == "return":
+            command = Return(QUEUE, consumer.cid, tuple(ids))
+        else:
+            command = Discard(QUEUE, consumer.cid, tuple(ids))
+        self.model.settle(consumer.cid, tuple(ids), outcome)
+        reply, _ = self.apply(command)
+        assert isinstance(reply, Ok), reply
+
+    @rule(tag=st.sampled_from(TAGS), node=st.sampled_from(NODES))
+    def cancel(self, tag: str, node: str) -> None:
+        cid = self.cid(tag, node)
+        known = cid in self.model.consumers
+        self.model.cancel(cid)
+        reply, _ = self.apply(Checkout(QUEUE, cid, Cancel()))
+        assert isinstance(reply, Error) != known, reply
+
+    @rule(node=st.sampled_from(NODES), reason=st.sampled_from(("normal", "noconnection")))
+    def connection_down(self, node: str, reason: str) -> None:
+        conn = self.connections[node]
+        self.model.connection_down(conn, reason)
+        self.apply(ConnectionDown(conn, reason))  # type: ignore[arg-type]
+        if reason == "normal":  # a closed connection never comes back; the client reconnects
+            self.connections[node] = ConnectionId(node, 1, conn.number + 10)
+        else:
+            self.suspected.add(node)
+
+    @rule(node=st.sampled_from(NODES))
+    def node_up(self, node: str) -> None:
+        self.model.node_up(node)
+        self.suspected.discard(node)
+        reply, _ = self.apply(NodeUp(node))
+        assert not isinstance(reply, Error), reply
+
+    @rule()
+    def purge(self) -> None:
+        count = self.model.purge()
+        reply, _ = self.apply(Purge(QUEUE))
+        assert isinstance(reply, PurgeOk) and reply.count == count, (reply, count)
+
+    # --- invariants --------------------------------------------------------------------------
+
+    @invariant()
+    def machine_matches_model(self) -> None:
+        queue = probe.queue(self.state, QUEUE)
+        assert queue is not None
+        held = sum(1 for _ in probe.checked_out(queue))
+        assert (probe.ready_count(queue), held, queue.messages_total) == (
+            self.model.ready_count(), self.model.checked_out_count(), self.model.total()
+        )
+        tags = sorted(c.tag for c in queue.consumers.values())
+        assert tags == sorted(c.cid.tag for c in self.model.consumers.values())
+
+    @invariant()
+    def work_conserving(self) -> None:
+        """No up consumer with credit sits idle while a message is ready."""
+        assert not self.model.can_deliver(), "a ready message was not delivered"
+
+    @invariant()
+    def overview_agrees(self) -> None:
+        overview = fifo.overview(self.state, QUEUE)
+        assert overview is not None
+        assert overview.total == self.model.total()
+        assert overview.checked_out == self.model.checked_out_count()
+
+
+class FifoV2AgainstModel(FifoAgainstModel):
+    """The same rules on machine version 2 (noconnection keeps messages, suspects the consumer)."""
+
+    version = 2
+
+
+TestFifoV1AgainstModel = FifoAgainstModel.TestCase
+TestFifoV1AgainstModel.settings = fifo_settings(60, stateful_step_count=40)
+TestFifoV2AgainstModel = FifoV2AgainstModel.TestCase
+TestFifoV2AgainstModel.settings = fifo_settings(60, stateful_step_count=40)
