@@ -28,7 +28,7 @@ from cluster.chaos.control import LauncherCluster, route_through_proxies
 from cluster.chaos.history import Recorder
 from cluster.chaos.linkproxy import ProxyMesh
 from cluster.chaos.nemesis import Nemesis, ScheduleParams, expand_faults, make_schedule
-from cluster.chaos.replicas import ReplicaCheck, check_replicas
+from cluster.chaos.replicas import ReplicaCheck, check_replicas, queue_total
 from cluster.chaos.timeline import plot_timeline
 from cluster.chaos.workload import (
     Drainer,
@@ -236,6 +236,8 @@ def _drain(params: RunParams, cluster: LauncherCluster, recorder: Recorder, stag
     deadline = time.monotonic() + params.drain_timeout_s
     started = recorder.now_ns() / 1e9
     for _round in range(2):
+        if _round and _queues_empty(cluster, params.workload.queues):
+            break
         for node_id, endpoint in cluster.endpoints().items():
             drainer = Drainer(node_id, recorder, params.workload)
             try:
@@ -254,6 +256,20 @@ def _drain(params: RunParams, cluster: LauncherCluster, recorder: Recorder, stag
         if time.monotonic() >= deadline:
             break
     stage.timings["drain_s"] = round(recorder.now_ns() / 1e9 - started, 3)
+
+
+def _queues_empty(cluster: LauncherCluster, queues: tuple[str, ...]) -> bool:
+    """True when the replica a client lands on holds no message in any of `queues`."""
+    try:
+        with Client(
+            list(cluster.endpoints().values()),
+            cluster.key,
+            name="chaos-drain-check",
+            request_timeout_s=5.0,
+        ) as client:
+            return all(queue_total(client.overview(queue)) == 0 for queue in queues)
+    except (ClusterError, OSError):
+        return False
 
 
 def _report(
