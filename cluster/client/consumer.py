@@ -227,6 +227,7 @@ class Consumer:
                 self._on_deliver(effect)
             elif isinstance(effect, Released):
                 self.released.update(effect.msg_ids)
+                self.status = "timeout"  # until it names the released ids (design, v2)
                 dropped = set(effect.msg_ids)
                 self._buffer = deque(m for m in self._buffer if m.msg_id not in dropped)
             elif isinstance(effect, ConsumerUpdate):
@@ -327,7 +328,16 @@ class Consumer:
                 pairs.append((item.consumer_key, item.msg_id))
             else:
                 pairs.append((self._require_key(), item))
+        if self.released:
+            self._clear_released({msg_id for _, msg_id in pairs})
         return pairs
+
+    def _clear_released(self, msg_ids: set[int]) -> None:
+        """Naming timed-out ids clears them; with none left the consumer is back to normal."""
+        with self._cond:
+            self.released -= msg_ids
+            if not self.released and self.status == "timeout":
+                self.status = "up"
 
     def _send_grouped(
         self,
