@@ -1,0 +1,52 @@
+"""Leader timers: consumer timeouts are submitted only when a lock expired."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from cluster.testing import LocalCluster, wait_until
+from fifo.commands import Checkout, ConsumerId, DeclareQueue, Enqueue, Settle, SimplePrefetch
+from fifo.effects import Deliver, Released
+from fifo.replies import CheckoutOk, Ok
+
+pytestmark = pytest.mark.cluster
+
+
+def timer_commands(cluster: LocalCluster, node_id: str, name: str) -> int:
+    """How many timer commands called `name` the node submitted (from its node.log)."""
+    count = 0
+    for line in (cluster.data_dir / node_id / "node.log").read_text().splitlines():
+        event = json.loads(line)
+        if event.get("event") == "timer_command" and event.get("command") == name:
+            count += 1
+    return count
+
+
+def test_consumer_timeouts_are_submitted_only_when_a_lock_expired(cluster3: LocalCluster) -> None:
+    """A settled delivery causes no EvalConsumerTimeouts; an unsettled one does, once expired."""
+    leader = cluster3.leader()
+    client = cluster3.client(leader)
+    wait_until(lambda: client.query("machine")["effective_version"] == 2, 10, "machine v2")
+    client.command(DeclareQueue("locks"))
+    consumer = ConsumerId("c", client.connection)
+    reply = client.command(Checkout("locks", consumer, SimplePrefetch(5), timeout_ms=800))
+    assert isinstance(reply, CheckoutOk)
+    key = reply.consumer_key
+    client.command(Enqueue("locks", b"settled-in-time"))
+    [delivery] = [e for e in client.read_effects(1) if isinstance(e, Deliver)]
+    assert client.command(Settle("locks", key, (delivery.messages[0].msg_id,))) == Ok()
+    time.sleep(1.5)  # well past the lock's expiry had it not been settled
+    assert timer_commands(cluster3, leader, "EvalConsumerTimeouts") == 0
+
+    client.command(Enqueue("locks", b"left-unsettled"))
+    wait_until(lambda: len(client.read_effects(2, 0.2)) >= 2, 5, "the second delivery")
+    assert timer_commands(cluster3, leader, "EvalConsumerTimeouts") == 0  # lock not expired yet
+    released = wait_until(
+        lambda: [e for e in client.read_effects(3, 0.2) if isinstance(e, Released)], 10, "Released"
+    )
+    assert released[0].reason == "timeout" and released[0].consumer_key == key
+    assert timer_commands(cluster3, leader, "EvalConsumerTimeouts") >= 1
+    client.close()
