@@ -32,7 +32,12 @@ class UpgradeAt(click.ParamType[int | str, Any]):
         return index
 
 
-@click.command("fuzz")
+EXAMPLE = """\b
+Example:
+  quorumq fuzz --seed 7 --steps 5000 --machine-version 1 --upgrade-at random -o json"""
+
+
+@click.command("fuzz", epilog=EXAMPLE)
 @click.option("--seed", type=click.IntRange(min=0), required=True, help="Seed of the run.")
 @click.option(
     "--steps",
@@ -54,6 +59,14 @@ class UpgradeAt(click.ParamType[int | str, Any]):
     is_flag=True,
     help="Also check snapshot + replay == full replay at a seeded random entry.",
 )
+@click.option(
+    "-o",
+    "--output",
+    "output_here",
+    type=click.Choice(["table", "json", "jsonl"]),
+    default=None,
+    help="Output format (the global -o, also accepted after the command).",
+)
 @click.pass_context
 def fuzz(
     ctx: click.Context,
@@ -62,14 +75,11 @@ def fuzz(
     machine_version: int,
     upgrade_at: int | str | None,
     snapshot_check: bool,
+    output_here: str | None,
 ) -> None:
     """Run a seeded random log against the machine, checking invariants after every step.
 
     Exits 1 on a violation and prints the command that reproduces it.
-
-    \b
-    Example:
-      quorumq -o json fuzz --seed 7 --steps 5000 --machine-version 1 --upgrade-at random
     """
     import fifo  # deferred: keeps `quorumq --help` fast
     import fifo.fuzz
@@ -87,7 +97,7 @@ def fuzz(
         None if upgrade_at is None else int(upgrade_at)
     )
     result = fifo.fuzz.run(seed, steps, machine_version, upgrade, snapshot_check)
-    output = ctx.obj.output if ctx.obj is not None else "table"
+    output = output_here or (ctx.obj.output if ctx.obj is not None else "table")
     report = asdict(result)
     if output in ("json", "jsonl"):
         click.echo(json.dumps(report, indent=None if output == "jsonl" else 2))
