@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 
 import click
@@ -18,16 +19,20 @@ CHUNK = 1000  # messages handed to the publisher at a time (progress granularity
 
 
 def bodies(count: int, size: int | None, text: str | None) -> Iterator[bytes]:
-    """`count` bodies: the given text, or `size` bytes that start with the message number."""
+    """`count` bodies: the given text, or `size` bytes starting with a run token and a number.
+
+    The run token makes bodies unique across publish runs, so consumers can check for loss.
+    """
     if text is not None:
         body = text.encode()
         for _ in range(count):
             yield body
         return
     width = size if size is not None else 100
+    run = uuid.uuid4().hex[:8].encode()
     for number in range(count):
-        head = b"%d " % number
-        yield (head + b"x" * width)[:width] if width >= len(head) else head[:width]
+        head = b"%s-%d " % (run, number)
+        yield (head + b"x" * width)[:width]
 
 
 @click.command("publish")
