@@ -146,6 +146,7 @@ class FaultRecord:
     nodes: list[str]
     start_s: float
     end_s: float | None = None
+    leader: str | None = None  # the leader when the fault started
     shape: str | None = None
     detail: str = ""
     errors: list[str] = field(default_factory=list)
@@ -173,8 +174,9 @@ class Nemesis:
 
     def inject(self, fault: ScheduledFault) -> FaultRecord:
         """Start `fault` now and return its record (open until `heal`)."""
-        nodes, detail = self._targets(fault)
-        record = FaultRecord(fault.kind, nodes, self._now_s(), shape=None, detail=detail)
+        leader = self.cluster.leader()  # asked first: a fault changes who leads
+        nodes, detail = self._targets(fault, leader)
+        record = FaultRecord(fault.kind, nodes, self._now_s(), leader=leader, detail=detail)
         if fault.kind.startswith("partition"):
             record.shape = fault.shape
         record.op = self.recorder.invoke(
@@ -219,12 +221,11 @@ class Nemesis:
     def _now_s(self) -> float:
         return self.recorder.now_ns() / 1e9
 
-    def _targets(self, fault: ScheduledFault) -> tuple[list[str], str]:
+    def _targets(self, fault: ScheduledFault, leader: str | None) -> tuple[list[str], str]:
         nodes = self.cluster.node_ids()
         if fault.kind == "restart-all":
             return nodes, "every node"
         if fault.kind.endswith("-leader"):
-            leader = self.cluster.leader()
             if leader is not None:
                 return [leader], "leader"
             return [nodes[fault.pick % len(nodes)]], "no leader known: random node"

@@ -149,7 +149,7 @@ def test_pause_leader_stops_the_leader_until_heal(cluster: SleeperCluster) -> No
     cluster.current_leader = "n3"
     nemesis = Nemesis(cluster, Recorder())
     record = nemesis.inject(ScheduledFault("pause-leader", 0, 1, pick=0))
-    assert record.nodes == ["n3"] and record.detail == "leader"
+    assert record.nodes == ["n3"] and record.detail == "leader" and record.leader == "n3"
     assert wait_state(cluster, "n3", "Tt") in "Tt"
     nemesis.heal(record)
     assert wait_state(cluster, "n3", "RS") in "RS"
