@@ -1,0 +1,169 @@
+"""Cluster benchmark: confirmed publish throughput and latency, consume + ack, leader-kill recovery.
+
+Runs against a fresh local 3-node cluster (100-byte bodies), prints JSON and writes
+`results/bench_cluster.json`. Example: `python scripts/bench_cluster.py --json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster.client import Client
+from cluster.launcher import LocalCluster, local_cluster
+
+BODY = b"x" * 100
+
+
+def publish_rate(client: Client, queue: str, count: int, window: int) -> dict[str, Any]:
+    """Confirmed publishes with `window` unconfirmed messages in flight."""
+    client.declare_queue(queue)
+    started = time.perf_counter()
+    with client.publisher(queue, window=window) as publisher:
+        publisher.publish_many((BODY for _ in range(count)), timeout_s=120.0)
+        publisher.wait_for_confirms(timeout_s=120.0)
+    seconds = time.perf_counter() - started
+    return {
+        "messages": publisher.confirmed,
+        "seconds": round(seconds, 3),
+        "msg_per_s": round(publisher.confirmed / seconds, 1),
+    }
+
+
+def publish_latency(client: Client, queue: str, count: int) -> dict[str, Any]:
+    """One message at a time, each waiting for its confirm."""
+    client.declare_queue(queue)
+    samples: list[float] = []
+    with client.publisher(queue, window=1) as publisher:
+        for _ in range(count):
+            started = time.perf_counter()
+            publisher.publish(BODY)
+            publisher.wait_for_confirms(timeout_s=30.0)
+            samples.append((time.perf_counter() - started) * 1000)
+    samples.sort()
+    return {
+        "messages": count,
+        "p50_ms": round(statistics.median(samples), 3),
+        "p99_ms": round(samples[int(len(samples) * 0.99) - 1], 3),
+        "mean_ms": round(statistics.fmean(samples), 3),
+    }
+
+
+def consume_rate(client: Client, queue: str, backlog: int, prefetch: int) -> dict[str, Any]:
+    """Consume and ack a backlog of `backlog` messages with `prefetch`."""
+    publish_rate(client, queue, backlog, 1000)
+    started = time.perf_counter()
+    consumer = client.consume(queue, prefetch=prefetch)
+    received = 0
+    while received < backlog:
+        message = consumer.get(timeout_s=30.0)
+        if message is None:
+            break
+        consumer.ack([message])
+        received += 1
+    consumer.wait_settled(timeout_s=30.0)
+    seconds = time.perf_counter() - started
+    consumer.cancel()
+    return {
+        "messages": received,
+        "prefetch": prefetch,
+        "seconds": round(seconds, 3),
+        "msg_per_s": round(received / seconds, 1),
+    }
+
+
+def leader_kill_recovery(cluster: LocalCluster, queue: str) -> dict[str, Any]:
+    """SIGKILL the leader while publishing one at a time; seconds to the next confirm."""
+    leader = cluster.leader()
+    with cluster.client(leader, reconnect_timeout_s=30.0) as client:
+        client.declare_queue(queue)
+        confirms: list[float] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            with client.publisher(queue, window=1) as publisher:
+                while not stop.is_set():
+                    publisher.publish(BODY, timeout_s=30.0)
+                    publisher.wait_for_confirms(timeout_s=30.0)
+                    confirms.append(time.perf_counter())
+
+        producer = threading.Thread(target=produce, daemon=True)
+        producer.start()
+        time.sleep(1.0)
+        killed_at = time.perf_counter()
+        cluster.kill(leader)
+        deadline = killed_at + 30.0
+        while not any(t > killed_at for t in confirms) and time.perf_counter() < deadline:
+            time.sleep(0.001)
+        stop.set()
+        producer.join(timeout=35.0)
+    after = [t for t in confirms if t > killed_at]
+    recovery = round(after[0] - killed_at, 3) if after else None
+    new_leader = cluster.leader(exclude=leader)
+    cluster.restart(leader)
+    return {"killed": leader, "new_leader": new_leader, "recovery_s": recovery}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start a fresh cluster, run every phase, stop the cluster."""
+    with (
+        tempfile.TemporaryDirectory(prefix="qq-bench-") as tmp,
+        local_cluster(Path(tmp) / "D", 3, fsync=args.fsync) as cluster,
+    ):
+        leader = cluster.leader()
+        with cluster.client(leader) as client:
+            results: dict[str, Any] = {
+                "publish_window_100": publish_rate(client, "w100", args.messages, 100),
+                "publish_window_1000": publish_rate(client, "w1000", args.messages * 2, 1000),
+                "publish_latency": publish_latency(client, "latency", args.latency_messages),
+                "consume_ack_prefetch_100": consume_rate(client, "consume", args.backlog, 100),
+            }
+        results["leader_kill"] = leader_kill_recovery(cluster, "kill")
+    results["config"] = {
+        "nodes": 3,
+        "body_bytes": len(BODY),
+        "fsync": args.fsync,
+        "client_on": "leader",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
+    results["targets"] = {
+        "publish_window_100_msg_per_s": 9500,
+        "publish_window_1000_msg_per_s": 26000,
+        "publish_p50_ms": 0.96,
+        "consume_msg_per_s": 15000,
+        "leader_kill_recovery_s": 2.0,
+    }
+    return results
+
+
+def main() -> None:
+    """Parse flags, run, print and save the results."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true", help="Print JSON only.")
+    parser.add_argument("--messages", type=int, default=20_000, help="Messages at window 100.")
+    parser.add_argument("--latency-messages", type=int, default=1000)
+    parser.add_argument("--backlog", type=int, default=20_000)
+    parser.add_argument("--fsync", choices=["always", "batch", "never"], default="batch")
+    parser.add_argument("--out", type=Path, default=Path("results/bench_cluster.json"))
+    args = parser.parse_args()
+    results = run(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for name, value in results.items():
+            print(f"{name}: {value}")
+
+
+if __name__ == "__main__":
+    main()
