@@ -52,8 +52,9 @@ def apply(meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect
     Mutates `state` in place; an Error reply leaves it unchanged. The state's version (not
     `meta.machine_version`) picks the machine: the caller converts the state at an upgrade.
     """
-    m = _MACHINES.get(getattr(state, "version", None))  # type: ignore[arg-type]
-    if m is None:
+    try:
+        m = _MACHINES[state.version]
+    except (AttributeError, KeyError, TypeError):
         return Error("unsupported", "not a fifo state of a supported version"), []
     return m.apply(meta, command, state)
 

@@ -40,7 +40,7 @@ class ConsumerInfo:
     priority: int
     num_checked_out: int
     delivery_count: int
-    active: bool
+    active: bool  # SAC: the active consumer; competing: up (not suspected nor timed out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +95,22 @@ def _status(q: Queue, c: Consumer, waiting: bool) -> str:
     return "waiting" if waiting else c.status
 
 
+def _is_active(q: Queue, c: Consumer, waiting: bool) -> bool:
+    # SAC: the active consumer (even while suspected); competing: can receive messages now
+    if waiting or c.status not in ("up", "quiescing"):
+        return False
+    if q.config.single_active_consumer:
+        return True
+    return c.status == "up" and c.suspected_since is None and not c.timed_out
+
+
 def _info(q: Queue, c: Consumer, waiting: bool) -> ConsumerInfo:
     return ConsumerInfo(
         key=c.key, tag=c.tag, connection=c.connection, status=_status(q, c, waiting),
         credit=c.credit, credit_mode="credited" if c.credited else "simple_prefetch",
         prefetch=c.prefetch, priority=c.priority, num_checked_out=len(c.checked_out),
         delivery_count=c.delivery_count,
-        active=not waiting and c.status in ("up", "quiescing"),
+        active=_is_active(q, c, waiting),
     )  # fmt: skip
 
 

@@ -31,6 +31,7 @@ class Machine:
     def __init__(self, queue_machine: QueueMachineV1) -> None:
         self.qm = queue_machine
         self.version = queue_machine.version
+        self.queue_handlers = queue_machine.handlers
         self.global_handlers: dict[type, Callable[[Ctx, Any], Reply]] = {
             DeclareQueue: self.declare,
             DeleteQueue: self.delete,
@@ -47,28 +48,30 @@ class Machine:
     def apply(self, meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect]]:
         """Apply one command; never raises; an Error reply leaves the state unchanged."""
         now = meta.system_time_ms
-        if type(now) is not int or type(meta.index) is not int:
+        index = meta.index
+        if type(now) is not int or type(index) is not int:
             return invalid("meta.index and meta.system_time_ms must be int"), []
         if now < state.last_time:
             now = state.last_time
-        ctx = Ctx(state, meta.index, now)
+        ctx = Ctx(state, index, now)
         try:
-            reply = self.dispatch(ctx, command)
+            handler = self.queue_handlers.get(type(command))
+            if handler is not None:
+                name = command.queue  # type: ignore[attr-defined]
+                q = state.queues.get(name) if type(name) is str else None
+                if q is None:
+                    return Error("unknown_queue", f"no queue {name!r}"), []
+                reply = handler(ctx, q, command)
+            else:
+                reply = self.dispatch_global(ctx, command)
         except Exception as exc:  # last resort: validation should have caught it
             return Error("invalid_argument", f"rejected: {type(exc).__name__}"), []
-        if type(reply) is not Error:
+        if reply.__class__ is not Error:
             state.last_time = now
         return reply, ctx.effects
 
-    def dispatch(self, ctx: Ctx, command: object) -> Reply:
-        """Route a command to its queue handler or registry handler."""
-        handler = self.qm.handlers.get(type(command))
-        if handler is not None:
-            name = command.queue  # type: ignore[attr-defined]
-            q = ctx.state.queues.get(name) if type(name) is str else None
-            if q is None:
-                return Error("unknown_queue", f"no queue {name!r}")
-            return handler(ctx, q, command)
+    def dispatch_global(self, ctx: Ctx, command: object) -> Reply:
+        """Route a registry-level command (declare, delete, config, connections, nodes)."""
         ghandler = self.global_handlers.get(type(command))
         if ghandler is None:
             return Error("unknown_command", f"{type(command).__name__} is not a command "

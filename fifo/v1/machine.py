@@ -89,9 +89,17 @@ def invalid(message: str) -> Error:
     return Error("invalid_argument", message)
 
 
+def key_text(key: object) -> str:
+    """A consumer key for messages: `tag@node/incarnation/number` or the index."""
+    if type(key) is ConsumerId:
+        conn = key.connection
+        return f"{key.tag}@{conn.node}/{conn.incarnation}/{conn.number}"
+    return repr(key)
+
+
 def unknown_consumer(key: object) -> Error:
     """An unknown_consumer error reply."""
-    return Error("unknown_consumer", f"no consumer {key!r}")
+    return Error("unknown_consumer", f"no consumer {key_text(key)}")
 
 
 class QueueMachineV1:
@@ -152,18 +160,55 @@ class QueueMachineV1:
         body = cmd.body
         if type(body) is not bytes or len(body) > limits.body_bytes_max:
             return invalid(f"body must be bytes of at most {limits.body_bytes_max}")
-        if not v.opt_int_in(cmd.ttl_ms, 0, limits.ttl_ms_max):
+        ttl = cmd.ttl_ms
+        if ttl is not None and not v.int_in(ttl, 0, limits.ttl_ms_max):
             return invalid("ttl_ms out of range")
         if cmd.enqueuer is not None or cmd.seq is not None:
             reply = self.track_enqueue(ctx, q, cmd)
             if reply is not None:
                 return reply
-        self.store(ctx, q, Message(body, self.expiry(ctx, q, cmd.ttl_ms)))
+        cfg = q.config
+        m = Message(body, None)
+        if ttl is not None or cfg.message_ttl_ms is not None:
+            m.expiry = self.expiry(ctx, q, ttl)
+        q.messages_total += 1
+        if q.service and not q.ready and not q.returns:
+            c = self.next_consumer(q)
+            if c is not None:  # fast path: hand the new message straight to a consumer
+                self.assign_one(ctx, q, c, m)
+                if cfg.max_length is not None or cfg.max_bytes is not None or q.blocked_count:
+                    self.evaluate_limit(ctx, q)
+                return OK
+        q.ready.append(m)
+        q.bytes_ready += len(body)
         if q.service:
             self.deliver(ctx, q)
-        if q.config.max_length is not None or q.config.max_bytes is not None or q.blocked_count:
+        if cfg.max_length is not None or cfg.max_bytes is not None or q.blocked_count:
             self.evaluate_limit(ctx, q)
         return OK
+
+    def assign_one(self, ctx: Ctx, q: Queue, c: Consumer, m: Message) -> None:
+        """Deliver one never-delivered message to `c`, at the front of its service ring."""
+        mid = c.next_msg_id
+        c.next_msg_id = mid + 1
+        c.checked_out[mid] = m
+        if self.uses_locks:
+            m.lock = ctx.now + c.timeout_ms
+        c.credit -= 1
+        c.delivery_count = (c.delivery_count + 1) % SERIAL
+        body = m.body
+        q.bytes_checkout += len(body)
+        ring = q.service[c.priority]
+        ring.popleft()
+        if c.credit > 0:
+            ring.append(c.key)
+        else:
+            c.in_service = False
+            if not ring:
+                del q.service[c.priority]
+        ctx.effects.append(
+            Deliver(c.connection, q.name, c.tag, c.key, (Delivery(mid, body, False, 0),))
+        )
 
     def track_enqueue(self, ctx: Ctx, q: Queue, cmd: Enqueue) -> Reply | None:
         """Dedup by (enqueuer, seq): None means store the message, else the reply to give."""
@@ -387,11 +432,14 @@ class QueueMachineV1:
     def next_consumer(self, q: Queue) -> Consumer | None:
         """Highest priority eligible consumer at the front of its ring."""
         service = q.service
-        for prio in sorted(service, reverse=True) if len(service) > 1 else list(service):
+        consumers = q.consumers
+        while service:
+            prio = next(iter(service)) if len(service) == 1 else max(service)
             ring = service[prio]
             while ring:
-                c = q.consumers.get(ring[0])
-                if c is not None and self.eligible(c):
+                c = consumers.get(ring[0])
+                if (c is not None and c.credit > 0 and c.status == "up"
+                        and c.suspected_since is None and not c.timed_out):  # fmt: skip
                     return c
                 ring.popleft()
                 if c is not None:
@@ -440,11 +488,12 @@ class QueueMachineV1:
 
     def after_change(self, ctx: Ctx, q: Queue) -> None:
         """After anything that may free credit or add messages: activate, deliver, limits."""
-        if q.config.single_active_consumer:
+        cfg = q.config
+        if cfg.single_active_consumer:
             self.activate_next(ctx, q)
-        if q.service:
+        if q.service and (q.ready or q.returns):
             self.deliver(ctx, q)
-        if q.config.max_length is not None or q.config.max_bytes is not None or q.blocked_count:
+        if cfg.max_length is not None or cfg.max_bytes is not None or q.blocked_count:
             self.evaluate_limit(ctx, q)
 
     # --- consumers: checkout ------------------------------------------------------------------
@@ -506,8 +555,7 @@ class QueueMachineV1:
         self.service_add(q, c)
         reply = CheckoutOk(c.key, c.next_msg_id, c.credit, c.delivery_count,
                            self.is_active(q, c), len(c.checked_out))  # fmt: skip
-        if q.service:
-            self.deliver(ctx, q)
+        self.after_change(ctx, q)
         return reply
 
     def configure(self, q: Queue, c: Consumer, cmd: Checkout, fresh: bool) -> None:
@@ -674,21 +722,34 @@ class QueueMachineV1:
 
     def settle(self, ctx: Ctx, q: Queue, cmd: Settle) -> Reply:
         """Acknowledge messages; credit is refilled for simple_prefetch consumers."""
-        c, err = self.find_key(q, cmd.consumer_key)
+        key = cmd.consumer_key
+        c = q.consumers.get(key) if type(key) is int or type(key) is ConsumerId else None
         if c is None:
-            return err or unknown_consumer(cmd.consumer_key)
-        if msg := v.msg_ids_error(cmd.msg_ids):
+            c, err = self.find_key(q, key)
+            if c is None:
+                return err or unknown_consumer(key)
+        ids = cmd.msg_ids
+        fast_ids = type(ids) is tuple and len(ids) == 1 and type(ids[0]) is int and ids[0] >= 0
+        if not fast_ids and (msg := v.msg_ids_error(ids)):
             return invalid(msg)
-        self.untimeout(q, c, cmd.msg_ids)
+        if c.timed_out:
+            self.untimeout(q, c, ids)
         checked_out = c.checked_out
         n = 0
-        for i in cmd.msg_ids:
+        for i in ids:
             m = checked_out.pop(i, None)
             if m is not None:
                 n += 1
                 q.bytes_checkout -= len(m.body)
         q.messages_total -= n
-        self.consumer_done(ctx, q, c, n)
+        if c.status == "up" and not c.once and not c.credited and q.consumers.get(c.key) is c:
+            if n:  # fast path: a plain consumer acked; refill credit and hand out more
+                c.credit = min(c.prefetch, c.credit + n)
+            if not c.in_service:
+                self.service_add(q, c)
+            self.after_change(ctx, q)
+        else:
+            self.consumer_done(ctx, q, c, n)
         return OK
 
     def untimeout(self, q: Queue, c: Consumer, ids: tuple[int, ...]) -> None:
