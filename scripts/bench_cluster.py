@@ -11,11 +11,14 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from cluster.client import Client
 from cluster.launcher import LocalCluster, local_cluster
@@ -155,6 +158,8 @@ def main() -> None:
     parser.add_argument("--fsync", choices=["always", "batch", "never"], default="batch")
     parser.add_argument("--out", type=Path, default=Path("results/bench_cluster.json"))
     args = parser.parse_args()
+    # client logs (reconnects during the leader kill) go to stderr, never into the JSON
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     results = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

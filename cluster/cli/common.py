@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 import click
+import structlog
 
 from cluster import config as cluster_config
 from cluster.cli.exits import (
@@ -192,6 +194,8 @@ def connection_args(ctx: click.Context) -> tuple[list[str], bytes]:
 def connect(ctx: click.Context, **kwargs: Any) -> Client:
     """A client for the cluster named by the global options (validated before connecting)."""
     endpoints, key = connection_args(ctx)
+    if not structlog.is_configured():  # client logs must never mix into stdout (-o jsonl)
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     kwargs.setdefault("connect_timeout_s", 5.0)
     return Client(endpoints, key, name="quorumq-cli", **kwargs)
 
