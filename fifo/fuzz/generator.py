@@ -7,7 +7,7 @@ Settles, returns, discards and modifies name message ids that the machine really
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Any, Literal, cast
 
 from fifo.commands import (
     CONSUMER_TIMEOUT_MS_DEFAULT,
@@ -277,10 +277,15 @@ class Generator:
             Purge("no-such-queue"),
             UpdateConfig(queue, QueueConfig(max_length=-1)),
             EvalConsumerTimeouts("no-such-queue", (ghost,)),
+            Enqueue(queue, b"x", ttl_ms=-5),
             cast(Command, Enqueue(queue, cast(bytes, "not-bytes"))),
             cast(Command, ("enqueue", queue, b"tuple")),
             cast(Command, None),
+            cast(Command, NodeDown(cast(str, 5))),
+            cast(Command, ConnectionDown(conn, cast(Literal["normal"], "weird"))),
+            cast(Command, DeclareQueue("q-bad", cast(QueueConfig, None))),
         ]
+        choices += self.deep_bad_input()
         if world.version < 2:
             choices += [
                 Checkout(queue, ConsumerId("rm", conn), Remove()),
@@ -288,3 +293,29 @@ class Generator:
                 RenewLocks(queue, ghost, (0,)),
             ]
         return rng.choice(choices)
+
+    def deep_bad_input(self) -> list[Command]:
+        """Bad input aimed at a real consumer and real ids, so it gets past the first lookups.
+
+        A handler that mutates some ids before it trips over a bad one would return an Error
+        with the state changed; the runner checks the digest on every bad-input step.
+        """
+        if not self.world.pending:
+            return []
+        held = self.rng.choice(self.world.pending)
+        key = self.key_for(held)
+        good, q = held.msg_id, held.queue
+        bad_ids = cast(tuple[int, ...], (good, "x"))
+        return [
+            cast(Command, Settle(q, key, bad_ids)),
+            cast(Command, Return(q, key, bad_ids)),
+            cast(Command, Discard(q, key, (good, -1))),
+            cast(Command, Settle(q, key, cast(tuple[int, ...], [good]))),
+            cast(Command, Modify(q, key, (good,), True, False, cast(Any, (("k",),)))),
+            cast(Command, Credit(q, key, cast(int, "1"), 0)),
+            cast(Command, Credit(q, key, -1, 0)),
+            cast(Command, RenewLocks(q, key, bad_ids)),
+            cast(Command, Checkout(q, held.cid, cast(Any, None))),
+            cast(Command, Checkout(q, held.cid, SimplePrefetch(5), priority=cast(int, None))),
+            cast(Command, EvalConsumerTimeouts(q, cast(Any, (key, [1])))),
+        ]

@@ -11,7 +11,7 @@ from fifo.commands import Command, Settle
 from fifo.effects import Effect
 from fifo.fuzz.prng import SplitMix64
 from fifo.meta import Meta
-from fifo.replies import Ok, Reply
+from fifo.replies import Error, Ok, Reply
 from fifo.state import State
 from tests.fifo.model import fifo_settings
 
@@ -126,3 +126,37 @@ def test_planted_counter_bug_breaks_messages_total() -> None:
     """A machine that miscounts its total breaks the messages-total invariant at once."""
     result = fifo.fuzz.run(2, 600, 1, apply_fn=settle_forgets_total)
     assert "messages_total" in {v.invariant for v in result.violations}
+
+
+def settle_partly_then_refuse(
+    meta: Meta, command: Command, state: State
+) -> tuple[Reply, list[Effect]]:
+    """A broken machine: a settle with a bad id settles the good ids, then answers Error."""
+    ids = getattr(command, "msg_ids", ())
+    if isinstance(command, Settle) and not all(type(i) is int for i in ids):
+        good = tuple(i for i in ids if type(i) is int)
+        fifo.apply(meta, Settle(command.queue, command.consumer_key, good), state)
+        return Error("invalid_argument", "planted"), []
+    return fifo.apply(meta, command, state)
+
+
+def accept_anything(meta: Meta, command: Command, state: State) -> tuple[Reply, list[Effect]]:
+    """A broken machine: junk that is not a command is answered Ok."""
+    if not hasattr(command, "__dataclass_fields__"):
+        return Ok(), []
+    return fifo.apply(meta, command, state)
+
+
+def test_planted_partial_mutation_on_error_is_caught() -> None:
+    """An Error reply that changed the state is reported (bad input is always digest-checked)."""
+    found = set()
+    for seed in range(6):
+        result = fifo.fuzz.run(seed, 3000, 2, apply_fn=settle_partly_then_refuse)
+        found |= {v.invariant for v in result.violations}
+    assert "error_changed_state" in found
+
+
+def test_planted_junk_acceptance_is_caught() -> None:
+    """A machine that answers Ok to junk input is reported."""
+    result = fifo.fuzz.run(4, 3000, 1, apply_fn=accept_anything)
+    assert "bad_input_accepted" in {v.invariant for v in result.violations}
