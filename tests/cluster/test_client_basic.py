@@ -23,7 +23,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def drain(client: Client, queue: str, count: int, prefetch: int = 100) -> list[bytes]:
     """Consume and ack `count` messages (fails the test if they do not all come)."""
     consumer = client.consume(queue, prefetch=prefetch)
-    bodies = []
+    bodies: list[bytes] = []
     while len(bodies) < count:
         message = consumer.get(timeout_s=10.0)
         assert message is not None, f"only {len(bodies)} of {count} messages arrived"
