@@ -11,7 +11,11 @@ from pyspark.sql import SparkSession
 from cluster.cli import exits
 from cluster.cli.main import main
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark,
+    # pandas 3 is fine for the Arrow batches we use; pyspark 4.3 still nags about it
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
 
 
 def run_cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:

@@ -18,7 +18,11 @@ from pipeline.fuzz_job import CampaignConfig, fuzz_seed
 from pipeline.planted import lossy_enqueue
 from pipeline.schemas import RESULT_SCHEMA
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark,
+    # pandas 3 is fine for the Arrow batches we use; pyspark 4.3 still nags about it
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+]
 
 SEEDS = 20
 STEPS = 100
