@@ -99,10 +99,21 @@ class FaultWindow:
 
 
 def recovery(
-    fault: FaultWindow, windows: Sequence[Window], grace_s: float = 5.0
+    fault: FaultWindow,
+    windows: Sequence[Window],
+    grace_s: float = 5.0,
+    next_start_s: float | None = None,
 ) -> tuple[float, float]:
-    """(recovery time, total unavailable time) attributed to `fault`, in seconds."""
-    mine = [w for w in windows if w.overlaps(fault.start_s, fault.end_s + grace_s)]
+    """(recovery time, total unavailable time) attributed to `fault`, in seconds.
+
+    Windows that start at or after `next_start_s` (the next fault's start) belong to that one.
+    """
+    until_s = fault.end_s + grace_s if next_start_s is None else next_start_s
+    mine = [
+        w
+        for w in windows
+        if w.overlaps(fault.start_s, fault.end_s + grace_s) and w.start_s < until_s
+    ]
     if not mine:
         return 0.0, 0.0
     recovered_at = max(w.end_s for w in mine)

@@ -292,8 +292,9 @@ def _report(
         for r in nemesis.records
     ]
     faults = []
-    for record, window in zip(nemesis.records, fault_windows, strict=True):
-        recovery_s, unavailable_s = availability.recovery(window, windows)
+    next_starts = [w.start_s for w in fault_windows[1:]] + [None]
+    for record, window, next_start in zip(nemesis.records, fault_windows, next_starts, strict=True):
+        recovery_s, unavailable_s = availability.recovery(window, windows, next_start_s=next_start)
         faults.append(
             {
                 **record.to_dict(),
