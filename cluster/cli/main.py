@@ -120,3 +120,11 @@ for _command in (
     completion,
 ):
     cli.add_command(_command)
+
+from cluster.cli.machine import machine_group  # noqa: E402
+
+cli.add_command(machine_group)
+
+from cluster.cli.log import log_group  # noqa: E402
+
+cli.add_command(log_group)
