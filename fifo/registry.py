@@ -64,6 +64,8 @@ class Machine:
                 reply = handler(ctx, q, command)
             else:
                 reply = self.dispatch_global(ctx, command)
+            if ctx.dirty:
+                self.qm.process_dirty(ctx)
         except Exception as exc:  # last resort: validation should have caught it
             return Error("invalid_argument", f"rejected: {type(exc).__name__}"), []
         if reply.__class__ is not Error:

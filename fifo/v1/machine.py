@@ -74,7 +74,7 @@ DEATH_KEYS = ("x-death-reason", "x-death-queue")
 class Ctx:
     """What one `apply` works with: the state, the entry's index and time, the effects."""
 
-    __slots__ = ("depth", "effects", "index", "now", "state")
+    __slots__ = ("depth", "dirty", "effects", "index", "now", "state")
 
     def __init__(self, state: State, index: int, now: int) -> None:
         self.state = state
@@ -82,6 +82,9 @@ class Ctx:
         self.now = now
         self.effects: list[Effect] = []
         self.depth = 0  # dead-letter hops within this apply
+        # dead-letter targets that received messages: processed after the command's own queue,
+        # never re-entrantly (a queue's delivery loop must not run inside another's)
+        self.dirty: list[Queue] = []
 
 
 def invalid(message: str) -> Error:
@@ -362,16 +365,23 @@ class QueueMachineV1:
         if target is None or ctx.depth >= limits.dead_letter_hops_max:
             ctx.effects.append(DeadLettered(q.name, reason, len(msgs), None))
             return
-        ctx.depth += 1
         for m in msgs:
             new = Message(m.body, self.expiry(ctx, target, None))
             kept = tuple(a for a in m.annotations if a[0] not in DEATH_KEYS)
             anns = (*kept, ("x-death-reason", reason), ("x-death-queue", q.name))
             new.annotations = anns[-limits.annotations_per_message_max :]
             self.store(ctx, target, new)
-        self.after_change(ctx, target)
-        ctx.depth -= 1
+        if not any(d is target for d in ctx.dirty):
+            ctx.dirty.append(target)
         ctx.effects.append(DeadLettered(q.name, reason, len(msgs), name))
+
+    def process_dirty(self, ctx: Ctx) -> None:
+        """Deliver and apply limits in dead-letter targets, one hop per round (bounded)."""
+        while ctx.dirty:
+            ctx.depth += 1
+            batch, ctx.dirty = ctx.dirty, []
+            for target in batch:
+                self.after_change(ctx, target)
 
     def expire_head(self, ctx: Ctx, q: Queue) -> None:
         """Shallow expiry: drop the expired prefix of returns and of ready."""
