@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,7 @@ class Connection:
         endpoints = welcome.get("endpoints") or {}
         self.endpoints: dict[str, str] = {str(k): str(v) for k, v in endpoints.items()}
         self._thread: threading.Thread | None = None
+        self.last_recv = time.monotonic()  # the client's silence check reads it
 
     def _handshake(self, client_key: bytes, name: str) -> Message:
         challenge = protocol.recv_frame(self._sock, self.frame_bytes_max)
@@ -97,6 +99,7 @@ class Connection:
         try:
             while True:
                 chunk = self._sock.recv(RECV_BYTES)
+                self.last_recv = time.monotonic()
                 if not chunk:
                     raise ConnectionError(f"{self.address} closed the connection")
                 buffer = buffer + chunk if buffer else chunk

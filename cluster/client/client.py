@@ -51,20 +51,23 @@ log = structlog.get_logger("quorumq.client")
 Callback = Callable[[Message | None, BaseException | None], None]
 RETRY_CODES = frozenset({protocol.NOT_LEADER_TIMEOUT, protocol.UNAVAILABLE})
 RETRY_DELAY_S = 0.1
+SWITCH_NODE_AFTER_S = 3.0  # only "unavailable" answers for this long: reconnect elsewhere
 _T = TypeVar("_T")
 TICK_S = 0.05
+SCAN_S = 0.5  # request deadlines and the silence check
 
 
 class _Request:
     """A request in flight: its frame (with id), its callback and when it gives up."""
 
-    __slots__ = ("callback", "deadline", "frame", "retry_at")
+    __slots__ = ("callback", "deadline", "frame", "retry_at", "sent_at")
 
     def __init__(self, frame: Message, callback: Callback, deadline: float | None) -> None:
         self.frame = frame
         self.callback = callback
         self.deadline = deadline
         self.retry_at = 0.0
+        self.sent_at = time.monotonic()
 
 
 class _Waiter:
@@ -98,6 +101,7 @@ class Client:
         request_timeout_s: float = 30.0,
         reconnect_timeout_s: float = 30.0,
         reconnect: bool = True,
+        silence_timeout_s: float = 5.0,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one endpoint host:port is required")
@@ -108,6 +112,7 @@ class Client:
         self.request_timeout_s = request_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
         self._reconnect = reconnect
+        self.silence_timeout_s = silence_timeout_s
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._inflight: dict[int, _Request] = {}
@@ -120,6 +125,7 @@ class Client:
         self._failure: ClusterError | None = None
         self._connected = threading.Condition(self._lock)
         self.reconnects = 0
+        self._unavailable_since = 0.0  # first of an unbroken run of retryable errors
         self._attach(
             self._connect_any(self._endpoints, deadline=time.monotonic() + connect_timeout_s)
         )
@@ -247,6 +253,8 @@ class Client:
             pending = list(self._inflight.values())
         log.info("reconnected", node=conn.node, resend=len(pending))
         self._attach(conn)
+        for request in pending:
+            request.sent_at = time.monotonic()
         self._send([request.frame for request in pending])
         for consumer in list(self._consumers.values()):
             consumer._on_reconnected()
@@ -361,10 +369,20 @@ class Client:
                         request.retry_at = time.monotonic() + RETRY_DELAY_S
                         self._inflight[request.frame["id"]] = request
                         self._retries.append(request)
+                        self._unavailable_since = self._unavailable_since or time.monotonic()
                         continue
                     done.append((request, None, _frame_error(frame)))
                 else:
+                    self._unavailable_since = 0.0
                     done.append((request, frame, None))
+            stuck = self._unavailable_since and (
+                time.monotonic() - self._unavailable_since > SWITCH_NODE_AFTER_S
+            )
+        if stuck and len(self._endpoints) > 1:
+            # this node cannot get anything committed (cut off from the majority?): try another
+            log.info("switching_node", node=conn.node, after_s=SWITCH_NODE_AFTER_S)
+            self._unavailable_since = 0.0
+            conn.close()
         for request, answer, error in done:
             request.callback(answer, error)
         for data in effects:
@@ -386,21 +404,41 @@ class Client:
             consumer._on_effect(effect)
 
     def _tick_loop(self) -> None:
+        last_scan = 0.0
         while not self._closed:
             time.sleep(TICK_S)
             now = time.monotonic()
-            expired: list[_Request] = []
             with self._lock:
                 due = [r for r in self._retries if r.retry_at <= now]
                 self._retries = [r for r in self._retries if r.retry_at > now]
-                for request_id, request in list(self._inflight.items()):
-                    if request.deadline is not None and now >= request.deadline:
-                        del self._inflight[request_id]
-                        expired.append(request)
             due = [r for r in due if r.frame["id"] in self._inflight]
             self._send([request.frame for request in due])
-            for request in expired:
-                request.callback(None, RequestTimeout("the cluster did not answer in time"))
+            if now - last_scan >= SCAN_S:
+                last_scan = now
+                self._expire(now)
+                self._check_silence(now)
+
+    def _expire(self, now: float) -> None:
+        expired: list[_Request] = []
+        with self._lock:
+            for request_id, request in list(self._inflight.items()):
+                if request.deadline is not None and now >= request.deadline:
+                    del self._inflight[request_id]
+                    expired.append(request)
+        for request in expired:
+            request.callback(None, RequestTimeout("the cluster did not answer in time"))
+
+    def _check_silence(self, now: float) -> None:
+        """A node that answers nothing while requests wait (paused, wedged): go elsewhere."""
+        conn = self._conn
+        with self._lock:
+            oldest = next(iter(self._inflight.values()), None)
+        if conn is None or oldest is None:
+            return
+        waiting_s, silent_s = now - oldest.sent_at, now - conn.last_recv
+        if waiting_s > self.silence_timeout_s and silent_s > self.silence_timeout_s:
+            log.info("node_silent", node=conn.node, silent_s=round(now - conn.last_recv, 1))
+            conn.close()
 
     # --- registries used by publishers and consumers -------------------------------------
 

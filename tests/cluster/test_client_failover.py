@@ -86,3 +86,24 @@ def test_a_client_on_a_follower_keeps_publishing_through_a_leader_change(
         bodies = consume_all(client, "follower-side", 1000)
     assert len(bodies) == 1000
     assert len(set(bodies)) == 1000
+
+
+def test_a_client_on_a_paused_node_moves_to_another_and_its_publishes_complete(
+    cluster: LocalCluster,
+) -> None:
+    import signal
+
+    leader = cluster.leader()
+    follower = next(n for n in cluster.config.node_ids() if n != leader)
+    with cluster.client(follower, silence_timeout_s=1.5) as client:
+        client.declare_queue("paused")
+        cluster.kill(follower, signal.SIGSTOP)
+        try:
+            with client.publisher("paused", window=50) as publisher:
+                publisher.publish_many((b"p%d" % i for i in range(200)), timeout_s=30.0)
+                publisher.wait_for_confirms(timeout_s=30.0)
+            assert publisher.confirmed == 200
+            assert client.node != follower
+        finally:
+            cluster.kill(follower, signal.SIGCONT)
+        assert len(set(consume_all(client, "paused", 200))) == 200
