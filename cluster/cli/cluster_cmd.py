@@ -175,7 +175,8 @@ def status(ctx: click.Context, local_data_dir: Path | None, full_digest: bool) -
     rows = cluster_status(config, client_key(data_dir))
     if output_format(ctx) == "table" and not full_digest:
         rows = [_short_digest(row) for row in rows]
-    emit(ctx, rows, STATUS_COLUMNS)
+    reasons = any(row.get("reason") for row in rows)  # a node that stopped applying says why
+    emit(ctx, rows, [*STATUS_COLUMNS, "reason"] if reasons else STATUS_COLUMNS)
     if all(row.get("role") == "down" for row in rows):
         raise CliError("no node of the cluster is reachable", UNAVAILABLE)
 
