@@ -31,19 +31,26 @@ from cluster.client.errors import (
 )
 from fifo.codec import decode, encode
 from fifo.commands import (
+    Checkout,
     Command,
     ConnectionId,
+    ConsumerId,
     DeclareQueue,
     DeleteQueue,
+    Dequeue,
+    Discard,
     Purge,
     QueueConfig,
+    Return,
+    Settle,
     UpdateConfig,
 )
 from fifo.effects import Effect, QueueStatus
-from fifo.replies import DeclareOk, DeleteOk, Error, PurgeOk, Reply
+from fifo.replies import DeclareOk, DeleteOk, DequeueOk, Error, PurgeOk, Reply
 
 if TYPE_CHECKING:
     from cluster.client.consumer import Consumer
+    from cluster.client.consumer import Message as Delivered
     from cluster.client.publisher import Publisher
 
 log = structlog.get_logger("quorumq.client")
@@ -522,6 +529,30 @@ class Client:
         consumer.start(on_message)
         return consumer
 
+    def get(self, queue: str, *, settled: bool = False) -> Delivered | None:
+        """Take one ready message (basic.get); unless `settled`, ack or nack it like a delivery."""
+        from cluster.client.consumer import Message as Delivered
+
+        tag = self._next_tag()
+        conn_id = self.connection_id
+        reply = self.command(Checkout(queue, ConsumerId(tag, conn_id), Dequeue(settled)))
+        if not isinstance(reply, DequeueOk):
+            raise CommandRefused("unexpected_reply", f"dequeue answered {reply!r}")
+        if reply.message is None:
+            return None
+        found = reply.message
+        key = reply.consumer_key if reply.consumer_key is not None else ConsumerId(tag, conn_id)
+        return Delivered(
+            queue,
+            found.msg_id,
+            found.body,
+            found.redelivered,
+            found.delivery_count,
+            key,
+            (),
+            None if settled else _Settler(self, queue),
+        )
+
     # --- queries ---------------------------------------------------------------------------
 
     def overview(self, queue: str | None = None) -> Any:
@@ -562,3 +593,23 @@ def _expect(reply: Reply, kind: type[_T]) -> _T:
     if not isinstance(reply, kind):
         raise CommandRefused("unexpected_reply", f"expected {kind.__name__}, got {reply!r}")
     return reply
+
+
+class _Settler:
+    """Settles a dequeued message (the consumer-like owner `Message.ack()` calls)."""
+
+    def __init__(self, client: Client, queue: str) -> None:
+        self.client = client
+        self.queue = queue
+
+    def ack(self, messages: list[Delivered]) -> None:
+        for message in messages:
+            self.client.command(Settle(self.queue, message.consumer_key, (message.msg_id,)))
+
+    def nack(self, messages: list[Delivered], requeue: bool = True) -> None:
+        kind = Return if requeue else Discard
+        for message in messages:
+            self.client.command(kind(self.queue, message.consumer_key, (message.msg_id,)))
+
+    def reject(self, messages: list[Delivered]) -> None:
+        self.nack(messages, requeue=False)

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -56,6 +56,16 @@ log = structlog.get_logger("quorumq.client")
 SERIAL_MASK = 0xFFFFFFFF  # AMQP 1.0 delivery counts are 32-bit serial numbers
 
 
+class Settles(Protocol):
+    """What a message is settled through: its consumer (or the client, for a dequeue)."""
+
+    def ack(self, messages: list[Message]) -> None: ...
+
+    def nack(self, messages: list[Message], requeue: bool = True) -> None: ...
+
+    def reject(self, messages: list[Message]) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """One delivered message; settle it with `ack()`, `nack()`, `reject()` or the consumer."""
@@ -67,7 +77,7 @@ class Message:
     delivery_count: int
     consumer_key: ConsumerKey
     annotations: tuple[tuple[str, str | int], ...] = ()
-    consumer: Consumer | None = field(default=None, repr=False, compare=False)
+    consumer: Settles | None = field(default=None, repr=False, compare=False)
 
     def ack(self) -> None:
         """Settle: the message is done."""
@@ -81,7 +91,7 @@ class Message:
         """Discard it: a failed delivery, dead-lettered if the queue has a target."""
         self._owner().reject([self])
 
-    def _owner(self) -> Consumer:
+    def _owner(self) -> Settles:
         if self.consumer is None:
             raise ValueError("this message has no consumer to settle it with")
         return self.consumer

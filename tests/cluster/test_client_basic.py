@@ -133,3 +133,60 @@ def test_data_dir_client_reads_the_endpoints_and_key(cluster: LocalCluster) -> N
     with Client.from_data_dir(Path(cluster.data_dir)) as client:
         assert client.node in {"n1", "n2", "n3"}
         assert "basic" in client.queues()
+
+
+def test_callback_style_consumer_gets_every_message_on_its_thread(cluster: LocalCluster) -> None:
+    import threading
+
+    with cluster.client() as client:
+        client.declare_queue("callbacks")
+        got: list[bytes] = []
+        done = threading.Event()
+
+        def on_message(message: object) -> None:
+            from cluster.client import Message
+
+            assert isinstance(message, Message)
+            got.append(message.body)
+            message.ack()
+            if len(got) == 50:
+                done.set()
+
+        consumer = client.consume("callbacks", prefetch=10, on_message=on_message)
+        with client.publisher("callbacks", window=50) as publisher:
+            publisher.publish_many(b"cb%d" % i for i in range(50))
+        assert done.wait(10.0)
+        assert sorted(got) == sorted(b"cb%d" % i for i in range(50))
+        consumer.cancel()
+        assert consumer.wait_settled()
+
+
+def test_get_takes_one_message_and_its_ack_settles_it(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        client.declare_queue("dequeue")
+        assert client.get("dequeue") is None
+        client.publish("dequeue", b"one")
+        message = client.get("dequeue")
+        assert message is not None and message.body == b"one"
+        assert client.overview("dequeue")["checked_out"] == 1
+        message.ack()
+        assert client.overview("dequeue")["total"] == 0
+
+
+def test_renew_and_modify_are_accepted_for_held_messages(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        client.declare_queue("modify")
+        client.publish("modify", b"m")
+        consumer = client.consume("modify", prefetch=1, timeout_ms=60_000)
+        message = consumer.get(timeout_s=10.0)
+        assert message is not None
+        consumer.renew([message])
+        consumer.modify([message], delivery_failed=True, annotations=(("x-reason", "retry"),))
+        again = consumer.get(timeout_s=10.0)
+        assert again is not None and again.body == b"m"
+        assert again.delivery_count == 1
+        assert again.annotations == (("x-reason", "retry"),)
+        again.ack()
+        assert consumer.wait_settled()
+        assert consumer.settle_errors == 0
+        consumer.cancel()
