@@ -12,13 +12,14 @@ from fifo.commands import (
     Checkout,
     Command,
     ConsumerId,
+    Credit,
     DeclareQueue,
     DeleteQueue,
     Dequeue,
     Enqueue,
     Settle,
 )
-from fifo.effects import DeadLettered, Deliver, Effect
+from fifo.effects import CreditReply, DeadLettered, Deliver, Effect
 from fifo.fuzz import probe
 from fifo.fuzz.generator import body_number
 from fifo.replies import DeleteOk, DequeueOk, Error, NotEnqueued, Ok, PurgeOk, Reply
@@ -34,6 +35,7 @@ class Peek:
     settled_held: int = 0  # ids named by a Settle that the consumer really held
     enqueue_expected_seq: int | None = None  # the machine's next seq for the enqueuer
     total_before: int | None = None
+    sender_delivery_count: int | None = None  # a credited consumer's, before a Credit
 
 
 @dataclass
@@ -69,6 +71,10 @@ class Checker:
             if consumer is not None and isinstance(command.msg_ids, tuple):
                 ids = {i for i in command.msg_ids if isinstance(i, int)}
                 peek.settled_held = sum(1 for i in ids if i in consumer.checked_out)
+        elif isinstance(command, Credit):
+            consumer = probe.find_consumer(queue, command.consumer_key)
+            if consumer is not None and consumer.credited:
+                peek.sender_delivery_count = consumer.delivery_count
         elif isinstance(command, Enqueue) and isinstance(command.enqueuer, str):
             expected = probe.enqueuer_next_seq(queue, command.enqueuer)
             peek.enqueue_expected_seq = 1 if expected is None else expected
@@ -82,6 +88,8 @@ class Checker:
         if not isinstance(reply, Error):
             found += self._account(command, reply, peek)
         found += self._account_effects(state, command, effects)
+        if isinstance(command, Credit) and not isinstance(reply, Error):
+            found += check_credit_reply(command, effects, peek)
         found += check_state(state, self.ledgers)
         return found
 
@@ -237,14 +245,13 @@ def _is_settled_dequeue(command: Command, reply: Reply) -> bool:
 
 
 def _check_recipient(state: State, effect: Deliver) -> list[Found]:
-    """A message goes only to a consumer that is up: not suspected, cancelled or timed out."""
+    """A message goes only to a consumer that is up: not suspected, cancelled, quiescing or
+    timed out (checked on the state after the command, so a revival in the same command counts)."""
     queue = probe.queue(state, effect.queue)
     consumer = None if queue is None else probe.find_consumer(queue, effect.consumer_key)
     if consumer is None:
         return [("delivery_to_unknown", f"{effect.queue}/{effect.tag} is not a consumer")]
-    if consumer.suspected_since is not None or consumer.status == "cancelled" or (
-        consumer.timed_out and consumer.status != "up"
-    ):
+    if consumer.suspected_since is not None or consumer.status != "up" or consumer.timed_out:
         return [("delivery_to_inactive", f"{effect.queue}/{effect.tag} status {consumer.status} "
                  f"suspected_since {consumer.suspected_since} timed_out {consumer.timed_out}")]
     return []
@@ -261,4 +268,40 @@ def _check_bytes(queue: probe.Queue) -> list[Found]:
     max_bytes = queue.config.max_bytes
     if max_bytes is not None and queue.config.overflow == "drop_head" and ready > max_bytes:
         found.append(("max_bytes", f"{queue.name}: {ready} ready bytes > max_bytes {max_bytes}"))
+    return found
+
+
+SERIAL = 1 << 32
+
+
+def check_credit_reply(command: Credit, effects: list[Effect], peek: Peek) -> list[Found]:
+    """AMQP 1.0 flow: the reply comes last; delivery_count + credit follows serial arithmetic.
+
+    credit = max(0, rcv delivery_count + rcv credit - snd delivery_count) (RFC 1982), minus what
+    this command delivered; with drain the rest is consumed: delivery_count += credit, credit 0.
+    """
+    sender = peek.sender_delivery_count
+    if sender is None:
+        return []
+    replies = [i for i, e in enumerate(effects) if isinstance(e, CreditReply)]
+    if len(replies) != 1:
+        return [("credit_reply", f"{len(replies)} CreditReply effects for one Credit")]
+    reply = effects[replies[0]]
+    assert isinstance(reply, CreditReply)
+    delivered = [i for i, e in enumerate(effects) if isinstance(e, Deliver) and e.tag == reply.tag
+                 and e.connection == reply.connection]
+    found: list[Found] = []
+    if delivered and max(delivered) > replies[0]:
+        found.append(("credit_reply", "CreditReply placed before the deliveries"))
+    count = sum(len(e.messages) for e in effects if isinstance(e, Deliver) and e.tag == reply.tag
+                and e.connection == reply.connection)
+    link = (command.delivery_count + command.credit - sender) % SERIAL
+    link = link - SERIAL if link >= SERIAL // 2 else link
+    credit = max(0, link) - count
+    want_count = (sender + count + (credit if command.drain else 0)) % SERIAL
+    want = (want_count, 0 if command.drain else credit)
+    if credit < 0 or (reply.delivery_count, reply.credit) != want:
+        found.append(("credit_reply", f"got delivery_count/credit "
+                      f"{reply.delivery_count}/{reply.credit}, expected {want[0]}/{want[1]} "
+                      f"(sender was at {sender}, delivered {count})"))
     return found
