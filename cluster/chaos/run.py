@@ -24,7 +24,7 @@ from cluster import launcher
 from cluster.chaos import availability
 from cluster.chaos.availability import FaultWindow
 from cluster.chaos.checker import check
-from cluster.chaos.control import LauncherCluster, route_through_proxies
+from cluster.chaos.control import LauncherCluster, route_through_proxies, shim_environment
 from cluster.chaos.history import Recorder
 from cluster.chaos.linkproxy import ProxyMesh
 from cluster.chaos.nemesis import Nemesis, ScheduleParams, expand_faults, make_schedule
@@ -74,6 +74,7 @@ class _Stage:
     timings: dict[str, float] = field(default_factory=dict)
     drained: dict[str, int] = field(default_factory=dict)
     drain_errors: list[str] = field(default_factory=list)
+    proxy_bytes: dict[str, int] | None = None  # bytes through each link proxy (None: no mesh)
 
 
 def run(params: RunParams) -> dict[str, Any]:
@@ -87,10 +88,8 @@ def run(params: RunParams) -> dict[str, Any]:
         launcher.init_cluster(data_dir, params.nodes)  # the cluster's default fsync policy
     else:
         launcher.init_cluster(data_dir, params.nodes, fsync=params.fsync)
-    mesh = _make_mesh(data_dir, kinds, stage)
-    if mesh is None:
-        kinds = [k for k in kinds if not k.startswith("partition")]
-    cluster = LauncherCluster(data_dir)
+    mesh, node_env = _make_mesh(data_dir, kinds, stage)
+    cluster = LauncherCluster(data_dir, node_env)
     recorder = Recorder(out_dir / "history.jsonl")
     nemesis = Nemesis(cluster, recorder, mesh)
     replicas: ReplicaCheck | None = None
@@ -107,6 +106,10 @@ def run(params: RunParams) -> dict[str, Any]:
         nemesis.heal_everything()
         cluster.shutdown()
         if mesh is not None:
+            stage.proxy_bytes = {
+                f"{source}->{target}": sum(proxy.bytes_forwarded())
+                for (source, target), proxy in mesh.proxies.items()
+            }
             mesh.close()
         recorder.close()
         if not params.keep_data:
@@ -116,20 +119,25 @@ def run(params: RunParams) -> dict[str, Any]:
     return report
 
 
-def _make_mesh(data_dir: Path, kinds: list[str], stage: _Stage) -> ProxyMesh | None:
-    """Proxies between the peers when partitions are asked for and the config can route them."""
+def _make_mesh(
+    data_dir: Path, kinds: list[str], stage: _Stage
+) -> tuple[ProxyMesh | None, dict[str, str]]:
+    """Proxies between the peers when partitions are asked for, and how nodes reach them.
+
+    Prefers `peer_addresses` in cluster.toml; without it, node processes get the dial shim.
+    """
     if not any(k.startswith("partition") for k in kinds):
-        return None
+        return None, {}
     config = cluster_config.load(data_dir)
     mesh = ProxyMesh({node.id: node.raft_address for node in config.nodes})
     if route_through_proxies(data_dir, mesh):
-        return mesh
-    mesh.close()
+        stage.notes.append("peers routed through the link proxies by cluster.toml peer_addresses")
+        return mesh, {}
     stage.notes.append(
-        "partition faults skipped: cluster.config.NodeConfig has no `peer_addresses` field, "
-        "so nodes cannot dial their peers through the link proxies"
+        "peers routed through the link proxies by the dial shim (cluster.toml has no "
+        "peer_addresses yet; see cluster/chaos/dialshim)"
     )
-    return None
+    return mesh, shim_environment(data_dir, mesh)
 
 
 def _declare_queues(cluster: LauncherCluster, queues: tuple[str, ...]) -> None:
@@ -347,6 +355,7 @@ def _report(
         "replicas": replica_dict,
         "drain": {"consumed_per_node": stage.drained, "errors": stage.drain_errors},
         "timings": stage.timings,
+        "peer_links": _peer_links(stage),
         "notes": stage.notes,
         "files": {
             "history": str(params.out_dir / "history.jsonl"),
@@ -355,6 +364,13 @@ def _report(
             "data_dir": str(data_dir) if params.keep_data else None,
         },
     }
+
+
+def _peer_links(stage: _Stage) -> dict[str, Any] | None:
+    """Bytes through every link proxy; a partition run without any means nothing was cut."""
+    if stage.proxy_bytes is None:
+        return None
+    return {"routed": sum(stage.proxy_bytes.values()) > 0, "bytes": stage.proxy_bytes}
 
 
 def _ack_counts(events: list[Any]) -> dict[str, int]:
