@@ -19,6 +19,11 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+# PySpark counts as a shell: Spark resets the root level to its main class's (WARN when unset).
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = error
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
 """
 
 
