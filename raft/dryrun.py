@@ -45,6 +45,7 @@ class SplitResult:
     new_errors: int = 0
     errors: list[str] = field(default_factory=list)
     differences: list[dict[str, Any]] = field(default_factory=list)
+    new_error_examples: list[dict[str, Any]] = field(default_factory=list)
     digest: str = ""
 
     @property
@@ -72,6 +73,7 @@ class SplitResult:
             "new_errors": self.new_errors,
             "errors": self.errors,
             "differences": self.differences,
+            "new_error_examples": self.new_error_examples,
             "digest": self.digest,
         }
 
@@ -208,17 +210,18 @@ def _compare(split: SplitResult, command: Any, meta: Meta, base: Any, reply: Any
     if reply == base:
         return
     split.replies_differ += 1
+    example = {
+        "index": meta.index,
+        "command": type(command).__name__,
+        "baseline": repr(base),
+        "upgraded": repr(reply),
+    }
+    if len(split.differences) < DIFFERENCES_SHOWN:
+        split.differences.append(example)
     if isinstance(reply, Error) and not isinstance(base, Error):
         split.new_errors += 1
-    if len(split.differences) < DIFFERENCES_SHOWN:
-        split.differences.append(
-            {
-                "index": meta.index,
-                "command": type(command).__name__,
-                "baseline": repr(base),
-                "upgraded": repr(reply),
-            }
-        )
+        if len(split.new_error_examples) < DIFFERENCES_SHOWN:
+            split.new_error_examples.append(example)
 
 
 class _Pass:

@@ -187,8 +187,8 @@ def _print_report(ctx: click.Context, report: DryRunReport) -> None:
     )
     emit(ctx, [_split_row(s) for s in report.splits], list(_split_row(report.splits[0])))
     for split in report.splits:
-        for difference in split.differences[:2] if split.status == "unsafe" else []:
-            click.echo(f"  split {split.index}: {difference}")
+        for example in split.new_error_examples[:2]:
+            click.echo(f"  split {split.index}: new error reply: {example}")
         for error in split.errors[:3]:
             click.echo(f"  split {split.index}: error: {error}")
     for error in report.baseline_errors[:3]:
