@@ -231,6 +231,7 @@ def node_status(node: NodeConfig, key: bytes, timeout_s: float = 2.0) -> dict[st
             key,
             reconnect=False,
             connect_timeout_s=timeout_s,
+            connect_retry_s=0.0,
             request_timeout_s=timeout_s,
             name="quorumq-status",
         ) as client:

@@ -95,6 +95,11 @@ class _Waiter:
 class Client:
     """A connection to a quorumq cluster through any of its nodes.
 
+    `connect_timeout_s` bounds one connection attempt, `connect_retry_s` how long the first
+    connect keeps trying (default: `connect_timeout_s`; the cluster may still be starting),
+    `reconnect_timeout_s` how long a reconnect keeps trying, `silence_timeout_s` how long a node
+    may stay silent while requests wait before the client moves to another one.
+
     Example: `with Client.from_data_dir(Path("D")) as client: client.declare_queue("jobs")`.
     """
 
@@ -109,6 +114,7 @@ class Client:
         reconnect_timeout_s: float = 30.0,
         reconnect: bool = True,
         silence_timeout_s: float = 5.0,
+        connect_retry_s: float | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one endpoint host:port is required")
@@ -133,9 +139,8 @@ class Client:
         self._connected = threading.Condition(self._lock)
         self.reconnects = 0
         self._unavailable_since = 0.0  # first of an unbroken run of retryable errors
-        self._attach(
-            self._connect_any(self._endpoints, deadline=time.monotonic() + connect_timeout_s)
-        )
+        retry_s = connect_timeout_s if connect_retry_s is None else connect_retry_s
+        self._attach(self._connect_any(self._endpoints, deadline=time.monotonic() + retry_s))
         self._ticker = threading.Thread(target=self._tick_loop, name="qq-ticker", daemon=True)
         self._ticker.start()
 

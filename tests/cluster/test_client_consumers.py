@@ -87,11 +87,6 @@ def test_a_timed_out_consumer_loses_its_messages_and_gets_nothing_new(
         consumer.remove()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fifo v2: clearing a consumer timeout by a settle does not service the consumer "
-    "again (status up, credit 2, 4 ready, nothing delivered) - reported to the fifo side",
-)
 def test_a_consumer_that_settles_its_timed_out_ids_gets_messages_again(
     cluster: LocalCluster,
 ) -> None:
