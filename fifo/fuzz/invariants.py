@@ -176,12 +176,12 @@ def check_state(state: State, ledgers: dict[str, Ledger]) -> list[Found]:
     found: list[Found] = []
     owners: dict[int, str] = {}
     for queue in probe.queues(state):
-        found += _check_queue(queue, ledgers.get(queue.name), owners)
+        found += _check_queue(queue, ledgers.get(queue.name), owners, state.version)
     return found
 
 
 def _check_queue(
-    queue: probe.Queue, ledger: Ledger | None, owners: dict[int, str]
+    queue: probe.Queue, ledger: Ledger | None, owners: dict[int, str], version: int
 ) -> list[Found]:
     found: list[Found] = []
     name = queue.name
@@ -204,7 +204,7 @@ def _check_queue(
     if ledger is not None and ledger.inflow - ledger.outflow != total:
         found.append(("accounting", f"{name}: enqueued {ledger.inflow} - left {ledger.outflow} "
                       f"!= total {total}"))
-    found += _check_consumers(queue)
+    found += _check_consumers(queue, version)
     found += _check_bytes(queue)
     config = queue.config
     limited = config.max_length is not None and config.overflow == "drop_head"
@@ -214,7 +214,7 @@ def _check_queue(
     return found
 
 
-def _check_consumers(queue: probe.Queue) -> list[Found]:
+def _check_consumers(queue: probe.Queue, version: int) -> list[Found]:
     found: list[Found] = []
     active = 0
     for consumer in queue.consumers.values():
@@ -230,7 +230,36 @@ def _check_consumers(queue: probe.Queue) -> list[Found]:
                           f"{consumer.credit} not in [0, {consumer.prefetch}]"))
     if queue.config.single_active_consumer and active > 1:
         found.append(("single_active", f"{queue.name}: {active} active consumers"))
+    if queue.config.single_active_consumer:
+        found += _check_sac_progress(queue, version)
     return found
+
+
+def _eligible(consumer: probe.Consumer) -> bool:
+    return consumer.status == "up" and consumer.suspected_since is None and not consumer.timed_out
+
+
+def _check_sac_progress(queue: probe.Queue, version: int) -> list[Found]:
+    """SAC liveness: someone is active when someone can be; v2 priority takeover has happened.
+
+    v2 rule: a higher-priority eligible waiting consumer makes an idle active consumer swap out,
+    and one with pending messages quiesce (status quiescing), after every command.
+    """
+    active = [c for c in queue.consumers.values() if c.status in ("up", "quiescing")]
+    eligible = [c for c in queue.waiting if _eligible(c)]
+    if not active and eligible:
+        return [("sac_progress", f"{queue.name}: no active consumer while {eligible[0].tag} waits")]
+    if version < 2 or not active:
+        return []
+    current = active[0]
+    if current.status == "quiescing" and not current.checked_out:
+        return [("sac_progress", f"{queue.name}: {current.tag} quiescing with nothing pending")]
+    higher = [c for c in eligible if c.priority > current.priority]
+    if current.status == "up" and higher:  # idle: swap; with pending: quiescing
+        return [("sac_priority", f"{queue.name}: {higher[0].tag} (priority {higher[0].priority}) "
+                 f"waits behind {current.tag} (priority {current.priority}, up, "
+                 f"{len(current.checked_out)} pending)")]
+    return []
 
 
 def _is_settled_dequeue(command: Command, reply: Reply) -> bool:

@@ -1,0 +1,81 @@
+"""Counterexamples found by the fuzzer, pinned as named scenarios (minimal command sequences).
+
+A test marked xfail(strict=True) documents a machine bug that is not fixed yet: when the fix
+lands it starts passing, strict xfail turns that into a failure, and the marker must go.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import fifo
+from fifo.commands import (
+    Checkout,
+    Command,
+    ConnectionId,
+    ConsumerId,
+    DeclareQueue,
+    Enqueue,
+    QueueConfig,
+    SimplePrefetch,
+)
+from fifo.effects import Deliver, Effect
+from fifo.fuzz.invariants import check_state
+from fifo.meta import Meta
+from fifo.replies import Error
+from fifo.state import State
+
+CONN = ConnectionId("n1", 1, 1)
+LOW, HIGH = ConsumerId("low", CONN), ConsumerId("high", CONN)
+
+
+def apply_all(state: State, version: int, commands: list[Command], first: int = 1) -> list[Effect]:
+    effects: list[Effect] = []
+    for offset, command in enumerate(commands):
+        reply, out = fifo.apply(Meta(first + offset, 1, 1_000 + offset, version), command, state)
+        assert not isinstance(reply, Error), (command, reply)
+        effects += out
+    return effects
+
+
+def sac_v1_then_upgrade() -> State:
+    """v1: SAC queue, `low` (priority 0) attaches first and is active, `high` (priority 2) waits;
+    then the state is converted to v2 (v1 ignores priorities; v2 honours them)."""
+    state = fifo.init_state(1)
+    apply_all(state, 1, [
+        DeclareQueue("q", QueueConfig(single_active_consumer=True)),
+        Checkout("q", LOW, SimplePrefetch(5), priority=0),
+        Checkout("q", HIGH, SimplePrefetch(5), priority=2),
+    ])
+    return fifo.convert(state, 1, 2, Meta(4, 1, 1_004, 2))
+
+
+@pytest.mark.xfail(strict=True, reason="machine bug: convert_v1_to_v2 keeps the v1 SAC active "
+                   "consumer although a waiting one has a higher priority (v2 takeover rule)")
+def test_upgrade_applies_sac_priority_takeover() -> None:
+    """Found by `quorumq fuzz --seed 12 --steps 2000 --machine-version 1 --upgrade-at random`:
+    right after the conversion, an idle lower-priority active consumer blocks a higher one."""
+    state = sac_v1_then_upgrade()
+    assert [i for i, _ in check_state(state, {})] == []
+
+
+@pytest.mark.xfail(strict=True, reason="machine bug: after convert_v1_to_v2 an Enqueue delivers "
+                   "to the lower-priority v1 active consumer; a fresh v2 queue delivers to `high`")
+def test_first_message_after_upgrade_goes_to_the_higher_priority_consumer() -> None:
+    """The same scenario, as a client sees it: the next message goes to `low`, not `high`."""
+    state = sac_v1_then_upgrade()
+    effects = apply_all(state, 2, [Enqueue("q", b"m")], first=5)
+    assert [e.tag for e in effects if isinstance(e, Deliver)] == ["high"]
+
+
+def test_fresh_v2_sac_queue_gives_the_higher_priority_consumer_the_message() -> None:
+    """The v2 behaviour the upgraded state should match (passes today)."""
+    state = fifo.init_state(2)
+    effects = apply_all(state, 2, [
+        DeclareQueue("q", QueueConfig(single_active_consumer=True)),
+        Checkout("q", LOW, SimplePrefetch(5), priority=0),
+        Checkout("q", HIGH, SimplePrefetch(5), priority=2),
+        Enqueue("q", b"m"),
+    ])
+    assert [e.tag for e in effects if isinstance(e, Deliver)] == ["high"]
+    assert check_state(state, {}) == []
