@@ -47,11 +47,13 @@ from fifo.effects import (
     ConsumerUpdate,
     CreditReply,
     DeadLettered,
-    Deliver,
     Delivery,
     Effect,
     QueueStatus,
 )
+from fifo.fastbuild import deliver as fast_deliver
+from fifo.fastbuild import delivery as fast_delivery
+from fifo.fastbuild import fresh_delivery
 from fifo.replies import (
     CancelOk,
     CheckoutOk,
@@ -84,7 +86,7 @@ class Ctx:
         self.depth = 0  # dead-letter hops within this apply
         # dead-letter targets that received messages: processed after the command's own queue,
         # never re-entrantly (a queue's delivery loop must not run inside another's)
-        self.dirty: list[Queue] = []
+        self.dirty: list[Queue] | None = None
 
 
 def invalid(message: str) -> Error:
@@ -179,7 +181,7 @@ class QueueMachineV1:
             c = self.next_consumer(q)
             if c is not None:  # fast path: hand the new message straight to a consumer
                 self.assign_one(ctx, q, c, m)
-                if cfg.max_length is not None or cfg.max_bytes is not None or q.blocked_count:
+                if q.blocked_count or cfg.max_length is not None or cfg.max_bytes is not None:
                     self.evaluate_limit(ctx, q)
                 return OK
         q.ready.append(m)
@@ -197,20 +199,22 @@ class QueueMachineV1:
         c.checked_out[mid] = m
         if self.uses_locks:
             m.lock = ctx.now + c.timeout_ms
-        c.credit -= 1
-        c.delivery_count = (c.delivery_count + 1) % SERIAL
+        credit = c.credit - 1
+        c.credit = credit
+        c.delivery_count = (c.delivery_count + 1) & 0xFFFFFFFF
         body = m.body
         q.bytes_checkout += len(body)
         ring = q.service[c.priority]
-        ring.popleft()
-        if c.credit > 0:
-            ring.append(c.key)
+        if credit > 0:
+            ring.rotate(-1)
         else:
+            ring.popleft()
             c.in_service = False
             if not ring:
                 del q.service[c.priority]
+        # fast constructors: equal to Deliver(...) / Delivery(mid, body, False, 0)
         ctx.effects.append(
-            Deliver(c.connection, q.name, c.tag, c.key, (Delivery(mid, body, False, 0),))
+            fast_deliver(c.connection, q.name, c.tag, c.key, (fresh_delivery(mid, body),))
         )
 
     def track_enqueue(self, ctx: Ctx, q: Queue, cmd: Enqueue) -> Reply | None:
@@ -371,7 +375,9 @@ class QueueMachineV1:
             anns = (*kept, ("x-death-reason", reason), ("x-death-queue", q.name))
             new.annotations = anns[-limits.annotations_per_message_max :]
             self.store(ctx, target, new)
-        if not any(d is target for d in ctx.dirty):
+        if ctx.dirty is None:
+            ctx.dirty = [target]
+        elif not any(d is target for d in ctx.dirty):
             ctx.dirty.append(target)
         ctx.effects.append(DeadLettered(q.name, reason, len(msgs), name))
 
@@ -379,7 +385,7 @@ class QueueMachineV1:
         """Deliver and apply limits in dead-letter targets, one hop per round (bounded)."""
         while ctx.dirty:
             ctx.depth += 1
-            batch, ctx.dirty = ctx.dirty, []
+            batch, ctx.dirty = ctx.dirty, None
             for target in batch:
                 self.after_change(ctx, target)
 
@@ -477,8 +483,8 @@ class QueueMachineV1:
             c.credit -= 1
             c.delivery_count = (c.delivery_count + 1) % SERIAL
             q.bytes_checkout += len(m.body)
-            d = Delivery(mid, m.body, m.acquired_count > 0 or m.delivery_count > 0,
-                         m.delivery_count, m.annotations)  # fmt: skip
+            d = fast_delivery(mid, m.body, m.acquired_count > 0 or m.delivery_count > 0,
+                              m.delivery_count, m.annotations)  # fmt: skip
             batch = batches.get(c.key)
             if batch is None:
                 batches[c.key] = [d]
@@ -494,7 +500,9 @@ class QueueMachineV1:
                 if not ring:
                     del q.service[c.priority]
         for c in owners:
-            ctx.effects.append(Deliver(c.connection, q.name, c.tag, c.key, tuple(batches[c.key])))
+            ctx.effects.append(
+                fast_deliver(c.connection, q.name, c.tag, c.key, tuple(batches[c.key]))
+            )
 
     def after_change(self, ctx: Ctx, q: Queue) -> None:
         """After anything that may free credit or add messages: activate, deliver, limits."""

@@ -156,3 +156,27 @@ def test_garbage_commands_never_raise_and_errors_change_nothing(version: int) ->
         if isinstance(reply, fifo.Error):
             assert fifo.digest(log.state) == before, cmd
             assert not reply.message.startswith("rejected:"), (cmd, reply)  # validation missed it
+
+
+def test_fast_constructors_build_equal_frozen_effects() -> None:
+    """fifo.fastbuild builds objects equal to the dataclass constructors, with every field set."""
+    import dataclasses
+
+    from fifo import effects as e
+    from fifo import fastbuild
+
+    assert [f.name for f in dataclasses.fields(e.Delivery)] == [
+        "msg_id", "body", "redelivered", "delivery_count", "annotations",
+    ]  # fmt: skip
+    assert [f.name for f in dataclasses.fields(e.Deliver)] == [
+        "connection", "queue", "tag", "consumer_key", "messages",
+    ]  # fmt: skip
+    d = fastbuild.fresh_delivery(3, b"x")
+    assert d == e.Delivery(3, b"x", False, 0) and hash(d) == hash(e.Delivery(3, b"x", False, 0))
+    assert fastbuild.delivery(1, b"y", True, 2, (("k", 1),)) == e.Delivery(
+        1, b"y", True, 2, (("k", 1),)
+    )
+    full = fastbuild.deliver(CONN, "q", "t", 5, (d,))
+    assert full == e.Deliver(CONN, "q", "t", 5, (d,))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        full.tag = "other"  # type: ignore[misc]
