@@ -265,3 +265,12 @@ def plain(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     return repr(value)
+
+
+def untyped(value: Any) -> Any:
+    """Drop the `type` tags the node adds to query results (noise in tables and JSON)."""
+    if isinstance(value, dict):
+        return {k: untyped(v) for k, v in value.items() if k != "type"}
+    if isinstance(value, list):
+        return [untyped(v) for v in value]
+    return value

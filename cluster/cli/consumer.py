@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cluster.cli.common import connect, connection_options, emit, plain, translate_errors
+from cluster.cli.common import connect, connection_options, emit, plain, translate_errors, untyped
 from cluster.cli.queue import validate_queue_name
 
 
@@ -33,7 +33,7 @@ def list_consumers(ctx: click.Context, queue: str | None) -> None:
     if queue is not None:
         validate_queue_name(queue)
     with connect(ctx) as client:
-        result = plain(client.consumers(queue))
+        result = untyped(plain(client.consumers(queue)))
     if isinstance(result, dict):
         rows = [dict(row, queue=name) for name, items in result.items() for row in items or []]
     else:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from cluster.cli.cluster_cmd import STATUS_COLUMNS
-from cluster.cli.common import plain, table, translate_errors
+from cluster.cli.common import plain, table, translate_errors, untyped
 from cluster.client import Client
 from cluster.launcher import client_key, cluster_status, start_cluster, stop_cluster
 
@@ -63,7 +63,7 @@ def demo(ctx: click.Context, local_data_dir: Path | None, keep: bool, messages: 
             rows = cluster_status(config, client_key(data_dir))
             click.echo(table([_short(row) for row in rows], STATUS_COLUMNS))
             click.echo("\nqueue overview:")
-            overview = plain(client.overview(DEMO_QUEUE)) or {}
+            overview = untyped(plain(client.overview(DEMO_QUEUE)) or {})
             click.echo(
                 table([{"field": k, "value": v} for k, v in overview.items()], ["field", "value"])
             )
@@ -77,7 +77,7 @@ def demo(ctx: click.Context, local_data_dir: Path | None, keep: bool, messages: 
             stopped = stop_cluster(config)
             click.echo(f"  stopped {', '.join(stopped)}")
     click.secho(
-        "\ndemo finished: every published message was confirmed and consumed once.", fg="green"
+        "\ndemo finished: every published message was confirmed, consumed and acked.", fg="green"
     )
 
 

@@ -13,6 +13,7 @@ from cluster.cli.common import (
     output_format,
     plain,
     translate_errors,
+    untyped,
 )
 from cluster.cli.exits import USAGE, CliError
 from fifo.commands import CONSUMER_TIMEOUT_MS_DEFAULT, QueueConfig
@@ -164,7 +165,7 @@ def info(ctx: click.Context, name: str) -> None:
         overview = client.overview(name)
     if not overview:
         raise CliError(f"no queue {name!r}", USAGE)
-    emit(ctx, {k: v for k, v in plain(overview).items() if k != "type"})
+    emit(ctx, untyped(plain(overview)))
 
 
 @queue_group.command("purge")
