@@ -125,12 +125,15 @@ def consumers(state: State, queue: str) -> list[ConsumerInfo]:
 
 
 def messages(state: State, queue: str, limit: int = 100) -> list[MessageInfo]:
-    """Peek at up to `limit` waiting messages in delivery order (returned first, then ready)."""
+    """Peek at up to `limit` waiting messages: ready ones first, then returned ones.
+
+    (Delivery serves returned messages first; `returned` tells them apart.)
+    """
     q = state.queues.get(queue)
-    if q is None or limit <= 0:
+    if q is None or type(limit) is not int or limit <= 0:
         return []
     out: list[MessageInfo] = []
-    for returned, src in ((True, q.returns), (False, q.ready)):
+    for returned, src in ((False, q.ready), (True, q.returns)):
         for m in src:
             if len(out) >= limit:
                 return out

@@ -896,7 +896,7 @@ class QueueMachineV1:
         diff = (cmd.delivery_count + cmd.credit - c.delivery_count) % SERIAL
         if diff >= SERIAL // 2:
             diff -= SERIAL  # receiver is behind: messages are in flight
-        c.credit = max(0, diff)
+        c.credit = 0 if c.once else max(0, diff)  # a cancelled consumer takes no new credit
         c.drain = cmd.drain
         active = q.consumers.get(c.key) is c
         if active:
