@@ -239,7 +239,7 @@ class ConsumerDisconnectedTimeout:
 
 @dataclass(frozen=True, slots=True)
 class Expire:
-    """Submitted by the leader when the head of a queue has expired: dead-letter expired messages."""
+    """Submitted by the leader when the head of a queue has expired: dead-letter expired ones."""
 
     queue: str
 

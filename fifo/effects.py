@@ -108,4 +108,7 @@ class DeadLettered:
     target: str | None
 
 
-Effect = Deliver | CreditReply | QueueStatus | Released | ConsumerUpdate | ConsumerCancelled | DeadLettered
+Effect = (
+    Deliver | CreditReply | QueueStatus | Released
+    | ConsumerUpdate | ConsumerCancelled | DeadLettered
+)
