@@ -136,6 +136,7 @@ def _summary(report: dict[str, Any]) -> str:
     for fault in report["faults"]:
         lines.append(
             f"  {fault['kind']:<17} {','.join(fault['nodes']):<9} "
+            f"(leader {fault['leader']}) {fault.get('shape') or '':<11} "
             f"{fault['start_s']:7.2f}-{fault['end_s']:7.2f} s  recovery {fault['recovery_s']} s"
         )
     lines += [f"note: {note}" for note in report["notes"]]
