@@ -15,12 +15,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from cluster.client import Client
+from cluster.client import Client, ClusterError
 from cluster.launcher import LocalCluster, local_cluster
 
 BODY = b"x" * 100
@@ -115,6 +116,14 @@ def leader_kill_recovery(cluster: LocalCluster, queue: str) -> dict[str, Any]:
     return {"killed": leader, "new_leader": new_leader, "recovery_s": recovery}
 
 
+def _guarded(phase: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one phase; a failure is reported in the results instead of ending the run."""
+    try:
+        return phase()
+    except ClusterError as err:
+        return {"error": f"{type(err).__name__}: {err}"}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start a fresh cluster, run every phase, stop the cluster."""
     with (
@@ -122,14 +131,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         local_cluster(Path(tmp) / "D", 3, fsync=args.fsync) as cluster,
     ):
         leader = cluster.leader()
+        results: dict[str, Any] = {}
         with cluster.client(leader) as client:
-            results: dict[str, Any] = {
-                "publish_window_100": publish_rate(client, "w100", args.messages, 100),
-                "publish_window_1000": publish_rate(client, "w1000", args.messages * 2, 1000),
-                "publish_latency": publish_latency(client, "latency", args.latency_messages),
-                "consume_ack_prefetch_100": consume_rate(client, "consume", args.backlog, 100),
+            phases: dict[str, Callable[[], dict[str, Any]]] = {
+                "publish_window_100": lambda: publish_rate(client, "w100", args.messages, 100),
+                "publish_window_1000": lambda: publish_rate(
+                    client, "w1000", args.messages * 2, 1000
+                ),
+                "publish_latency": lambda: publish_latency(
+                    client, "latency", args.latency_messages
+                ),
+                "consume_ack_prefetch_100": lambda: consume_rate(
+                    client, "consume", args.backlog, 100
+                ),
             }
-        results["leader_kill"] = leader_kill_recovery(cluster, "kill")
+            for name, phase in phases.items():
+                results[name] = _guarded(phase)
+        results["leader_kill"] = _guarded(lambda: leader_kill_recovery(cluster, "kill"))
     results["config"] = {
         "nodes": 3,
         "body_bytes": len(BODY),
