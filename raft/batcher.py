@@ -29,7 +29,7 @@ Sink = Callable[[Any], None]  # receives a fifo Reply, an InternalFailure or a S
 
 WINDOW_S_DEFAULT = 0.001
 COUNT_MAX_DEFAULT = SUB_INDEX_SPAN
-BYTES_MAX_DEFAULT = 1024 * 1024
+BYTES_MAX_DEFAULT = 256 * 1024
 TIMEOUT_S_DEFAULT = 10.0
 
 _FAILURES = {

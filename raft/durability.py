@@ -1,15 +1,17 @@
 """Journal durability for pysyncobj, which never fsyncs on its own.
 
 Policies (`cluster.toml` `fsync`):
-- `always`: every journal record is flushed (msync + fsync) as it is added.
-- `batch` (default): the journal is flushed once before the node acknowledges AppendEntries
-  (follower), before it sends AppendEntries (leader) and before any reply is sent to a client.
+- `always`: every journal record is flushed (fdatasync) as it is added.
+- `batch` (default): the journal is flushed once per AppendEntries message before the node
+  acknowledges it (follower); once per burst of appended entries, right after sending them and
+  before any ack is processed (leader); and before any reply is sent to a client.
 - `never`: nothing is flushed; data survives a process crash but not a power loss.
 
 Guarantee with `always` or `batch`: when a publish is confirmed, the log entry holding it is on
 stable storage on a majority of the members (each follower counted towards the commit fsynced it
-before acking; the leader fsynced it before replicating it). With `never` the entry is only in
-the page cache of a majority (it survives kill -9, not a kernel crash or a power loss).
+before acking; the leader fsynced it before its tick thread could count any ack for it).
+With `never` the entry is only in the page cache of a majority (it survives kill -9, not a
+kernel crash or a power loss).
 The `.meta` file (term, vote, commit index) and the snapshot rename are fsynced too (not `never`).
 """
 
@@ -76,8 +78,9 @@ class DurableFileJournal(FileJournal):  # type: ignore[misc]
             self.dirty = False
             return False
         resizable = self._FileJournal__journalFile
-        resizable._ResizableFile__mm.flush()
-        os.fsync(resizable._ResizableFile__f.fileno())
+        # the journal is a MAP_SHARED mmap of the file: its dirty pages are the file's page
+        # cache, so fdatasync on the fd writes them (and the size) without a full-range msync
+        os.fdatasync(resizable._ResizableFile__f.fileno())
         self.dirty = False
         self.syncs += 1
         return True

@@ -1,8 +1,10 @@
 """The pysyncobj node: one replicated method, durable journal, CBOR snapshots, version gate.
 
 Ordering obligations (as etcd's `Ready` documents them):
-- an entry's journal record is fsynced (policy permitting) before the node acks it as a follower
-  or replicates it as a leader, and before any reply for it is handed to `on_outcome`;
+- an entry's journal record is fsynced (policy permitting) before the node acks it as a
+  follower; the leader fsyncs right after sending it (overlapping the followers' fsyncs) and
+  before its tick thread processes any ack, so it counts itself towards the commit only once
+  its own copy is on disk; and before any reply for it is handed to `on_outcome`;
 - `on_outcome` is called in log order from pysyncobj's tick thread, once per applied entry, on
   every node (replies are for the submitter, effects for the node owning the connection);
 - nothing raised inside apply reaches pysyncobj, except the deliberate version stop.
@@ -33,6 +35,7 @@ from raft.replicated import InternalFailure, Outcome, ReplicatedState
 log = structlog.get_logger("raft")
 
 ROLES = {0: "follower", 1: "candidate", 2: "leader"}
+APPEND_ENTRIES_BYTES_MAX = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self.lock = threading.RLock()
         self.replicated_state = ReplicatedState([settings.node_id, *settings.peers])
         self.stopped_reason: str | None = None
+        self._defer_send = False
+        self._send_pending = False
         self._on_outcome = on_outcome
         self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
         self._address_to_id[settings.address] = settings.node_id
@@ -93,6 +98,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             deserializer=self._deserialize_snapshot,
             appendEntriesUseBatch=False,  # we group-commit ourselves; send at once
             appendEntriesPeriod=settings.heartbeat_ms / 1000,
+            # larger than any entry (frames are at most 16 MiB): pysyncobj's chunked transfer
+            # of a single oversized entry miscounts its last chunk, so it must never be used
+            appendEntriesBatchSizeBytes=APPEND_ENTRIES_BYTES_MAX,
             raftMinTimeout=low / 1000,
             raftMaxTimeout=high / 1000,
             leaderFallbackTimeout=2 * high / 1000,
@@ -168,9 +176,26 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
 
     def _SyncObj__sendAppendEntries(self) -> None:
-        # leader: its own copy is on disk before any follower can make it committed
-        self.sync_journal()
+        if self._defer_send:
+            self._send_pending = True  # one sync + one send after the whole queue is appended
+            return
+        # leader: send first so the followers' fsyncs overlap ours; ours still completes before
+        # this (single) tick thread can process their acks, so an entry is never counted as
+        # committed, nor its commit index sent out, before the leader's copy is on disk
         SyncObj._SyncObj__sendAppendEntries(self)
+        self.sync_journal()
+
+    def _checkCommandsToApply(self) -> None:
+        """pysyncobj appends queued entries one by one and, unbatched, sends after each: defer
+        the sends so a burst of entries costs one fsync and one AppendEntries per follower."""
+        self._defer_send = True
+        try:
+            super()._checkCommandsToApply()
+        finally:
+            self._defer_send = False
+        if self._send_pending:
+            self._send_pending = False
+            self._SyncObj__sendAppendEntries()
 
     # --- snapshots (pysyncobj serializer hooks) ----------------------------------------------
 
@@ -248,8 +273,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         node = self._peer_nodes.get(node_id)
         return node is not None and bool(self.isNodeConnected(node))
 
-    def status(self) -> dict[str, Any]:
-        """This node's status map (see cluster.protocol's "status" query)."""
+    def status(self, with_digest: bool = True) -> dict[str, Any]:
+        """This node's status map (see cluster.protocol's "status" query).
+
+        The digest costs a full encoding of the state under the apply lock: skip it when polling.
+        """
         raw = self._raw_status()
         with self.lock:
             meta = self.replicated_state.meta
@@ -262,7 +290,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 "raft_last_applied": int(raw["last_applied"]),
                 "effective_machine_version": meta.effective_version,
                 "supported_machine_version": self.settings.supported_version,
-                "digest": self.replicated_state.digest(),
+                "digest": self.replicated_state.digest() if with_digest else None,
                 "leader": self.leader_id(),
                 "log_len": int(raw["log_len"]),
                 "has_quorum": bool(raw["has_quorum"]),

@@ -187,7 +187,7 @@ class NodeServer:
                 log.exception("periodic_failed")
 
     def _write_status(self) -> None:
-        status = {**self.status_extra(), **self.raft.status(), "pid": os.getpid()}
+        status = {**self.status_extra(), **self.raft.status(with_digest=False), "pid": os.getpid()}
         tmp = self.node_dir / "status.json.tmp"
         tmp.write_text(json.dumps(status, default=str) + "\n", encoding="utf-8")
         os.replace(tmp, self.node_dir / "status.json")
