@@ -73,7 +73,8 @@ class Checker:
                 peek.settled_held = sum(1 for i in ids if i in consumer.checked_out)
         elif isinstance(command, Credit):
             consumer = probe.find_consumer(queue, command.consumer_key)
-            if consumer is not None and consumer.credited:
+            # a cancelled consumer gets no new credit (the machine answers 0): not checked
+            if consumer is not None and consumer.credited and consumer.status != "cancelled":
                 peek.sender_delivery_count = consumer.delivery_count
         elif isinstance(command, Enqueue) and isinstance(command.enqueuer, str):
             expected = probe.enqueuer_next_seq(queue, command.enqueuer)

@@ -22,6 +22,8 @@ ApplyFn = Callable[[Meta, Command, State], tuple[Reply, list[Effect]]]
 UpgradeAt = int | Literal["random"] | None
 
 DIGEST_SAMPLE_ONE_IN = 16  # digest is costly: check "Error leaves the state unchanged" on a sample
+TIMER_SAMPLE_ONE_IN = 20  # the timer check works on a restored copy of the state
+TIMER_ROUNDS_MAX = 4  # a timeout can return expired messages: Expire is due in the next round
 VIOLATIONS_MAX = 20
 
 
@@ -120,9 +122,43 @@ def step(run: Run, generator: Generator, index: int) -> None:
     elif bad_input:
         found.append(("bad_input_accepted", f"expected an Error reply, got {reply!r}"))
     run.world.observe(command, reply, effects)
+    if run.rng.chance(1, TIMER_SAMPLE_ONE_IN):
+        found += check_timers(run, index)
     for invariant, detail in found:
         if invariant not in run.ignore:
             run.violations.append(Violation(index, repr(command), invariant, detail))
+
+
+def check_timers(run: Run, index: int) -> list[tuple[str, str]]:
+    """Timers converge: the leader submitting what is due, round after round, runs out of work.
+
+    Also `next_deadline_ms` is not later than a deadline that is already due. Runs on a copy.
+    """
+    due = fifo.due_commands(run.state, run.now_ms)
+    if not due:
+        return []
+    deadline = fifo.next_deadline_ms(run.state)
+    found: list[tuple[str, str]] = []
+    if deadline is None or deadline > run.now_ms:
+        found.append(("timer_deadline", f"{len(due)} commands due at {run.now_ms} but "
+                      f"next_deadline_ms is {deadline}"))
+    copy = fifo.restore(fifo.snapshot(run.state))
+    meta = Meta(index + 1, 1, run.now_ms, run.version)
+    for _ in range(TIMER_ROUNDS_MAX):
+        before = fifo.digest(copy)
+        for command in due:
+            reply, _ = run.apply_fn(meta, command, copy)
+            if isinstance(reply, Error):
+                found.append(("timer_refused", f"due {command!r} got {reply!r}"))
+        again = fifo.due_commands(copy, run.now_ms)
+        if not again:
+            return found
+        if again == due and fifo.digest(copy) == before:
+            found.append(("timers_converge", f"{due!r} stays due and changes nothing"))
+            return found
+        due = again
+    found.append(("timers_converge", f"still due after {TIMER_ROUNDS_MAX} rounds: {due!r}"))
+    return found
 
 
 def upgrade(run: Run, index: int) -> None:
