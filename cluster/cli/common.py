@@ -58,7 +58,7 @@ def translate_errors(func: Callable[P, R]) -> Callable[P, R]:
         except Unavailable as err:
             raise CliError(f"cluster unavailable: {err}", UNAVAILABLE) from err
         except CommandRefused as err:
-            raise CliError(f"refused: {err}", DATA) from err
+            raise CliError(f"refused ({err.code}): {err.message}", DATA) from err
         except ConfigError as err:
             code = NO_INPUT if "not found" in str(err) else CONFIG
             raise CliError(str(err), code) from err

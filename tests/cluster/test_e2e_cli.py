@@ -96,6 +96,9 @@ def test_wrong_credentials_exit_77_with_a_clear_message(data_dir: Path, tmp_path
         "--endpoints", str(endpoint), "--credentials", f"{d}/client.key", "queue", "list"
     )
     assert right.returncode == 0
+    unknown = quorumq("--data-dir", d, "queue", "purge", "nope", check=False)
+    assert unknown.returncode == 65
+    assert "unknown_queue" in unknown.stderr
 
 
 def test_cluster_start_refuses_a_running_cluster_and_restarts_a_stopped_one(data_dir: Path) -> None:
