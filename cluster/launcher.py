@@ -324,6 +324,9 @@ def start_cluster(
             max_machine_version=max_machine_version,
             fsync=fsync or "batch",
         )
+    if max_machine_version is not None:  # a restart with a new cap keeps it for later starts
+        for node in config.nodes:
+            set_node_cap(data_dir, node.id, max_machine_version)
     for node in config.nodes:
         spawn_node(data_dir, node.id, max_machine_version)
     try:
