@@ -37,6 +37,9 @@ class NodeConfig:
     client_port: int
     data_dir: Path
     max_machine_version: int | None = None
+    # peer id -> "host:port" this node dials instead of the peer's raft address (a proxy, for
+    # chaos partitions); the peer keeps its raft address as its identity
+    peer_addresses: dict[str, str] = field(default_factory=dict)
 
     @property
     def raft_address(self) -> str:
@@ -119,6 +122,11 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         raise ConfigError(f"{path}: max_machine_version must be a positive integer")
     node_id = _typed(item, "id", str, path, None)
+    peers = item.get("peer_addresses", {})
+    if not isinstance(peers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and ":" in v for k, v in peers.items()
+    ):
+        raise ConfigError(f"{path}: peer_addresses must map peer ids to 'host:port' strings")
     return NodeConfig(
         id=node_id,
         host=_typed(item, "host", str, path, "127.0.0.1"),
@@ -126,6 +134,7 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
         client_port=_port(item, "client_port", path),
         data_dir=Path(data_dir) if data_dir else path.parent / node_id,
         max_machine_version=cap,
+        peer_addresses=dict(peers),
     )
 
 
@@ -164,6 +173,11 @@ def dumps(config: ClusterConfig) -> str:
         ]
         if node.max_machine_version is not None:
             lines.append(f"max_machine_version = {node.max_machine_version}")
+        if node.peer_addresses:
+            pairs = ", ".join(
+                f"{_toml_str(k)} = {_toml_str(v)}" for k, v in sorted(node.peer_addresses.items())
+            )
+            lines.append(f"peer_addresses = {{ {pairs} }}")
     return "\n".join(lines) + "\n"
 
 

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import cbor2
 import structlog
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as monotonic_time
+from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjExceptionWrongVer
 
 from raft import durability, safe_pickle
@@ -55,6 +56,7 @@ class RaftSettings:
     heartbeat_ms: int = 50
     compaction_min_entries: int = 5000
     compaction_min_time_s: int = 300
+    peer_dial: dict[str, str] = field(default_factory=dict)  # node id -> address to dial
 
     @property
     def journal_file(self) -> str:
@@ -68,6 +70,26 @@ class RaftSettings:
 
 
 OutcomeListener = Callable[[Outcome], None]
+
+
+class DialedTCPNode(TCPNode):  # type: ignore[misc]
+    """A peer known by its raft address (its identity) but dialed at `dial` (e.g. a proxy)."""
+
+    def __init__(self, address: str, dial: str) -> None:
+        super().__init__(address)
+        host, port = dial.rsplit(":", 1)
+        self._dial = (host, int(port))
+        self._proxied = dial != address
+
+    @property
+    def ip(self) -> Any:
+        """The address to connect to (resolved like TCPNode when not proxied)."""
+        return self._dial[0] if self._proxied else super().ip
+
+    @property
+    def port(self) -> int:
+        """The port to connect to."""
+        return self._dial[1]
 
 
 class RaftNode(SyncObj):  # type: ignore[misc]
@@ -112,7 +134,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             commandsWaitLeader=True,
             dynamicMembershipChange=False,
         )
-        super().__init__(settings.address, list(settings.peers.values()), conf)
+        peers = [
+            DialedTCPNode(address, settings.peer_dial.get(node_id, address))
+            for node_id, address in settings.peers.items()
+        ]
+        super().__init__(settings.address, peers, conf)
         # pysyncobj compares Node objects, not address strings
         self._peer_nodes = {self._address_to_id[node.id]: node for node in self.otherNodes}
         self.addOnTickCallback(self._guard_leadership)

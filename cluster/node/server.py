@@ -82,6 +82,7 @@ class NodeServer:
             incarnation=incarnation,
             fsync=cluster.fsync,
             bind_host=cluster.bind,
+            peer_dial={peer: dial for peer, dial in node.peer_addresses.items() if peer != node.id},
         )
         self.raft: RaftNode
         self.committer: GroupCommitter

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import stat
 from pathlib import Path
 
@@ -25,6 +26,15 @@ def test_config_round_trips_through_toml(tmp_path: Path) -> None:
     cfg = _sample(tmp_path)
     config.write(tmp_path, cfg)
     assert config.load(tmp_path) == cfg
+
+
+def test_peer_addresses_round_trip(tmp_path: Path) -> None:
+    """Per-node peer dial addresses (chaos proxies) survive write and load."""
+    cfg = _sample(tmp_path)
+    first = dataclasses.replace(cfg.nodes[0], peer_addresses={"n2": "127.0.0.1:9", "n3": "h:10"})
+    cfg = dataclasses.replace(cfg, nodes=(first, *cfg.nodes[1:]))
+    config.write(tmp_path, cfg)
+    assert config.load(tmp_path).nodes[0].peer_addresses == {"n2": "127.0.0.1:9", "n3": "h:10"}
 
 
 def test_invalid_config_is_a_config_error(tmp_path: Path) -> None:
