@@ -196,6 +196,8 @@ class NodeServer:
     async def _hello(self) -> None:
         """Record, through the log, the machine version this node's code supports."""
         while True:
+            if self.raft.stopped_reason is not None:
+                return  # older code than the log needs: a hello would only be refused again
             done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             now = self.raft.now_ms()
 

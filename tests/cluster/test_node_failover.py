@@ -61,6 +61,8 @@ def test_a_restarted_follower_catches_up_from_journal_and_dump(cluster3: LocalCl
     statuses = cluster3.converged()
     assert {s["digest"] for s in statuses.values() if s} == {statuses[leader]["digest"]}
     client.close()
+    assert cluster3.terminate(follower) == 0  # SIGTERM: a clean exit, the pid file removed
+    assert not (cluster3.data_dir / follower / "node.pid").exists()
 
 
 def test_effects_replayed_after_a_restart_are_not_resent_and_messages_return(
