@@ -215,6 +215,8 @@ class Client:
     def _connect_any(self, endpoints: list[str], deadline: float) -> Connection:
         errors: list[str] = []
         while True:
+            if self._closed:
+                raise ClientClosed("the client was closed")
             for address in endpoints:
                 try:
                     return Connection(address, self._client_key, self.name, self.connect_timeout_s)
@@ -227,14 +229,21 @@ class Client:
                 raise Unavailable(f"no quorumq node reachable ({tried})")
             time.sleep(0.1)
 
-    def _attach(self, conn: Connection) -> None:
+    def _attach(self, conn: Connection) -> list[_Request]:
+        """Make `conn` current; returns the requests in flight at that moment, to resend.
+
+        Both happen under the lock, so a request submitted meanwhile is either in the list or
+        sent by `submit` on the new connection, never neither.
+        """
         for address in conn.endpoints.values():
             if address not in self._endpoints:
                 self._endpoints.append(address)
         with self._lock:
             self._conn = conn
+            pending = list(self._inflight.values())
             self._connected.notify_all()
         conn.start(self._on_frames, self._on_close)
+        return pending
 
     def _on_close(self, conn: Connection, error: BaseException | None) -> None:
         with self._lock:
@@ -262,9 +271,8 @@ class Client:
                 conn.close(by_us=True)
                 return
             self.reconnects += 1
-            pending = list(self._inflight.values())
+            pending = self._attach(conn)
         log.info("reconnected", node=conn.node, resend=len(pending))
-        self._attach(conn)
         for request in pending:
             request.sent_at = time.monotonic()
         self._send([request.frame for request in pending])
