@@ -197,6 +197,8 @@ def _print_report(ctx: click.Context, report: DryRunReport) -> None:
     first = next((s.differences[0] for s in report.splits if s.differences), None)
     if first is not None:
         click.echo(f"{differing} differing replies in all; first: {first}")
+    if all(split.status == "skipped" for split in report.splits):
+        click.echo(f"every split point is skipped: this log already runs v{report.to_version}")
     verdict = "SAFE" if report.safe else "UNSAFE"
     digest = report.baseline_digest[:12]
     click.echo(f"{verdict}: upgrade to v{report.to_version} (baseline digest {digest})")
