@@ -1011,7 +1011,7 @@ class QueueMachineV1:
                 if not q.config.single_active_consumer:
                     status: Any = "timeout" if c.timed_out else "up"
                     ctx.effects.append(
-                        ConsumerUpdate(c.connection, q.name, c.tag, c.key, True, status)
+                        ConsumerUpdate(c.connection, q.name, c.tag, c.key, not c.timed_out, status)
                     )
                 self.service_add(q, c)
         self.after_change(ctx, q)
