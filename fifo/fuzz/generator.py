@@ -93,6 +93,11 @@ class Generator:
     def __init__(self, rng: SplitMix64, world: World) -> None:
         self.rng = rng
         self.world = world
+        # A per-seed flavour scales some weights, so seeds differ in what they stress
+        # (churn of consumers, connection faults, config changes) rather than all being average.
+        self.consumer_churn = rng.between(1, 4)
+        self.faults = rng.between(1, 4)
+        self.reconfig = rng.between(1, 3)
 
     def next_command(self) -> tuple[Command, bool]:
         """The next command, and whether it is deliberately bad input (expects an Error)."""
@@ -102,14 +107,14 @@ class Generator:
         table: list[tuple[int, Callable[[], Command]]] = [
             (20, self.enqueue),
             (40 if world.pending else 0, self.outcome),
-            (3, self.checkout),
+            (1 + 2 * self.consumer_churn, self.checkout),
             (4 if any(s.credited for s in world.consumers.values()) else 0, self.credit),
-            (2 if world.consumers else 0, self.cancel_or_remove),
+            (self.consumer_churn if world.consumers else 0, self.cancel_or_remove),
             (1, self.dequeue),
-            (1, self.connection_down),
-            (1, self.node_down_or_up),
+            (self.faults, self.connection_down),
+            (self.faults, self.node_down_or_up),
             (1, self.purge),
-            (1, self.update_config),
+            (self.reconfig, self.update_config),
             (1, self.declare),
             (1, self.delete),
             (1, self.register_enqueuer),

@@ -47,7 +47,7 @@ def test_random_upgrade_point_holds_every_invariant(seed: int) -> None:
 
 def test_generated_logs_exercise_the_whole_command_set() -> None:
     """A long v2 run uses every command kind and really delivers and settles messages."""
-    result = fifo.fuzz.run(11, 3000, 2)
+    result = fifo.fuzz.run(13, 3000, 2)
     assert result.violations == [], describe(result)
     expected = {"DeclareQueue", "DeleteQueue", "UpdateConfig", "Enqueue", "RegisterEnqueuer",
                 "Checkout", "Settle", "Return", "Discard", "Modify", "Credit", "RenewLocks",
