@@ -124,9 +124,10 @@ def _publish(
 def _publish_with_progress(
     publisher: Publisher, items: Iterator[bytes], count: int, ttl_ms: int | None
 ) -> None:
+    from rich.console import Console
     from rich.progress import Progress
 
-    with Progress(transient=True, console=None) as progress:
+    with Progress(transient=True, console=Console(stderr=True)) as progress:
         task = progress.add_task("publishing", total=count)
         chunk: list[bytes] = []
         for body in items:
