@@ -69,6 +69,7 @@ class GroupCommitter:
         self.timeout_s = timeout_s
         self._buffer: list[bytes] = []
         self._sinks: list[Sink] = []
+        self._decoded: list[Any] = []
         self._bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._pending: dict[int, _Batch] = {}
@@ -79,10 +80,15 @@ class GroupCommitter:
     def _origin(self, batch_id: int) -> Origin:
         return (self.node.settings.node_id, self.node.settings.incarnation, batch_id)
 
-    def submit(self, command_blob: bytes, sink: Sink) -> None:
-        """Queue one encoded command (loop thread); the sink gets its reply later."""
+    def submit(self, command_blob: bytes, sink: Sink, decoded: Any = None) -> None:
+        """Queue one encoded command (loop thread); the sink gets its reply later.
+
+        `decoded` is the command object the blob encodes, if the caller has it: this node's
+        apply then skips decoding it again.
+        """
         self._buffer.append(command_blob)
         self._sinks.append(sink)
+        self._decoded.append(decoded)
         self._bytes += len(command_blob)
         if len(self._buffer) >= self.count_max or self._bytes >= self.bytes_max:
             self.flush()
@@ -96,9 +102,11 @@ class GroupCommitter:
             self._timer = None
         if not self._buffer:
             return
-        cmds, sinks = tuple(self._buffer), self._sinks
-        self._buffer, self._sinks, self._bytes = [], [], 0
+        cmds, sinks, decoded = tuple(self._buffer), self._sinks, self._decoded
+        self._buffer, self._sinks, self._decoded, self._bytes = [], [], [], 0
         batch_id = next(self._ids)
+        if all(d is not None for d in decoded):
+            self.node.decoded_cache[batch_id] = tuple(decoded)
         entry = Entry("cmds", self.node.now_ms(), self._origin(batch_id), cmds=cmds)
         self._send(batch_id, entry, sinks)
         self.commands_submitted += len(cmds)
@@ -137,6 +145,7 @@ class GroupCommitter:
 
     def fail(self, batch_id: int, error: SubmitError) -> None:
         """Fail every command of a batch that will not be answered."""
+        self.node.decoded_cache.pop(batch_id, None)
         batch = self._pending.pop(batch_id, None)
         if batch is not None:
             for sink in batch.sinks:

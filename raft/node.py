@@ -106,6 +106,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self.replicated_state = ReplicatedState([settings.node_id, *settings.peers])
         self.stopped_reason: str | None = None
         self._defer_send = False
+        # batch id -> the decoded commands of an entry this node submitted (skips a decode)
+        self.decoded_cache: dict[int, tuple[Any, ...]] = {}
         self._send_pending = False
         self._on_outcome = on_outcome
         self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
@@ -165,9 +167,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         except EntryError as err:
             log.error("entry_undecodable", index=index, error=str(err))
             return Outcome(index, None, [], [])
+        decoded = None
+        origin = entry.origin
+        if origin is not None and origin[:2] == (self.settings.node_id, self.settings.incarnation):
+            decoded = self.decoded_cache.pop(origin[2], None)
         try:
             outcome = self.replicated_state.apply_entry(
-                index, self._entry_term(index), entry, self.settings.supported_version
+                index, self._entry_term(index), entry, self.settings.supported_version, decoded
             )
         except VersionTooOldError as err:
             self.stopped_reason = str(err)

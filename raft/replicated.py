@@ -114,15 +114,25 @@ class ReplicatedState:
 
     # --- apply -------------------------------------------------------------------------------
 
-    def apply_entry(self, index: int, term: int, entry: Entry, supported: int) -> Outcome:
+    def apply_entry(
+        self,
+        index: int,
+        term: int,
+        entry: Entry,
+        supported: int,
+        decoded: tuple[Any, ...] | None = None,
+    ) -> Outcome:
         """Apply one decoded entry at log `index`; VersionTooOldError before any change if this
-        node's code (`supported`) cannot apply it."""
+        node's code (`supported`) cannot apply it. `decoded`: the entry's commands already
+        decoded by the submitter (must equal `fifo.decode` of each blob)."""
         self._check_version(entry, index, supported)
         now = max(self.meta.last_time_ms, entry.ts_ms)
         self.meta.last_time_ms = now
         self.meta.last_index = index
         outcome = Outcome(index, entry.origin, [], [])
-        if entry.kind == "cmds":
+        if entry.kind == "cmds" and decoded is not None and len(decoded) == len(entry.cmds):
+            self._apply_commands(index, term, now, list(decoded), outcome)
+        elif entry.kind == "cmds":
             commands: list[Any] = []
             for blob in entry.cmds:
                 try:
