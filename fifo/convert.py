@@ -6,7 +6,7 @@ from fifo.codec import restore, snapshot
 from fifo.errors import UnsupportedVersionError
 from fifo.meta import Meta
 from fifo.state import State
-from fifo.v1.machine import Ctx
+from fifo.v1.core import Ctx
 from fifo.v2.machine import QueueMachineV2, waiting_order
 
 _V2 = QueueMachineV2()

@@ -22,7 +22,8 @@ from fifo.effects import Effect
 from fifo.meta import Meta
 from fifo.replies import DeclareOk, DeleteOk, Error, Reply
 from fifo.state import Queue, State
-from fifo.v1.machine import OK, Ctx, QueueMachineV1, invalid
+from fifo.v1.core import OK, Ctx, invalid
+from fifo.v1.machine import QueueMachineV1
 
 
 class Machine:

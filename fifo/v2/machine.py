@@ -25,7 +25,8 @@ from fifo.commands import (
 from fifo.effects import ConsumerCancelled, ConsumerUpdate, Released
 from fifo.replies import CancelOk, Reply
 from fifo.state import Consumer, Message, Queue
-from fifo.v1.machine import OK, Ctx, QueueMachineV1, invalid, unknown_consumer
+from fifo.v1.core import OK, Ctx, invalid, unknown_consumer
+from fifo.v1.machine import QueueMachineV1
 
 
 def waiting_order(c: Consumer) -> tuple[int, int, int, int]:
