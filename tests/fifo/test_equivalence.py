@@ -42,7 +42,7 @@ def conserved(state: State) -> dict[str, tuple[int, int, int, int]]:
     return out
 
 
-@fifo_settings(4)
+@fifo_settings(8)
 @given(seed=st.integers(0, 2**32 - 1), version=st.sampled_from(fifo.SUPPORTED_VERSIONS))
 def test_snapshot_at_every_prefix_then_replay_equals_full_replay(seed: int, version: int) -> None:
     """For every prefix: restore(snapshot(prefix state)) + the rest of the log == the full log."""
@@ -89,7 +89,7 @@ def test_same_log_gives_same_digest_under_different_hash_seeds() -> None:
         assert replayed == fuzzed == fifo.fuzz.run(21, 1500, version).digest
 
 
-@fifo_settings(4)
+@fifo_settings(8)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_upgrade_at_every_split_point_keeps_counters_and_runs_on(seed: int) -> None:
     """v1 prefix, convert, v2 suffix: counters survive and v2 refuses nothing v1 accepted."""

@@ -2,11 +2,10 @@
 
 A test marked xfail(strict=True) documents a machine bug that is not fixed yet: when the fix
 lands it starts passing, strict xfail turns that into a failure, and the marker must go.
+Fixed ones stay as plain regression tests.
 """
 
 from __future__ import annotations
-
-import pytest
 
 import fifo
 from fifo.commands import (
@@ -50,19 +49,16 @@ def sac_v1_then_upgrade() -> State:
     return fifo.convert(state, 1, 2, Meta(4, 1, 1_004, 2))
 
 
-@pytest.mark.xfail(strict=True, reason="machine bug: convert_v1_to_v2 keeps the v1 SAC active "
-                   "consumer although a waiting one has a higher priority (v2 takeover rule)")
 def test_upgrade_applies_sac_priority_takeover() -> None:
     """Found by `quorumq fuzz --seed 12 --steps 2000 --machine-version 1 --upgrade-at random`:
-    right after the conversion, an idle lower-priority active consumer blocks a higher one."""
+    right after the conversion, an idle lower-priority active consumer blocked a higher one
+    (fixed in 1bc3932: convert_v1_to_v2 applies the v2 takeover rule)."""
     state = sac_v1_then_upgrade()
     assert [i for i, _ in check_state(state, {})] == []
 
 
-@pytest.mark.xfail(strict=True, reason="machine bug: after convert_v1_to_v2 an Enqueue delivers "
-                   "to the lower-priority v1 active consumer; a fresh v2 queue delivers to `high`")
 def test_first_message_after_upgrade_goes_to_the_higher_priority_consumer() -> None:
-    """The same scenario, as a client sees it: the next message goes to `low`, not `high`."""
+    """The same scenario, as a client sees it: the next message went to `low`, not `high`."""
     state = sac_v1_then_upgrade()
     effects = apply_all(state, 2, [Enqueue("q", b"m")], first=5)
     assert [e.tag for e in effects if isinstance(e, Deliver)] == ["high"]
