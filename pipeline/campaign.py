@@ -46,7 +46,11 @@ def default_partitions(spark: SparkSession, seeds: int) -> int:
 def execute(
     spark: SparkSession, campaign: Campaign, out_dir: Path, progress: TextIO | None = None
 ) -> dict[str, Any]:
-    """Run `campaign` on `spark`, write its outputs under `out_dir` and return the summary."""
+    """Run `campaign` on `spark`, write its outputs under `out_dir` and return the summary.
+
+    The executors write the Parquet rows, so on a real cluster `out_dir` must be a shared path;
+    the driver writes summary.json and the plot from small collected aggregates.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     seeds = seed_frame(spark, campaign.first_seed, campaign.seeds, campaign.partitions)
     # Persisted so that the aggregates below read the rows instead of fuzzing every seed again.
@@ -56,6 +60,8 @@ def execute(
         with report_progress(spark, "fuzz", progress):
             results.write.mode("overwrite").parquet(str(out_dir / PARQUET_NAME))
         elapsed_s = time.perf_counter() - started
+        if progress is not None:
+            print(f"fuzz: {campaign.seeds} seeds done in {elapsed_s:.1f} s", file=progress)
         counts = totals(results).first()
         failing = failures(results).limit(FAILING_SEEDS_MAX + 1).collect()
         profile = upgrade_profile(results).collect()
