@@ -103,12 +103,14 @@ def recovery(
     windows: Sequence[Window],
     grace_s: float = 5.0,
     next_start_s: float | None = None,
+    slack_s: float = 1.0,
 ) -> tuple[float, float]:
     """(recovery time, total unavailable time) attributed to `fault`, in seconds.
 
-    Windows that start at or after `next_start_s` (the next fault's start) belong to that one.
+    A window starts at the last confirm before a stall, a little before the fault that caused
+    it: windows starting within `slack_s` of `next_start_s` (or later) belong to the next fault.
     """
-    until_s = fault.end_s + grace_s if next_start_s is None else next_start_s
+    until_s = fault.end_s + grace_s if next_start_s is None else next_start_s - slack_s
     mine = [
         w
         for w in windows

@@ -77,7 +77,11 @@ class _Stage:
     proxy_bytes: dict[str, int] | None = None  # bytes through each link proxy (None: no mesh)
 
 
-def run(params: RunParams) -> dict[str, Any]:
+# Called in its own thread while the workload runs: an extra actor (tests use it to sabotage).
+DuringHook = Callable[[LauncherCluster, Recorder], None]
+
+
+def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     """Run the whole experiment and return the report (also written to out_dir)."""
     out_dir = params.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +102,8 @@ def run(params: RunParams) -> dict[str, Any]:
         launcher.wait_for_leader(cluster.config, cluster.key, params.leader_timeout_s)
         _declare_queues(cluster, params.workload.queues)
         schedule = make_schedule(kinds, params.duration_s, params.seed, params.schedule)
+        if during is not None:
+            threading.Thread(target=during, args=(cluster, recorder), daemon=True).start()
         workload_end_s = _run_workload(params, cluster, recorder, nemesis, schedule, stage)
         _recover(params, cluster, nemesis, recorder, stage)
         _drain(params, cluster, recorder, stage)
@@ -300,8 +306,10 @@ def _report(
         for r in nemesis.records
     ]
     faults = []
-    next_starts = [w.start_s for w in fault_windows[1:]] + [None]
-    for record, window, next_start in zip(nemesis.records, fault_windows, next_starts, strict=True):
+    for index, (record, window) in enumerate(zip(nemesis.records, fault_windows, strict=True)):
+        # the next fault's start bounds what this one is blamed for
+        later = fault_windows[index + 1 :]
+        next_start = later[0].start_s if later else None
         recovery_s, unavailable_s = availability.recovery(window, windows, next_start_s=next_start)
         faults.append(
             {

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from cluster.chaos.history import read_history
+from cluster.chaos.control import LauncherCluster
+from cluster.chaos.history import Recorder, read_history
 from cluster.chaos.nemesis import ScheduleParams
 from cluster.chaos.run import RunParams, run
 from cluster.chaos.workload import WorkloadParams
+from cluster.client import Client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -28,9 +31,9 @@ def test_kill_and_pause_lose_nothing_and_replicas_agree_after_the_drain(tmp_path
         ),
     )
     report = run(params)
-    assert {fault["kind"] for fault in report["faults"]} == {"kill", "pause"}
-    assert all(not fault["errors"] for fault in report["faults"])
-    assert report["operations"]["publish"]["ok"] > 100
+    assert {fault["kind"] for fault in report["faults"]} == {"kill", "pause"}, report["faults"]
+    assert all(not fault["errors"] for fault in report["faults"]), report["faults"]
+    assert report["operations"]["publish"]["ok"] > 100, report["operations"]
     assert report["lost"] == 0, report["checker"]["lost"][:20]
     assert report["unexpected"] == 0, report["checker"]["unexpected"][:20]
     assert report["replicas"]["digests_equal"], report["replicas"]
@@ -39,3 +42,30 @@ def test_kill_and_pause_lose_nothing_and_replicas_agree_after_the_drain(tmp_path
     history = read_history(tmp_path / "history.jsonl")
     assert sum(1 for e in history if e.f == "fault" and e.type == "invoke") == len(report["faults"])
     assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.timeout(240)
+def test_a_purge_during_the_run_is_reported_as_lost(tmp_path: Path) -> None:
+    """Negative control: purging confirmed messages mid-run makes the harness report them lost."""
+
+    def purge_midway(cluster: LauncherCluster, recorder: Recorder) -> None:
+        while recorder.now_ns() < 6 * 10**9:
+            time.sleep(0.1)
+        with Client(list(cluster.endpoints().values()), cluster.key, name="saboteur") as client:
+            purged.append(client.purge_queue("chaos-2").count)
+
+    purged: list[int] = []
+    params = RunParams(
+        duration_s=12.0,
+        faults=(),
+        seed=1,
+        out_dir=tmp_path,
+        # producer 1 feeds chaos-2, which has no consumer until the drain: the purge takes
+        # every message confirmed there so far
+        workload=WorkloadParams(producers=2, consumers=1, queues=("chaos-1", "chaos-2")),
+    )
+    report = run(params, during=purge_midway)
+    assert purged and purged[0] > 0
+    assert report["lost"] == purged[0]
+    assert not report["valid"]
+    assert report["unexpected"] == 0
