@@ -230,6 +230,7 @@ def node_status(node: NodeConfig, key: bytes, timeout_s: float = 2.0) -> dict[st
             [node.client_address],
             key,
             reconnect=False,
+            prefer_leader=False,
             connect_timeout_s=timeout_s,
             connect_retry_s=0.0,
             request_timeout_s=timeout_s,
@@ -379,6 +380,7 @@ class LocalCluster:
         """A client that connects to `node_id` first (`only`: to it alone, no reconnect)."""
         endpoints = list(self.config.endpoints().values())
         if node_id is not None:
+            kwargs.setdefault("prefer_leader", False)  # the caller chose this node
             first = self.endpoint(node_id)
             endpoints = [first] if only else [first] + [e for e in endpoints if e != first]
         if only:

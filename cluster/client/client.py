@@ -98,7 +98,8 @@ class Client:
     `connect_timeout_s` bounds one connection attempt, `connect_retry_s` how long the first
     connect keeps trying (default: `connect_timeout_s`; the cluster may still be starting),
     `reconnect_timeout_s` how long a reconnect keeps trying, `silence_timeout_s` how long a node
-    may stay silent while requests wait before the client moves to another one.
+    may stay silent while requests wait before the client moves to another one. With
+    `prefer_leader`, the first connection moves to the leader the node names (saving a hop).
 
     Example: `with Client.from_data_dir(Path("D")) as client: client.declare_queue("jobs")`.
     """
@@ -115,6 +116,7 @@ class Client:
         reconnect: bool = True,
         silence_timeout_s: float = 5.0,
         connect_retry_s: float | None = None,
+        prefer_leader: bool = True,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one endpoint host:port is required")
@@ -139,8 +141,10 @@ class Client:
         self._connected = threading.Condition(self._lock)
         self.reconnects = 0
         self._unavailable_since = 0.0  # first of an unbroken run of retryable errors
+        self.prefer_leader = prefer_leader
         retry_s = connect_timeout_s if connect_retry_s is None else connect_retry_s
-        self._attach(self._connect_any(self._endpoints, deadline=time.monotonic() + retry_s))
+        first = self._connect_any(self._endpoints, deadline=time.monotonic() + retry_s)
+        self._attach(self._leader_instead(first) if prefer_leader else first)
         self._ticker = threading.Thread(target=self._tick_loop, name="qq-ticker", daemon=True)
         self._ticker.start()
 
@@ -228,6 +232,22 @@ class Client:
                 tried = "; ".join(errors[-len(endpoints) :])
                 raise Unavailable(f"no quorumq node reachable ({tried})")
             time.sleep(0.1)
+
+    def _leader_instead(self, conn: Connection) -> Connection:
+        """A connection to the leader the node named, if it differs and answers; else `conn`.
+
+        Commands reach the log through the leader anyway; going there directly saves the
+        forwarding hop. Any failure keeps the connection we have.
+        """
+        address = conn.endpoints.get(conn.leader or "")
+        if not address or conn.leader == conn.node:
+            return conn
+        try:
+            leader = Connection(address, self._client_key, self.name, self.connect_timeout_s)
+        except (OSError, ClusterError, ValueError):
+            return conn
+        conn.close(by_us=True)
+        return leader
 
     def _attach(self, conn: Connection) -> list[_Request]:
         """Make `conn` current; returns the requests in flight at that moment, to resend.
