@@ -17,12 +17,23 @@ from fifo.commands import (
     DeleteQueue,
     Dequeue,
     Enqueue,
+    RegisterEnqueuer,
+    RenewLocks,
     Settle,
 )
-from fifo.effects import CreditReply, DeadLettered, Deliver, Effect
+from fifo.effects import CreditReply, DeadLettered, Deliver, Effect, QueueStatus
 from fifo.fuzz import probe
 from fifo.fuzz.generator import body_number
-from fifo.replies import DeleteOk, DequeueOk, Error, NotEnqueued, Ok, PurgeOk, Reply
+from fifo.replies import (
+    DeleteOk,
+    DequeueOk,
+    Error,
+    NotEnqueued,
+    Ok,
+    PurgeOk,
+    RejectPublish,
+    Reply,
+)
 from fifo.state import State
 
 Found = tuple[str, str]  # (invariant, detail)
@@ -53,6 +64,7 @@ class Checker:
 
     ledgers: dict[str, Ledger] = field(default_factory=dict)
     last_number: dict[tuple[str, ConsumerId], int] = field(default_factory=dict)
+    blocked: dict[tuple[str, str], bool] = field(default_factory=dict)  # told reject_publish
     deliveries: int = 0
 
     def ledger(self, queue: str) -> Ledger:
@@ -91,6 +103,10 @@ class Checker:
         found += self._account_effects(state, command, effects)
         if isinstance(command, Credit) and not isinstance(reply, Error):
             found += check_credit_reply(command, effects, peek)
+        if isinstance(command, RenewLocks) and not isinstance(reply, Error):
+            found += _check_renewed(state, command)
+        if isinstance(command, RegisterEnqueuer) and isinstance(reply, RejectPublish):
+            self.blocked[(command.queue, command.enqueuer)] = True  # told by the reply
         found += check_state(state, self.ledgers)
         return found
 
@@ -103,6 +119,8 @@ class Checker:
                 found.append(("delete_count", f"DeleteOk({reply.messages}) but total was "
                               f"{peek.total_before}"))
             self.ledgers.pop(command.queue, None)
+            for key in [k for k in self.blocked if k[0] == command.queue]:
+                del self.blocked[key]
         elif isinstance(command, Enqueue):
             found += self._account_enqueue(command, reply, peek)
         elif isinstance(command, Settle):
@@ -145,7 +163,20 @@ class Checker:
             elif isinstance(effect, Deliver):
                 found += self._check_order(effect)
                 found += _check_recipient(state, effect)
+            elif isinstance(effect, QueueStatus):
+                found += self._check_queue_status(effect)
         return found
+
+    def _check_queue_status(self, effect: QueueStatus) -> list[Found]:
+        """reject_publish and go alternate per enqueuer, starting with reject_publish."""
+        key = (effect.queue, effect.enqueuer)
+        blocked = effect.status == "reject_publish"
+        if self.blocked.get(key, False) == blocked:
+            return [("queue_status", f"{effect.queue}/{effect.enqueuer} told {effect.status} "
+                     f"twice in a row" if blocked or key in self.blocked else
+                     f"{effect.queue}/{effect.enqueuer} told go without a reject_publish")]
+        self.blocked[key] = blocked
+        return []
 
     def _check_order(self, effect: Deliver) -> list[Found]:
         """Per consumer, first deliveries arrive in enqueue order; only redeliveries go back.
@@ -335,3 +366,19 @@ def check_credit_reply(command: Credit, effects: list[Effect], peek: Peek) -> li
                       f"{reply.delivery_count}/{reply.credit}, expected {want[0]}/{want[1]} "
                       f"(sender was at {sender}, delivered {count})"))
     return found
+
+
+def _check_renewed(state: State, command: RenewLocks) -> list[Found]:
+    """After RenewLocks at time T, each named lock still held expires at T + the timeout."""
+    queue = probe.queue(state, command.queue) if isinstance(command.queue, str) else None
+    consumer = None if queue is None else probe.find_consumer(queue, command.consumer_key)
+    if consumer is None or not isinstance(command.msg_ids, tuple):
+        return []
+    want = state.last_time + consumer.timeout_ms
+    stale = [i for i in command.msg_ids
+             if isinstance(i, int) and i in consumer.checked_out
+             and consumer.checked_out[i].lock != want]
+    if stale:
+        return [("renew_locks", f"{command.queue}/{consumer.tag}: ids {stale} not renewed to "
+                 f"{want}")]
+    return []
