@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, settings
 
 from fifo.commands import ConnectionId, ConsumerId
 
+SERIAL = 1 << 32
+
 
 class ModelMismatch(AssertionError):
     """The machine did something the model says it must not."""
@@ -22,18 +24,20 @@ class ModelMismatch(AssertionError):
 
 @dataclass
 class ModelConsumer:
-    """A simple_prefetch consumer as the model sees it."""
+    """A simple_prefetch or credited consumer as the model sees it."""
 
     cid: ConsumerId
-    prefetch: int
+    prefetch: int  # 0 for a credited consumer
     credit: int
     status: str = "up"  # up | cancelled | suspected
+    credited: bool = False
+    delivery_count: int = 0  # the sender's, 32-bit serial
     held: dict[int, bytes] = field(default_factory=dict)  # msg id -> body
 
 
 @dataclass
 class QueueModel:
-    """One queue with competing simple_prefetch consumers, no limits, no dead-letter target."""
+    """One queue with competing consumers (simple_prefetch or credited), no limits, no DLX."""
 
     version: int
     ready: list[bytes] = field(default_factory=list)
@@ -82,6 +86,23 @@ class QueueModel:
         if existing.status == "cancelled":
             existing.status = "up"
 
+    def attach_credited(self, cid: ConsumerId, initial_delivery_count: int) -> None:
+        """A new credited consumer: no credit until the receiver grants some."""
+        self.consumers[cid] = ModelConsumer(cid, 0, 0, credited=True,
+                                            delivery_count=initial_delivery_count)
+
+    def grant_credit(self, cid: ConsumerId, credit: int, delivery_count: int) -> None:
+        """AMQP 1.0 flow: credit = receiver's delivery_count + credit - ours (RFC 1982)."""
+        consumer = self.consumers[cid]
+        link = (delivery_count + credit - consumer.delivery_count) % SERIAL
+        consumer.credit = max(0, link - SERIAL if link >= SERIAL // 2 else link)
+
+    def drain(self, cid: ConsumerId) -> None:
+        """After the deliveries of a drain: the rest of the credit is consumed."""
+        consumer = self.consumers[cid]
+        consumer.delivery_count = (consumer.delivery_count + consumer.credit) % SERIAL
+        consumer.credit = 0
+
     def deliver_batch(self, batch: list[tuple[ConsumerId, int, bytes, bool]]) -> None:
         """Check the deliveries of one command: the next k messages, in order per consumer.
 
@@ -114,6 +135,7 @@ class QueueModel:
             raise ModelMismatch(f"msg id {msg_id} reused for {cid.tag}")
         consumer.held[msg_id] = body
         consumer.credit -= 1
+        consumer.delivery_count = (consumer.delivery_count + 1) % SERIAL
 
     def settle(self, cid: ConsumerId, msg_ids: tuple[int, ...], outcome: str) -> None:
         """settle | return | discard of held ids (unknown ids are ignored, as in rabbit_fifo)."""
@@ -125,7 +147,8 @@ class QueueModel:
             body = consumer.held.pop(msg_id)
             if outcome == "return":
                 self.returns.append(body)
-        consumer.credit = min(consumer.prefetch, consumer.credit + len(done))
+        if not consumer.credited:  # settles never add link credit
+            consumer.credit = min(consumer.prefetch, consumer.credit + len(done))
         self._maybe_leave(consumer)
 
     def cancel(self, cid: ConsumerId) -> None:
@@ -143,7 +166,8 @@ class QueueModel:
                 # v1 returns at once; v2 does so only for a cancelled consumer (then it leaves)
                 self._return_all(consumer)
                 consumer.status = "suspected" if consumer.status == "up" else consumer.status
-                consumer.credit = consumer.prefetch
+                if not consumer.credited:
+                    consumer.credit = consumer.prefetch
                 self._maybe_leave(consumer)
             elif consumer.status == "up":
                 consumer.status = "suspected"

@@ -18,6 +18,8 @@ from fifo.commands import (
     ConnectionDown,
     ConnectionId,
     ConsumerId,
+    Credit,
+    Credited,
     DeclareQueue,
     Discard,
     Enqueue,
@@ -28,15 +30,17 @@ from fifo.commands import (
     Settle,
     SimplePrefetch,
 )
-from fifo.effects import Deliver, Effect
+from fifo.effects import CreditReply, Deliver, Effect
 from fifo.fuzz import probe
 from fifo.fuzz.invariants import Checker
 from fifo.meta import Meta
-from fifo.replies import Error, NotEnqueued, Ok, PurgeOk, Reply
+from fifo.replies import CheckoutOk, Error, NotEnqueued, Ok, PurgeOk, Reply
 from tests.fifo.model import QueueModel, fifo_settings
 
 QUEUE = "q"
 TAGS = ("c1", "c2", "c3")
+CREDITED_TAG = "k1"
+SERIAL = 1 << 32
 NODES = ("n1", "n2")
 PUBLISHER = ConnectionId("n3", 1, 99)  # never goes down: enqueuer dedup state stays
 
@@ -106,6 +110,35 @@ class FifoAgainstModel(RuleBasedStateMachine):
         self.model.checkout(cid, prefetch)
         reply, _ = self.apply(Checkout(QUEUE, cid, SimplePrefetch(prefetch)))
         assert not isinstance(reply, Error), reply
+
+    @rule(node=st.sampled_from(NODES),
+          initial=st.sampled_from((0, 5, SERIAL - 2)))
+    def attach_credited(self, node: str, initial: int) -> None:
+        """A credited consumer `k1` (at most one per node); it starts with no credit."""
+        cid = self.cid(CREDITED_TAG, node)
+        if node in self.suspected or cid in self.model.consumers:
+            return
+        self.model.attach_credited(cid, initial)
+        reply, _ = self.apply(Checkout(QUEUE, cid, Credited(initial)))
+        assert isinstance(reply, CheckoutOk) and reply.credit == 0, reply
+
+    @precondition(lambda self: any(c.credited for c in self.model.consumers.values()))
+    @rule(data=st.data(), credit=st.integers(0, 6), lag=st.sampled_from((0, 0, 1, 3)),
+          drain=st.booleans())
+    def grant_credit(self, data: st.DataObject, credit: int, lag: int, drain: bool) -> None:
+        """The receiver grants credit, maybe from a stale delivery count (messages in flight)."""
+        consumer = data.draw(st.sampled_from(
+            [c for c in self.model.consumers.values() if c.credited]))
+        receiver_count = (consumer.delivery_count - lag) % SERIAL
+        self.model.grant_credit(consumer.cid, credit, receiver_count)
+        reply, effects = self.apply(Credit(QUEUE, consumer.cid, credit, receiver_count, drain))
+        assert isinstance(reply, Ok), reply
+        if drain and consumer.cid in self.model.consumers:
+            self.model.drain(consumer.cid)
+        flows = [e for e in effects if isinstance(e, CreditReply)]
+        assert len(flows) == 1 and isinstance(effects[-1], CreditReply), effects
+        expected = (consumer.delivery_count, consumer.credit)
+        assert (flows[0].delivery_count, flows[0].credit) == expected, (flows[0], expected)
 
     @precondition(lambda self: self.model.checked_out_count() > 0)
     @rule(data=st.data(), outcome=st.sampled_from(("settle", "settle", "return", "discard")))
