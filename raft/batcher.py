@@ -1,9 +1,10 @@
 """Group commit: client commands arriving within a short window become one log entry.
 
 Runs on the node's asyncio loop. A batch is flushed when the window (1 ms) elapses, or when it
-reaches `count_max` commands or `bytes_max` bytes. Each command keeps its own reply sink; the
-sinks are resolved when the submitting node applies the entry (`resolve`, in log order), or
-failed with a SubmitError when pysyncobj reports a failure or the batch times out.
+reaches `count_max` commands or `bytes_max` bytes; with nothing in flight it is flushed at the end
+of the current loop iteration (no added latency for a lone command). Each command keeps its own
+reply sink; the sinks are resolved when the submitting node applies the entry (`resolve`, in log
+order), or failed with a SubmitError when pysyncobj reports a failure or the batch times out.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class GroupCommitter:
         self._sinks: list[Sink] = []
         self._decoded: list[Any] = []
         self._bytes = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._pending: dict[int, _Batch] = {}
         self._ids = itertools.count(1)
         self.entries_submitted = 0
@@ -92,6 +93,10 @@ class GroupCommitter:
         self._bytes += len(command_blob)
         if len(self._buffer) >= self.count_max or self._bytes >= self.bytes_max:
             self.flush()
+        elif self._timer is None and not self._pending:
+            # nothing in flight: go at the end of this loop iteration (a lone command waits for
+            # no window; commands read in the same iteration still share the entry)
+            self._timer = self.loop.call_soon(self.flush)
         elif self._timer is None:
             self._timer = self.loop.call_later(self.window_s, self.flush)
 

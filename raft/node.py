@@ -112,30 +112,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._on_outcome = on_outcome
         self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
         self._address_to_id[settings.address] = settings.node_id
-        low, high = settings.election_timeout_ms
-        conf = SyncObjConf(
-            password=settings.password,
-            bindAddress=f"{settings.bind_host}:{settings.address.rsplit(':', 1)[1]}",
-            journalFile=settings.journal_file,
-            fullDumpFile=settings.dump_file,
-            serializer=self._serialize_snapshot,
-            deserializer=self._deserialize_snapshot,
-            appendEntriesUseBatch=False,  # we group-commit ourselves; send at once
-            appendEntriesPeriod=settings.heartbeat_ms / 1000,
-            # larger than any entry (frames are at most 16 MiB): pysyncobj's chunked transfer
-            # of a single oversized entry miscounts its last chunk, so it must never be used
-            appendEntriesBatchSizeBytes=APPEND_ENTRIES_BYTES_MAX,
-            raftMinTimeout=low / 1000,
-            raftMaxTimeout=high / 1000,
-            leaderFallbackTimeout=2 * high / 1000,
-            connectionTimeout=max(0.5, 2 * high / 1000),
-            connectionRetryTime=0.3,
-            autoTickPeriod=0.02,
-            logCompactionMinEntries=settings.compaction_min_entries,
-            logCompactionMinTime=settings.compaction_min_time_s,
-            commandsWaitLeader=True,
-            dynamicMembershipChange=False,
-        )
+        conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
         peers = [
             DialedTCPNode(address, settings.peer_dial.get(node_id, address))
             for node_id, address in settings.peers.items()
@@ -343,3 +320,33 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def now_ms(self) -> int:
         """The submitter clock stamped into entries (wall clock, made monotonic in apply)."""
         return int(time.time() * 1000)
+
+
+def _syncobj_conf(
+    settings: RaftSettings, serializer: Callable[..., Any], deserializer: Callable[..., Any]
+) -> Any:
+    """pysyncobj's configuration: journal + CBOR dump always together, password, timeouts."""
+    low, high = settings.election_timeout_ms
+    return SyncObjConf(
+        password=settings.password,
+        bindAddress=f"{settings.bind_host}:{settings.address.rsplit(':', 1)[1]}",
+        journalFile=settings.journal_file,
+        fullDumpFile=settings.dump_file,
+        serializer=serializer,
+        deserializer=deserializer,
+        appendEntriesUseBatch=False,  # we group-commit ourselves; send at once
+        appendEntriesPeriod=settings.heartbeat_ms / 1000,
+        # larger than any entry (frames are at most 16 MiB): pysyncobj's chunked transfer
+        # of a single oversized entry miscounts its last chunk, so it must never be used
+        appendEntriesBatchSizeBytes=APPEND_ENTRIES_BYTES_MAX,
+        raftMinTimeout=low / 1000,
+        raftMaxTimeout=high / 1000,
+        leaderFallbackTimeout=2 * high / 1000,
+        connectionTimeout=max(0.5, 2 * high / 1000),
+        connectionRetryTime=0.3,
+        autoTickPeriod=0.02,
+        logCompactionMinEntries=settings.compaction_min_entries,
+        logCompactionMinTime=settings.compaction_min_time_s,
+        commandsWaitLeader=True,
+        dynamicMembershipChange=False,
+    )

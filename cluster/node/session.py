@@ -365,4 +365,4 @@ class ClientSession:
         log.info("client_disconnected", connection=self.connection.number)
         if self.used and not self.server.stopping and self._registered():
             down = ConnectionDown(self.connection, "normal")
-            self.server.committer.submit(fifo.encode(down), lambda _reply: None)
+            self.server.committer.submit(fifo.encode(down), lambda _reply: None, down)

@@ -84,7 +84,7 @@ class LeaderTimers:
             return
         self.submitted.append(command)
         log.info("timer_command", command=type(command).__name__, detail=repr(command)[:200])
-        self.committer.submit(blob, _ignore)
+        self.committer.submit(blob, _ignore, command)
 
     def _upgrade(self, target: int) -> None:
         if not self._fresh(f"upgrade:{target}".encode()):
