@@ -14,6 +14,7 @@ import fifo
 from cluster.testing import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.replies import Ok
+from raft.durability import DurableFileJournal
 from raft.entry import Entry
 from raft.node import RaftNode, RaftSettings
 from raft.replicated import InternalFailure, Outcome, ReplicatedState
@@ -22,8 +23,9 @@ from raft.replicated import InternalFailure, Outcome, ReplicatedState
 class Harness:
     """One RaftNode plus the outcomes it produced, keyed by batch id."""
 
-    def __init__(self, data_dir: Path, port: int) -> None:
+    def __init__(self, data_dir: Path, port: int, fsync: str = "batch") -> None:
         self.outcomes: dict[int, Outcome] = {}
+        self.dirty_at_reply: list[bool] = []
         self.changed = threading.Condition()
         settings = RaftSettings(
             node_id="n1",
@@ -34,11 +36,13 @@ class Harness:
             supported_version=2,
             incarnation=1,
             election_timeout_ms=(300, 500),
+            fsync=fsync,
         )
         self.node = RaftNode(settings, self._on_outcome)
         self.next_batch = 1
 
     def _on_outcome(self, outcome: Outcome) -> None:
+        self.dirty_at_reply.append(bool(self.node._journal().dirty))
         with self.changed:
             if outcome.origin is not None:
                 self.outcomes[outcome.origin[2]] = outcome
@@ -113,3 +117,21 @@ def test_an_exception_in_apply_does_not_wedge_the_node(
     assert harness.run(Enqueue("q", b"b")) == [Ok()]
     status = harness.node.getStatus()
     assert status["last_applied"] == status["commit_idx"]
+
+
+@pytest.mark.parametrize("fsync", ["batch", "always"])
+def test_the_journal_is_on_disk_before_a_reply_is_released(
+    tmp_path: Path, port: int, fsync: str
+) -> None:
+    """With a safe policy every outcome is handed out with no unsynced journal record."""
+    harness = Harness(tmp_path, port, fsync)
+    try:
+        harness.run(DeclareQueue("q"))
+        for i in range(20):
+            harness.run(Enqueue("q", b"%d" % i))
+        journal = harness.node._journal()
+        assert isinstance(journal, DurableFileJournal) and journal.policy == fsync
+        assert journal.syncs >= 21
+        assert harness.dirty_at_reply and not any(harness.dirty_at_reply)
+    finally:
+        harness.close()
