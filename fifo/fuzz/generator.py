@@ -68,7 +68,12 @@ def body_number(body: bytes) -> int | None:
 
 def random_config(rng: SplitMix64, world: World, queue: str) -> QueueConfig:
     """A queue config exercising SAC, limits, TTL and dead-lettering (v2 adds timeouts)."""
-    dead_letter = DEAD_LETTER_QUEUE if queue != DEAD_LETTER_QUEUE and rng.chance(1, 2) else None
+    # mostly the plain dlx queue; sometimes another work queue, which makes dead-letter cycles
+    targets = [q for q in (DEAD_LETTER_QUEUE, *WORK_QUEUES) if q != queue]
+    dead_letter = None
+    if rng.chance(1, 2):
+        dead_letter = DEAD_LETTER_QUEUE if rng.chance(2, 3) and queue != DEAD_LETTER_QUEUE else (
+            rng.choice(targets))
     v2 = world.version >= 2
     return QueueConfig(
         single_active_consumer=rng.chance(1, 3),

@@ -336,7 +336,7 @@ SERIAL = 1 << 32
 
 
 def check_credit_reply(command: Credit, effects: list[Effect], peek: Peek) -> list[Found]:
-    """AMQP 1.0 flow: the reply comes last; delivery_count + credit follows serial arithmetic.
+    """AMQP 1.0 flow: the reply follows its deliveries; delivery_count + credit follow RFC 1982.
 
     credit = max(0, rcv delivery_count + rcv credit - snd delivery_count) (RFC 1982), minus what
     this command delivered; with drain the rest is consumed: delivery_count += credit, credit 0.
@@ -349,13 +349,11 @@ def check_credit_reply(command: Credit, effects: list[Effect], peek: Peek) -> li
         return [("credit_reply", f"{len(replies)} CreditReply effects for one Credit")]
     reply = effects[replies[0]]
     assert isinstance(reply, CreditReply)
-    delivered = [i for i, e in enumerate(effects) if isinstance(e, Deliver) and e.tag == reply.tag
-                 and e.connection == reply.connection]
+    # Deliveries after the reply can only come from dead-lettering back into this queue later in
+    # the same command (a dead-letter cycle); the reply covers the ones before it.
+    count = sum(len(e.messages) for e in effects[: replies[0]] if isinstance(e, Deliver)
+                and e.tag == reply.tag and e.connection == reply.connection)
     found: list[Found] = []
-    if delivered and max(delivered) > replies[0]:
-        found.append(("credit_reply", "CreditReply placed before the deliveries"))
-    count = sum(len(e.messages) for e in effects if isinstance(e, Deliver) and e.tag == reply.tag
-                and e.connection == reply.connection)
     link = (command.delivery_count + command.credit - sender) % SERIAL
     link = link - SERIAL if link >= SERIAL // 2 else link
     credit = max(0, link) - count

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fifo.commands import ConsumerKey
+from fifo.commands import ConsumerId
 from fifo.state import Consumer, Message, Queue, State
 
 __all__ = ["Consumer", "Message", "Queue", "State"]
@@ -36,17 +36,25 @@ def all_consumers(queue_: Queue) -> Iterator[Consumer]:
 
 
 def find_consumer(queue_: Queue, key: object) -> Consumer | None:
-    """Resolve a compact key or a ConsumerId the way a client names a consumer."""
+    """Resolve a compact key or a ConsumerId the way a client names a consumer.
+
+    Looks in the consumer map and in the SAC waiting list (a cancelled consumer that checks out
+    again while another is active waits there with its pending messages).
+    """
     try:
-        found: Consumer | None = queue_.consumers.get(key)  # type: ignore[call-overload]
-        if found is None:
-            resolved: ConsumerKey | None = queue_.key_by_id.get(key)
-            found = queue_.consumers.get(resolved) if resolved is not None else None
-        if found is None:
-            found = next((c for c in queue_.waiting if c.key == key), None)
-        return found
+        resolved: object = queue_.key_by_id.get(key, key)
+        found: Consumer | None = queue_.consumers.get(resolved)  # type: ignore[call-overload]
     except TypeError:  # an unhashable bad-input key
         return None
+    if found is None:
+        found = next((c for c in queue_.waiting if c.key == resolved or _same_id(c, key)), None)
+    return found
+
+
+def _same_id(consumer: Consumer, key: object) -> bool:
+    return isinstance(key, ConsumerId) and (key.tag, key.connection) == (
+        consumer.tag, consumer.connection
+    )
 
 
 def checked_out(queue_: Queue) -> Iterator[tuple[Consumer, int, Message]]:
