@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -190,3 +191,32 @@ def test_renew_and_modify_are_accepted_for_held_messages(cluster: LocalCluster) 
         assert consumer.wait_settled()
         assert consumer.settle_errors == 0
         consumer.cancel()
+
+
+def test_a_publisher_blocked_by_reject_publish_resumes_when_the_queue_drains(
+    cluster: LocalCluster,
+) -> None:
+    import threading
+
+    with cluster.client() as client:
+        client.declare_queue("bounded", QueueConfig(max_length=5, overflow="reject_publish"))
+        publisher = client.publisher("bounded", window=1)
+        done = threading.Event()
+
+        def publish_ten() -> None:
+            for i in range(10):
+                publisher.publish(b"b%d" % i, timeout_s=30.0)
+            publisher.wait_for_confirms(timeout_s=30.0)
+            done.set()
+
+        producer = threading.Thread(target=publish_ten)
+        producer.start()
+        deadline = time.monotonic() + 10.0
+        while not publisher.blocked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert publisher.blocked, "crossing max_length with reject_publish must block"
+        assert not done.is_set()
+        drained = drain(client, "bounded", 10)
+        producer.join(30.0)
+        assert done.is_set()
+        assert sorted(drained) == sorted(b"b%d" % i for i in range(10))
