@@ -1,6 +1,6 @@
 """Benchmark the fifo machine in-process: commands/s for the steady mix, SAC, 100 consumers, memory.
 
-    python scripts/bench_fifo.py --json [--messages 200000] [--profile]
+    python scripts/bench_fifo.py --json [--messages 200000] [--repeat 3] [--profile]
 
 Prints JSON and writes results/bench_fifo.json. The steady mix is enqueue -> deliver -> settle with
 100-byte bodies and one consumer with prefetch 100; every enqueue and every settle is one command.
@@ -16,6 +16,7 @@ import sys
 import time
 import tracemalloc
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,13 @@ def memory_per_ready_message(version: int, messages: int) -> dict[str, Any]:
     }
 
 
+def best_of(repeat: int, figure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run a figure `repeat` times and keep the fastest run (noise only ever slows a run down)."""
+    runs = [figure() for _ in range(max(1, repeat))]
+    best = max(runs, key=lambda run: int(run["commands_per_s"]))
+    return {**best, "all_commands_per_s": [run["commands_per_s"] for run in runs]}
+
+
 def machine_info() -> dict[str, Any]:
     """What the numbers were measured on."""
     return {
@@ -177,6 +185,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (default: a short table)")
     parser.add_argument("--messages", type=int, default=200_000, help="messages per mix")
     parser.add_argument("--machine-version", type=int, default=fifo.LATEST_VERSION)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs per figure; the best is kept (the host is shared and noisy)")
     parser.add_argument("--profile", action="store_true", help="print a pyinstrument profile")
     parser.add_argument("--output", type=Path, default=RESULTS, help="results file")
     args = parser.parse_args()
@@ -188,9 +198,10 @@ def main() -> None:
         "benchmark": "fifo",
         "machine_version": version,
         "body_bytes": len(BODY),
-        "steady_mix": steady_mix(version, messages),
-        "sac": sac_mix(version, messages),
-        "competing_100": competing_mix(version, messages),
+        "repeat": args.repeat,
+        "steady_mix": best_of(args.repeat, lambda: steady_mix(version, messages)),
+        "sac": best_of(args.repeat, lambda: sac_mix(version, messages)),
+        "competing_100": best_of(args.repeat, lambda: competing_mix(version, messages)),
         "memory": memory_per_ready_message(version, min(messages, 100_000)),
         "host": machine_info(),
     }
