@@ -8,6 +8,8 @@ from typing import Any, cast
 import click
 
 from cluster.cli.common import (
+    cli_context,
+    connection_args,
     data_dir_option,
     emit,
     load_config,
@@ -17,8 +19,14 @@ from cluster.cli.common import (
     translate_errors,
 )
 from cluster.cli.exits import UNAVAILABLE, CliError
-from cluster.config import FSYNC_POLICIES, FsyncPolicy
-from cluster.launcher import client_key, cluster_status, start_cluster, stop_cluster
+from cluster.config import FSYNC_POLICIES, FsyncPolicy, NodeConfig
+from cluster.launcher import (
+    client_key,
+    cluster_status,
+    node_status,
+    start_cluster,
+    stop_cluster,
+)
 
 STATUS_COLUMNS = [
     "id",
@@ -165,20 +173,36 @@ def status(ctx: click.Context, local_data_dir: Path | None, full_digest: bool) -
 
     Unreachable nodes are listed as down. Exits 69 when no node answers.
 
+    Without a data dir, asks each of --endpoints with --credentials.
+
     \b
     Example:
       quorumq cluster status --data-dir /tmp/qq
       quorumq -o json cluster status --data-dir /tmp/qq
+      quorumq --endpoints 127.0.0.1:7001,127.0.0.1:7003 --credentials key cluster status
     """
-    data_dir = resolve_data_dir(ctx, local_data_dir)
-    config = load_config(data_dir)
-    rows = cluster_status(config, client_key(data_dir))
+    if local_data_dir is None and cli_context(ctx).data_dir is None and cli_context(ctx).endpoints:
+        rows = _status_by_endpoints(ctx)
+    else:
+        data_dir = resolve_data_dir(ctx, local_data_dir)
+        rows = cluster_status(load_config(data_dir), client_key(data_dir))
     if output_format(ctx) == "table" and not full_digest:
         rows = [_short_digest(row) for row in rows]
     reasons = any(row.get("reason") for row in rows)  # a node that stopped applying says why
     emit(ctx, rows, [*STATUS_COLUMNS, "reason"] if reasons else STATUS_COLUMNS)
     if all(row.get("role") == "down" for row in rows):
         raise CliError("no node of the cluster is reachable", UNAVAILABLE)
+
+
+def _status_by_endpoints(ctx: click.Context) -> list[dict[str, Any]]:
+    endpoints, key = connection_args(ctx)
+    rows = []
+    for number, endpoint in enumerate(endpoints, start=1):
+        host, _, port = endpoint.rpartition(":")
+        probe = NodeConfig(f"endpoint{number}", host, 1, int(port), Path("."))
+        row = node_status(probe, key) or {"address": endpoint, "role": "down"}
+        rows.append({"id": "?", "address": endpoint, **row})
+    return rows
 
 
 def _short_digest(row: dict[str, Any]) -> dict[str, Any]:
