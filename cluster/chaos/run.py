@@ -246,30 +246,50 @@ def _recover(
 
 
 def _drain(params: RunParams, cluster: LauncherCluster, recorder: Recorder, stage: _Stage) -> None:
-    """Drain every queue through every node in turn, until each is idle; twice if needed."""
+    """Drain every queue through every node in turn, in rounds until they hold nothing.
+
+    Messages still checked out to a connection that died with a fault come back only when its
+    node notices (a restart, a resumed process), which may be after a round went idle: hence
+    rounds until empty (counting checked-out messages too), bounded by `drain_timeout_s`.
+    """
     deadline = time.monotonic() + params.drain_timeout_s
     started = recorder.now_ns() / 1e9
-    for _round in range(2):
-        if _round and _queues_empty(cluster, params.workload.queues):
-            break
+    rounds = 0
+    while time.monotonic() < deadline:
+        rounds += 1
         for node_id, endpoint in cluster.endpoints().items():
-            drainer = Drainer(node_id, recorder, params.workload)
-            try:
-                with Client(
-                    [endpoint],
-                    cluster.key,
-                    name=f"chaos-drain-{node_id}",
-                    reconnect=False,
-                    request_timeout_s=10.0,
-                ) as client:
-                    for queue in params.workload.queues:
-                        got = drainer.drain(client, queue, params.drain_idle_s, deadline)
-                        stage.drained[node_id] = stage.drained.get(node_id, 0) + got
-            except (ClusterError, OSError) as err:
-                stage.drain_errors.append(f"{node_id}: {type(err).__name__}: {err}")
-        if time.monotonic() >= deadline:
+            _drain_through(params, cluster, recorder, stage, node_id, endpoint, deadline)
+        if _queues_empty(cluster, params.workload.queues):
             break
+        time.sleep(1.0)  # let pending returns land before the next round
     stage.timings["drain_s"] = round(recorder.now_ns() / 1e9 - started, 3)
+    stage.timings["drain_rounds"] = rounds
+
+
+def _drain_through(
+    params: RunParams,
+    cluster: LauncherCluster,
+    recorder: Recorder,
+    stage: _Stage,
+    node_id: str,
+    endpoint: str,
+    deadline: float,
+) -> None:
+    """One drain pass over every queue through one node."""
+    drainer = Drainer(node_id, recorder, params.workload)
+    try:
+        with Client(
+            [endpoint],
+            cluster.key,
+            name=f"chaos-drain-{node_id}",
+            reconnect=False,
+            request_timeout_s=10.0,
+        ) as client:
+            for queue in params.workload.queues:
+                got = drainer.drain(client, queue, params.drain_idle_s, deadline)
+                stage.drained[node_id] = stage.drained.get(node_id, 0) + got
+    except (ClusterError, OSError) as err:
+        stage.drain_errors.append(f"{node_id}: {type(err).__name__}: {err}")
 
 
 def _queues_empty(cluster: LauncherCluster, queues: tuple[str, ...]) -> bool:
