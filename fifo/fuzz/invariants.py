@@ -16,9 +16,12 @@ from fifo.commands import (
     DeclareQueue,
     DeleteQueue,
     Dequeue,
+    Discard,
     Enqueue,
+    Modify,
     RegisterEnqueuer,
     RenewLocks,
+    Return,
     Settle,
 )
 from fifo.effects import CreditReply, DeadLettered, Deliver, Effect, QueueStatus
@@ -37,6 +40,7 @@ from fifo.replies import (
 from fifo.state import State
 
 Found = tuple[str, str]  # (invariant, detail)
+_NAMING_IDS = (Settle, Return, Discard, Modify, RenewLocks)
 
 
 @dataclass(slots=True)
@@ -105,6 +109,8 @@ class Checker:
             found += check_credit_reply(command, effects, peek)
         if isinstance(command, RenewLocks) and not isinstance(reply, Error):
             found += _check_renewed(state, command)
+        if isinstance(command, _NAMING_IDS) and not isinstance(reply, Error):
+            found += _check_untimed_out(state, command)
         if isinstance(command, RegisterEnqueuer) and isinstance(reply, RejectPublish):
             self.blocked[(command.queue, command.enqueuer)] = True  # told by the reply
         found += check_state(state, self.ledgers)
@@ -379,4 +385,18 @@ def _check_renewed(state: State, command: RenewLocks) -> list[Found]:
     if stale:
         return [("renew_locks", f"{command.queue}/{consumer.tag}: ids {stale} not renewed to "
                  f"{want}")]
+    return []
+
+
+def _check_untimed_out(state: State, command: Settle | Return | Discard | Modify | RenewLocks
+                       ) -> list[Found]:
+    """Naming a timed-out id in a settle, return, discard, modify or renew clears it."""
+    queue = probe.queue(state, command.queue) if isinstance(command.queue, str) else None
+    consumer = None if queue is None else probe.find_consumer(queue, command.consumer_key)
+    if consumer is None or not isinstance(command.msg_ids, tuple):
+        return []
+    left = sorted(set(consumer.timed_out) & {i for i in command.msg_ids if isinstance(i, int)})
+    if left:
+        return [("timed_out_cleared", f"{command.queue}/{consumer.tag}: {left} still timed out "
+                 f"after {type(command).__name__}")]
     return []
