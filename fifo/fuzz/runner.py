@@ -23,6 +23,7 @@ UpgradeAt = int | Literal["random"] | None
 
 DIGEST_SAMPLE_ONE_IN = 16  # digest is costly: check "Error leaves the state unchanged" on a sample
 TIMER_SAMPLE_ONE_IN = 20  # the timer check works on a restored copy of the state
+CODEC_SAMPLE_ONE_IN = 8
 STALE_TIMER_CODES = ("unknown_consumer", "unknown_queue")
 TIMER_ROUNDS_MAX = 4  # a timeout can return expired messages: Expire is due in the next round
 VIOLATIONS_MAX = 20
@@ -125,6 +126,8 @@ def step(run: Run, generator: Generator, index: int) -> None:
     run.world.observe(command, reply, effects)
     if run.rng.chance(1, TIMER_SAMPLE_ONE_IN):
         found += check_timers(run, index)
+    if not bad_input and run.rng.chance(1, CODEC_SAMPLE_ONE_IN):
+        found += check_codec([command, reply, *effects])
     for invariant, detail in found:
         if invariant not in run.ignore:
             run.violations.append(Violation(index, repr(command), invariant, detail))
@@ -162,6 +165,18 @@ def check_timers(run: Run, index: int) -> list[tuple[str, str]]:
         due = again
     found.append(("timers_converge", f"still due after {TIMER_ROUNDS_MAX} rounds: {due!r}"))
     return found
+
+
+def check_codec(objects: list[object]) -> list[tuple[str, str]]:
+    """Commands, replies and effects survive the CBOR codec exactly (what raft and cluster send)."""
+    for obj in objects:
+        try:
+            back = fifo.decode(fifo.encode(obj))
+        except Exception as err:  # the codec must handle every well-formed object
+            return [("codec_round_trip", f"{obj!r}: {type(err).__name__}: {err}")]
+        if back != obj or type(back) is not type(obj):
+            return [("codec_round_trip", f"{obj!r} came back as {back!r}")]
+    return []
 
 
 def upgrade(run: Run, index: int) -> None:
