@@ -163,3 +163,18 @@ def test_planted_junk_acceptance_is_caught() -> None:
     """A machine that answers Ok to junk input is reported."""
     result = fifo.fuzz.run(4, 3000, 1, apply_fn=accept_anything)
     assert "bad_input_accepted" in {v.invariant for v in result.violations}
+
+
+def purge_raises(meta: Meta, command: Command, state: State) -> tuple[Reply, list[Effect]]:
+    """A broken machine: Purge raises (an exception inside apply wedges a pysyncobj node)."""
+    if type(command).__name__ == "Purge":
+        raise RuntimeError("planted")
+    return fifo.apply(meta, command, state)
+
+
+def test_an_exception_out_of_apply_stops_the_run_with_a_violation() -> None:
+    """apply must never raise: the run reports apply_raised at that step and stops there."""
+    result = fifo.fuzz.run(3, 2000, 2, apply_fn=purge_raises)
+    assert [v.invariant for v in result.violations] == ["apply_raised"]
+    assert "Purge" in result.violations[0].command
+    assert result.steps_run == result.violations[0].step + 1 < 2000
