@@ -23,6 +23,7 @@ from fifo.commands import (
     DeclareQueue,
     Discard,
     Enqueue,
+    NodeDown,
     NodeUp,
     Purge,
     QueueConfig,
@@ -174,6 +175,14 @@ class FifoAgainstModel(RuleBasedStateMachine):
             self.connections[node] = ConnectionId(node, 1, conn.number + 10)
         else:
             self.suspected.add(node)
+
+    @rule(node=st.sampled_from(NODES))
+    def node_down(self, node: str) -> None:
+        """A lost node: like noconnection for every connection on it (v1 and v2 alike here)."""
+        self.model.connection_down(self.connections[node], "noconnection")
+        reply, _ = self.apply(NodeDown(node))
+        assert not isinstance(reply, Error), reply
+        self.suspected.add(node)
 
     @rule(node=st.sampled_from(NODES))
     def node_up(self, node: str) -> None:
