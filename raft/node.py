@@ -1,10 +1,12 @@
 """The pysyncobj node: one replicated method, durable journal, CBOR snapshots, version gate.
 
 Ordering obligations (as etcd's `Ready` documents them):
-- an entry's journal record is fsynced (policy permitting) before the node acks it as a
-  follower; the leader fsyncs right after sending it (overlapping the followers' fsyncs) and
-  before its tick thread processes any ack, so it counts itself towards the commit only once
-  its own copy is on disk; and before any reply for it is handed to `on_outcome`;
+- a follower fsyncs an entry's journal record (policy permitting) before it acks it (one fsync
+  for all the AppendEntries handled in one poll);
+- the leader fsyncs right after sending new entries (overlapping the followers' fsyncs) and
+  before its tick thread processes any ack, so it counts itself towards a commit only once its
+  own copy is on disk;
+- every node fsyncs before it hands the outcome of an entry (its replies) to `on_outcome`;
 - `on_outcome` is called in log order from pysyncobj's tick thread, once per applied entry, on
   every node (replies are for the submitter, effects for the node owning the connection);
 - nothing raised inside apply reaches pysyncobj, except the deliberate version stop.
@@ -109,6 +111,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # batch id -> the decoded commands of an entry this node submitted (skips a decode)
         self.decoded_cache: dict[int, tuple[Any, ...]] = {}
         self._send_pending = False
+        self._defer_acks = False
+        self._deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self._on_outcome = on_outcome
         self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
         self._address_to_id[settings.address] = settings.node_id
@@ -121,6 +125,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # pysyncobj compares Node objects, not address strings
         self._peer_nodes = {self._address_to_id[node.id]: node for node in self.otherNodes}
         self.addOnTickCallback(self._guard_leadership)
+        self._real_poll = self._poller.poll
+        self._poller.poll = self._poll
 
     # --- the replicated method ---------------------------------------------------------------
 
@@ -180,9 +186,26 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             journal.sync()
 
     def _SyncObj__sendNextNodeIdx(self, *args: Any, **kwargs: Any) -> None:
+        if self._defer_acks:
+            self._deferred_acks.append((args, kwargs))
+            return
         # follower ack: entries must be on disk before the leader counts them
         self.sync_journal()
         SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
+
+    def _poll(self, timeout: float) -> None:
+        """pysyncobj's poll, with the acks of every AppendEntries handled in it deferred to the
+        end: one fsync covers them all instead of one fsync per message."""
+        self._defer_acks = True
+        try:
+            self._real_poll(timeout)
+        finally:
+            self._defer_acks = False
+            acks, self._deferred_acks = self._deferred_acks, []
+            if acks:
+                self.sync_journal()
+                for args, kwargs in acks:
+                    SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
 
     def _SyncObj__sendAppendEntries(self) -> None:
         if self._defer_send:

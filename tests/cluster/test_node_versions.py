@@ -19,7 +19,8 @@ def test_upgrade_waits_for_every_member_then_switches_everywhere(tmp_path: Path)
     """With n3 capped at v1 the upgrade is refused; after n3 restarts with v2 it happens."""
     cluster = start_cluster(tmp_path / "D", 3, caps={"n3": 1})
     try:
-        client = cluster.client(cluster.leader())
+        cluster.leader()
+        client = cluster.client("n1")  # not n3, which is restarted below (it may lead)
         client.command(DeclareQueue("up"))
         wait_until(lambda: client.query("machine")["supported"].get("n3") == 1, 10, "hellos")
         with pytest.raises(ProtocolError) as info:
