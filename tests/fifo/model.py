@@ -45,6 +45,10 @@ class QueueModel:
     consumers: dict[ConsumerId, ModelConsumer] = field(default_factory=dict)
     delivered_before: set[bytes] = field(default_factory=set)
     enqueuer_next: dict[str, int] = field(default_factory=dict)
+    delivery_limit: int | None = None
+    failed: dict[bytes, int] = field(default_factory=dict)  # failed deliveries per message
+    acquired: dict[bytes, int] = field(default_factory=dict)  # times it came back
+    dead_lettered: int = 0
 
     # --- what the model predicts -----------------------------------------------------------
 
@@ -103,7 +107,7 @@ class QueueModel:
         consumer.delivery_count = (consumer.delivery_count + consumer.credit) % SERIAL
         consumer.credit = 0
 
-    def deliver_batch(self, batch: list[tuple[ConsumerId, int, bytes, bool]]) -> None:
+    def deliver_batch(self, batch: list[tuple[ConsumerId, int, bytes, bool, int]]) -> None:
         """Check the deliveries of one command: the next k messages, in order per consumer.
 
         Effects of one command may come in any order (one Deliver per consumer), so only each
@@ -111,25 +115,31 @@ class QueueModel:
         """
         queue = self.returns + self.ready
         head = queue[: len(batch)]
-        if sorted(body for _, _, body, _ in batch) != sorted(head):
-            raise ModelMismatch(f"delivered {[b for _, _, b, _ in batch]}, model expected {head}")
+        if sorted(body for _, _, body, _, _ in batch) != sorted(head):
+            raise ModelMismatch(f"delivered {[b for _, _, b, _, _ in batch]}, model expected "
+                                f"{head}")
         last: dict[ConsumerId, int] = {}
-        for cid, msg_id, body, redelivered in batch:
+        for cid, msg_id, body, redelivered, failed_count in batch:
             position = head.index(body)
             if position < last.get(cid, -1):
                 raise ModelMismatch(f"{cid.tag} got {body!r} out of queue order")
             last[cid] = position
-            self._deliver_one(cid, msg_id, body, redelivered)
+            self._deliver_one(cid, msg_id, body, redelivered, failed_count)
         for body in head:
             (self.returns if body in self.returns else self.ready).remove(body)
 
-    def _deliver_one(self, cid: ConsumerId, msg_id: int, body: bytes, redelivered: bool) -> None:
+    def _deliver_one(
+        self, cid: ConsumerId, msg_id: int, body: bytes, redelivered: bool, failed_count: int
+    ) -> None:
         consumer = self.consumers.get(cid)
         if consumer is None or consumer.status != "up" or consumer.credit <= 0:
             state = "unknown" if consumer is None else f"{consumer.status}/{consumer.credit}"
             raise ModelMismatch(f"delivery to {cid.tag} which is {state}")
         if redelivered != (body in self.delivered_before):
             raise ModelMismatch(f"{body!r} redelivered={redelivered}")
+        if failed_count != self.failed.get(body, 0):
+            raise ModelMismatch(f"{body!r} delivery_count {failed_count}, model "
+                                f"{self.failed.get(body, 0)}")
         self.delivered_before.add(body)
         if msg_id in consumer.held:
             raise ModelMismatch(f"msg id {msg_id} reused for {cid.tag}")
@@ -146,7 +156,7 @@ class QueueModel:
         for msg_id in done:
             body = consumer.held.pop(msg_id)
             if outcome == "return":
-                self.returns.append(body)
+                self._come_back(body, failed=False)
         if not consumer.credited:  # settles never add link credit
             consumer.credit = min(consumer.prefetch, consumer.credit + len(done))
         self._maybe_leave(consumer)
@@ -159,12 +169,13 @@ class QueueModel:
 
     def connection_down(self, conn: ConnectionId, reason: str) -> None:
         for consumer in [c for c in self.consumers.values() if c.cid.connection == conn]:
-            if reason == "normal":
-                self._return_all(consumer)
+            if reason == "normal":  # a crash: a failed delivery
+                self._return_all(consumer, failed=True)
                 del self.consumers[consumer.cid]
             elif self.version == 1 or consumer.status == "cancelled":
-                # v1 returns at once; v2 does so only for a cancelled consumer (then it leaves)
-                self._return_all(consumer)
+                # v1 returns at once; v2 does so only for a cancelled consumer, which then
+                # leaves. DESIGN.md: only downs other than noconnection are failed deliveries.
+                self._return_all(consumer, failed=False)
                 consumer.status = "suspected" if consumer.status == "up" else consumer.status
                 if not consumer.credited:
                     consumer.credit = consumer.prefetch
@@ -183,9 +194,23 @@ class QueueModel:
         self.returns.clear()
         return count
 
-    def _return_all(self, consumer: ModelConsumer) -> None:
+    def _return_all(self, consumer: ModelConsumer, failed: bool) -> None:
         for msg_id in sorted(consumer.held):
-            self.returns.append(consumer.held.pop(msg_id))
+            self._come_back(consumer.held.pop(msg_id), failed)
+
+    def _come_back(self, body: bytes, failed: bool) -> None:
+        """A message back from a consumer: requeued, or dead-lettered over the delivery limit.
+
+        v1 counts every return against the limit; v2 only failed deliveries.
+        """
+        self.acquired[body] = self.acquired.get(body, 0) + 1
+        if failed:
+            self.failed[body] = self.failed.get(body, 0) + 1
+        count = self.acquired[body] if self.version == 1 else self.failed.get(body, 0)
+        if self.delivery_limit is not None and count > self.delivery_limit:
+            self.dead_lettered += 1  # no dead-letter target: dropped
+        else:
+            self.returns.append(body)
 
     def _maybe_leave(self, consumer: ModelConsumer) -> None:
         if consumer.status == "cancelled" and not consumer.held:

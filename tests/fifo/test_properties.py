@@ -8,7 +8,13 @@ accounting, single active consumer, no double checkout, credit bounds, max lengt
 from __future__ import annotations
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 import fifo
 from fifo.commands import (
@@ -61,7 +67,12 @@ class FifoAgainstModel(RuleBasedStateMachine):
         self.connections = {node: ConnectionId(node, 1, n) for n, node in enumerate(NODES)}
         self.suspected: set[str] = set()
         self.bodies = 0
-        reply, _ = self.apply(DeclareQueue(QUEUE, QueueConfig()))
+
+    @initialize(delivery_limit=st.sampled_from((None, None, 0, 1, 2)))
+    def declare(self, delivery_limit: int | None) -> None:
+        """The queue, with or without a delivery limit (no dead-letter target: dropped)."""
+        self.model.delivery_limit = delivery_limit
+        reply, _ = self.apply(DeclareQueue(QUEUE, QueueConfig(delivery_limit=delivery_limit)))
         assert not isinstance(reply, Error), reply
 
     def apply(self, command: Command) -> tuple[Reply, list[Effect]]:
@@ -73,7 +84,7 @@ class FifoAgainstModel(RuleBasedStateMachine):
         reply, effects = fifo.apply(meta, command, self.state)
         assert self.checker.after(self.state, command, reply, effects, peek) == []
         self.model.deliver_batch([
-            (ConsumerId(e.tag, e.connection), m.msg_id, m.body, m.redelivered)
+            (ConsumerId(e.tag, e.connection), m.msg_id, m.body, m.redelivered, m.delivery_count)
             for e in effects if isinstance(e, Deliver) for m in e.messages
         ])
         return reply, effects
