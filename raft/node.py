@@ -170,6 +170,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             log.error("command_failed", index=index, error=failure_message)
         return outcome
 
+    def _SyncObj__applyLogEntries(self) -> bool:
+        # stopped (older code than the log needs): keep the log, apply nothing; without this
+        # pysyncobj would retry every pending entry, each raising, on every tick
+        if self.stopped_reason is not None:
+            return False
+        return bool(SyncObj._SyncObj__applyLogEntries(self))
+
     def _entry_term(self, index: int) -> int:
         entries = self._SyncObj__getEntries(index, 1)
         return int(entries[0][2]) if entries else 0
