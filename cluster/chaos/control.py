@@ -7,14 +7,9 @@ routes every node's peer traffic through a ProxyMesh when the cluster config can
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,49 +47,11 @@ def route_through_proxies(data_dir: Path, mesh: ProxyMesh) -> bool:
     return True
 
 
-DIAL_FILE_ENV = "QUORUMQ_CHAOS_DIAL_FILE"
-SHIM_DIR = Path(__file__).resolve().parent / "dialshim"
-
-
-def shim_environment(data_dir: Path, mesh: ProxyMesh) -> dict[str, str]:
-    """Environment for node processes so the dial shim routes their peers via the mesh.
-
-    The stopgap until `cluster.toml` has `peer_addresses` (see `dialshim/sitecustomize.py`).
-    """
-    config = cluster_config.load(data_dir)
-    raft = {node.id: node.raft_address for node in config.nodes}
-    table = {
-        node.id: {raft[peer]: proxy for peer, proxy in mesh.peer_addresses(node.id).items()}
-        for node in config.nodes
-    }
-    path = data_dir / "chaos-dial.json"
-    path.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
-    python_path = os.pathsep.join(p for p in (str(SHIM_DIR), os.environ.get("PYTHONPATH")) if p)
-    return {DIAL_FILE_ENV: str(path), "PYTHONPATH": python_path}
-
-
-@contextmanager
-def _environment(extra: dict[str, str]) -> Iterator[None]:
-    """Set `extra` in os.environ for a spawn (children inherit it), then restore it."""
-    saved = {key: os.environ.get(key) for key in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 class LauncherCluster:
     """Start, kill, pause and query the nodes of one local data dir."""
 
-    def __init__(self, data_dir: Path, node_env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir.resolve()
-        self.node_env = dict(node_env or {})
-        self._spawn_lock = threading.Lock()
         self.config: ClusterConfig = cluster_config.load(self.data_dir)
         self.key = launcher.client_key(self.data_dir)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -131,8 +88,7 @@ class LauncherCluster:
         self._reap(node)
         if launcher.node_pid(self.node(node)) is not None:
             return
-        with self._spawn_lock, _environment(self.node_env):
-            self._procs[node] = launcher.spawn_node(self.data_dir, node)
+        self._procs[node] = launcher.spawn_node(self.data_dir, node)
         self.starts[node] += 1
 
     def start_all(self) -> None:

@@ -24,7 +24,7 @@ from cluster import launcher
 from cluster.chaos import availability
 from cluster.chaos.availability import FaultWindow
 from cluster.chaos.checker import check
-from cluster.chaos.control import LauncherCluster, route_through_proxies, shim_environment
+from cluster.chaos.control import LauncherCluster, route_through_proxies
 from cluster.chaos.history import Recorder
 from cluster.chaos.linkproxy import ProxyMesh
 from cluster.chaos.nemesis import Nemesis, ScheduleParams, expand_faults, make_schedule
@@ -92,8 +92,10 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
         launcher.init_cluster(data_dir, params.nodes)  # the cluster's default fsync policy
     else:
         launcher.init_cluster(data_dir, params.nodes, fsync=params.fsync)
-    mesh, node_env = _make_mesh(data_dir, kinds, stage)
-    cluster = LauncherCluster(data_dir, node_env)
+    mesh = _make_mesh(data_dir, kinds, stage)
+    if mesh is None:
+        kinds = [k for k in kinds if not k.startswith("partition")]
+    cluster = LauncherCluster(data_dir)
     recorder = Recorder(out_dir / "history.jsonl")
     nemesis = Nemesis(cluster, recorder, mesh)
     replicas: ReplicaCheck | None = None
@@ -125,25 +127,20 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     return report
 
 
-def _make_mesh(
-    data_dir: Path, kinds: list[str], stage: _Stage
-) -> tuple[ProxyMesh | None, dict[str, str]]:
-    """Proxies between the peers when partitions are asked for, and how nodes reach them.
-
-    Prefers `peer_addresses` in cluster.toml; without it, node processes get the dial shim.
-    """
+def _make_mesh(data_dir: Path, kinds: list[str], stage: _Stage) -> ProxyMesh | None:
+    """Proxies between the peers (via cluster.toml `peer_addresses`) when partitions are asked."""
     if not any(k.startswith("partition") for k in kinds):
-        return None, {}
+        return None
     config = cluster_config.load(data_dir)
     mesh = ProxyMesh({node.id: node.raft_address for node in config.nodes})
     if route_through_proxies(data_dir, mesh):
-        stage.notes.append("peers routed through the link proxies by cluster.toml peer_addresses")
-        return mesh, {}
+        return mesh
+    mesh.close()
     stage.notes.append(
-        "peers routed through the link proxies by the dial shim (cluster.toml has no "
-        "peer_addresses yet; see cluster/chaos/dialshim)"
+        "partition faults skipped: cluster.toml cannot carry peer_addresses, so nodes "
+        "cannot dial their peers through the link proxies"
     )
-    return mesh, shim_environment(data_dir, mesh)
+    return None
 
 
 def _declare_queues(cluster: LauncherCluster, queues: tuple[str, ...]) -> None:

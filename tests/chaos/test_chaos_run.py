@@ -18,11 +18,14 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 @pytest.mark.timeout(240)
-def test_kill_and_pause_lose_nothing_and_replicas_agree_after_the_drain(tmp_path: Path) -> None:
-    """Under SIGKILL+restart and SIGSTOP/SIGCONT: lost 0, unexpected 0, equal digests, empty."""
+def test_kill_pause_partition_lose_nothing_and_replicas_agree_after_the_drain(
+    tmp_path: Path,
+) -> None:
+    """Under SIGKILL+restart, SIGSTOP/SIGCONT and a proxy partition: lost 0, unexpected 0,
+    equal digests, every queue empty on every replica."""
     params = RunParams(
         duration_s=30.0,
-        faults=("kill", "pause"),
+        faults=("kill", "pause", "partition"),
         seed=5,
         out_dir=tmp_path,
         workload=WorkloadParams(producers=2, consumers=2, queues=("chaos-1",), rate_per_s=30.0),
@@ -31,7 +34,8 @@ def test_kill_and_pause_lose_nothing_and_replicas_agree_after_the_drain(tmp_path
         ),
     )
     report = run(params)
-    assert {fault["kind"] for fault in report["faults"]} == {"kill", "pause"}, report["faults"]
+    assert {f["kind"] for f in report["faults"]} == {"kill", "pause", "partition"}, report["faults"]
+    assert report["peer_links"]["routed"], report["peer_links"]
     assert all(not fault["errors"] for fault in report["faults"]), report["faults"]
     assert report["operations"]["publish"]["ok"] > 100, report["operations"]
     assert report["lost"] == 0, report["checker"]["lost"][:20]

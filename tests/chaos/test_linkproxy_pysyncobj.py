@@ -2,7 +2,7 @@
 expects, so the cluster can use it once nodes dial their peers through the proxies.
 
 The nodes dial through a TCPNode subclass that keeps the canonical address as identity and
-overrides only where it connects: the change `raft/node.py` needs (see the chaos report).
+overrides only where it connects, as `raft/node.py` does with cluster.toml `peer_addresses`.
 """
 
 from __future__ import annotations
