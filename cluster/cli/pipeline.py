@@ -116,6 +116,8 @@ def fuzz(
     from pipeline.fuzz_job import CampaignConfig  # Spark imports are slow: only when used
 
     _check_machine_version(machine_version, upgrade_at)
+    if isinstance(upgrade_at, int) and upgrade_at >= steps:
+        raise CliError(f"--upgrade-at {upgrade_at} must be below --steps {steps}", USAGE)
     _check_apply_fn(apply_fn)
     _check_out_dir(out_dir)
     config = CampaignConfig(steps, machine_version, upgrade_at, snapshot_check, apply_fn)

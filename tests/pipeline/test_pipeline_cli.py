@@ -99,6 +99,7 @@ def test_planted_bug_exits_1_and_prints_each_failing_seed_with_its_command(
         ["--seeds", "0", "--steps", "10"],
         ["--seeds", "5", "--steps", "10", "--upgrade-at", "soon"],
         ["--seeds", "5", "--steps", "10", "--upgrade-at", "-3"],
+        ["--seeds", "5", "--steps", "10", "--upgrade-at", "10"],
         ["--seeds", "5", "--steps", "10", "--machine-version", "99"],
         ["--seeds", "5", "--steps", "10", "--machine-version", "2", "--upgrade-at", "random"],
         ["--seeds", "5", "--steps", "10", "--apply-fn", "no_such_module:apply"],
