@@ -13,7 +13,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 
-from fifo.commands import ConnectionId, ConsumerId
+from fifo.commands import CONSUMER_TIMEOUT_MS_DEFAULT, ConnectionId, ConsumerId, ConsumerKey
 
 SERIAL = 1 << 32
 
@@ -33,6 +33,16 @@ class ModelConsumer:
     credited: bool = False
     delivery_count: int = 0  # the sender's, 32-bit serial
     held: dict[int, bytes] = field(default_factory=dict)  # msg id -> body
+    timeout_ms: int = CONSUMER_TIMEOUT_MS_DEFAULT  # v2 consumer timeout
+    locks: dict[int, int] = field(default_factory=dict)  # msg id -> lock expiry (v2)
+    timed_out: set[int] = field(default_factory=set)  # ids taken back by a timeout (v2)
+    suspected_since: int | None = None
+    disconnected_fired: bool = False
+    key: ConsumerKey | None = None  # the machine's key (v2: the checkout's index)
+
+    def eligible(self) -> bool:
+        """May receive new messages: up, not timed out (suspected consumers are not up)."""
+        return self.status == "up" and not self.timed_out
 
 
 @dataclass
@@ -63,7 +73,7 @@ class QueueModel:
 
     def can_deliver(self) -> bool:
         """Some message is ready and some up consumer has credit: the machine must deliver."""
-        hungry = any(c.status == "up" and c.credit > 0 for c in self.consumers.values())
+        hungry = any(c.eligible() and c.credit > 0 for c in self.consumers.values())
         return hungry and self.ready_count() > 0
 
     # --- commands --------------------------------------------------------------------------
@@ -80,11 +90,13 @@ class QueueModel:
         self.ready.append(body)
         return "stored"
 
-    def checkout(self, cid: ConsumerId, prefetch: int) -> None:
+    def checkout(self, cid: ConsumerId, prefetch: int, timeout_ms: int | None = None) -> None:
         existing = self.consumers.get(cid)
+        timeout = CONSUMER_TIMEOUT_MS_DEFAULT if timeout_ms is None else timeout_ms
         if existing is None:
-            self.consumers[cid] = ModelConsumer(cid, prefetch, prefetch)
+            self.consumers[cid] = ModelConsumer(cid, prefetch, prefetch, timeout_ms=timeout)
             return
+        existing.timeout_ms = timeout
         existing.credit = max(0, prefetch - len(existing.held))
         existing.prefetch = prefetch
         if existing.status == "cancelled":
@@ -107,7 +119,9 @@ class QueueModel:
         consumer.delivery_count = (consumer.delivery_count + consumer.credit) % SERIAL
         consumer.credit = 0
 
-    def deliver_batch(self, batch: list[tuple[ConsumerId, int, bytes, bool, int]]) -> None:
+    def deliver_batch(
+        self, batch: list[tuple[ConsumerId, int, bytes, bool, int]], now: int = 0
+    ) -> None:
         """Check the deliveries of one command: the next k messages, in order per consumer.
 
         Effects of one command may come in any order (one Deliver per consumer), so only each
@@ -124,16 +138,18 @@ class QueueModel:
             if position < last.get(cid, -1):
                 raise ModelMismatch(f"{cid.tag} got {body!r} out of queue order")
             last[cid] = position
-            self._deliver_one(cid, msg_id, body, redelivered, failed_count)
+            self._deliver_one(cid, msg_id, body, redelivered, failed_count, now)
         for body in head:
             (self.returns if body in self.returns else self.ready).remove(body)
 
     def _deliver_one(
-        self, cid: ConsumerId, msg_id: int, body: bytes, redelivered: bool, failed_count: int
+        self, cid: ConsumerId, msg_id: int, body: bytes, redelivered: bool, failed_count: int,
+        now: int,
     ) -> None:
         consumer = self.consumers.get(cid)
-        if consumer is None or consumer.status != "up" or consumer.credit <= 0:
-            state = "unknown" if consumer is None else f"{consumer.status}/{consumer.credit}"
+        if consumer is None or not consumer.eligible() or consumer.credit <= 0:
+            state = "unknown" if consumer is None else (
+                f"{consumer.status}/{consumer.credit}/timed out {sorted(consumer.timed_out)}")
             raise ModelMismatch(f"delivery to {cid.tag} which is {state}")
         if redelivered != (body in self.delivered_before):
             raise ModelMismatch(f"{body!r} redelivered={redelivered}")
@@ -144,6 +160,7 @@ class QueueModel:
         if msg_id in consumer.held:
             raise ModelMismatch(f"msg id {msg_id} reused for {cid.tag}")
         consumer.held[msg_id] = body
+        consumer.locks[msg_id] = now + consumer.timeout_ms
         consumer.credit -= 1
         consumer.delivery_count = (consumer.delivery_count + 1) % SERIAL
 
@@ -152,9 +169,11 @@ class QueueModel:
         consumer = self.consumers.get(cid)
         if consumer is None:
             return
+        consumer.timed_out -= set(msg_ids)  # naming a timed-out id clears it
         done = [i for i in dict.fromkeys(msg_ids) if i in consumer.held]
         for msg_id in done:
             body = consumer.held.pop(msg_id)
+            consumer.locks.pop(msg_id, None)
             if outcome == "return":
                 self._come_back(body, failed=False)
         if not consumer.credited:  # settles never add link credit
@@ -167,7 +186,7 @@ class QueueModel:
             consumer.status = "cancelled"
             self._maybe_leave(consumer)
 
-    def connection_down(self, conn: ConnectionId, reason: str) -> None:
+    def connection_down(self, conn: ConnectionId, reason: str, now: int = 0) -> None:
         for consumer in [c for c in self.consumers.values() if c.cid.connection == conn]:
             if reason == "normal":  # a crash: a failed delivery
                 self._return_all(consumer, failed=True)
@@ -182,11 +201,15 @@ class QueueModel:
                 self._maybe_leave(consumer)
             elif consumer.status == "up":
                 consumer.status = "suspected"
+                consumer.suspected_since = now
+                consumer.disconnected_fired = False
 
     def node_up(self, node: str) -> None:
         for consumer in self.consumers.values():
             if consumer.cid.connection.node == node and consumer.status == "suspected":
                 consumer.status = "up"
+                consumer.suspected_since = None
+                consumer.disconnected_fired = False
 
     def purge(self) -> int:
         count = self.ready_count()
@@ -197,6 +220,51 @@ class QueueModel:
     def _return_all(self, consumer: ModelConsumer, failed: bool) -> None:
         for msg_id in sorted(consumer.held):
             self._come_back(consumer.held.pop(msg_id), failed)
+        consumer.locks.clear()
+
+    # --- v2 timers -------------------------------------------------------------------------
+
+    def due(
+        self, now: int, disconnected_timeout_ms: int
+    ) -> tuple[list[ConsumerId], list[ConsumerId]]:
+        """Consumers with an expired lock, and suspected ones past their disconnected timeout."""
+        locked = [c.cid for c in self.consumers.values()
+                  if any(lock <= now for lock in c.locks.values())]
+        away = [c.cid for c in self.consumers.values()
+                if c.suspected_since is not None and not c.disconnected_fired
+                and c.suspected_since + disconnected_timeout_ms <= now]
+        return locked, away
+
+    def time_out(self, cid: ConsumerId, now: int) -> list[int]:
+        """Return the expired locks (not a failed delivery); the consumer is timed out."""
+        consumer = self.consumers[cid]
+        expired = sorted(i for i, lock in consumer.locks.items() if lock <= now)
+        for msg_id in expired:
+            self._come_back(consumer.held.pop(msg_id), failed=False)
+            del consumer.locks[msg_id]
+        consumer.timed_out |= set(expired)
+        if not consumer.credited:
+            consumer.credit = min(consumer.prefetch, consumer.credit + len(expired))
+        self._maybe_leave(consumer)
+        return expired
+
+    def renew(self, cid: ConsumerId, msg_ids: tuple[int, ...], now: int) -> None:
+        """RenewLocks: each held lock expires at now + timeout; timed-out ids named are cleared."""
+        consumer = self.consumers[cid]
+        consumer.timed_out -= set(msg_ids)
+        for msg_id in msg_ids:
+            if msg_id in consumer.held:
+                consumer.locks[msg_id] = now + consumer.timeout_ms
+
+    def disconnected_timeout(self, cid: ConsumerId) -> None:
+        """A suspected consumer stayed away: its messages come back (not failed), it stays
+        suspected until its node is up again; a cancelled one leaves."""
+        consumer = self.consumers[cid]
+        consumer.disconnected_fired = True
+        self._return_all(consumer, failed=False)
+        if not consumer.credited:
+            consumer.credit = consumer.prefetch
+        self._maybe_leave(consumer)
 
     def _come_back(self, body: bytes, failed: bool) -> None:
         """A message back from a consumer: requeued, or dead-lettered over the delivery limit.

@@ -23,21 +23,25 @@ from fifo.commands import (
     Command,
     ConnectionDown,
     ConnectionId,
+    ConsumerDisconnectedTimeout,
     ConsumerId,
+    ConsumerKey,
     Credit,
     Credited,
     DeclareQueue,
     Discard,
     Enqueue,
+    EvalConsumerTimeouts,
     NodeDown,
     NodeUp,
     Purge,
     QueueConfig,
+    RenewLocks,
     Return,
     Settle,
     SimplePrefetch,
 )
-from fifo.effects import CreditReply, Deliver, Effect
+from fifo.effects import CreditReply, Deliver, Effect, Released
 from fifo.fuzz import probe
 from fifo.fuzz.invariants import Checker
 from fifo.meta import Meta
@@ -47,6 +51,7 @@ from tests.fifo.model import QueueModel, fifo_settings
 QUEUE = "q"
 TAGS = ("c1", "c2", "c3")
 CREDITED_TAG = "k1"
+DISCONNECTED_TIMEOUT_MS = 200
 SERIAL = 1 << 32
 NODES = ("n1", "n2")
 PUBLISHER = ConnectionId("n3", 1, 99)  # never goes down: enqueuer dedup state stays
@@ -72,13 +77,15 @@ class FifoAgainstModel(RuleBasedStateMachine):
     def declare(self, delivery_limit: int | None) -> None:
         """The queue, with or without a delivery limit (no dead-letter target: dropped)."""
         self.model.delivery_limit = delivery_limit
-        reply, _ = self.apply(DeclareQueue(QUEUE, QueueConfig(delivery_limit=delivery_limit)))
+        config = QueueConfig(delivery_limit=delivery_limit,
+                             disconnected_timeout_ms=DISCONNECTED_TIMEOUT_MS)
+        reply, _ = self.apply(DeclareQueue(QUEUE, config))
         assert not isinstance(reply, Error), reply
 
-    def apply(self, command: Command) -> tuple[Reply, list[Effect]]:
+    def apply(self, command: Command, advance_ms: int = 7) -> tuple[Reply, list[Effect]]:
         """Apply to the machine, check the fuzzer invariants, feed deliveries to the model."""
         self.index += 1
-        self.now_ms += 7
+        self.now_ms += advance_ms
         meta = Meta(self.index, 1, self.now_ms, self.version)
         peek = self.checker.before(self.state, command)
         reply, effects = fifo.apply(meta, command, self.state)
@@ -86,12 +93,18 @@ class FifoAgainstModel(RuleBasedStateMachine):
         self.model.deliver_batch([
             (ConsumerId(e.tag, e.connection), m.msg_id, m.body, m.redelivered, m.delivery_count)
             for e in effects if isinstance(e, Deliver) for m in e.messages
-        ])
+        ], self.now_ms)
         return reply, effects
 
     def body(self) -> bytes:
         self.bodies += 1
         return b"m%06d" % self.bodies
+
+    def key_of(self, cid: ConsumerId) -> ConsumerKey:
+        """The machine's key of a consumer the model knows (learnt from CheckoutOk)."""
+        key = self.model.consumers[cid].key
+        assert key is not None
+        return key
 
     def cid(self, tag: str, node: str) -> ConsumerId:
         return ConsumerId(tag, self.connections[node])
@@ -114,14 +127,18 @@ class FifoAgainstModel(RuleBasedStateMachine):
         reply, _ = self.apply(Enqueue(QUEUE, body, enqueuer, seq, PUBLISHER))
         assert isinstance(reply, NotEnqueued if expected == "gap" else Ok), (expected, reply)
 
-    @rule(tag=st.sampled_from(TAGS), node=st.sampled_from(NODES), prefetch=st.integers(1, 5))
-    def checkout(self, tag: str, node: str, prefetch: int) -> None:
+    @rule(tag=st.sampled_from(TAGS), node=st.sampled_from(NODES), prefetch=st.integers(1, 5),
+          timeout=st.sampled_from((None, 40, 100)))
+    def checkout(self, tag: str, node: str, prefetch: int, timeout: int | None) -> None:
         if node in self.suspected:
             return  # a client on an unreachable node cannot attach
+        timeout = timeout if self.version >= 2 else None
         cid = self.cid(tag, node)
-        self.model.checkout(cid, prefetch)
-        reply, _ = self.apply(Checkout(QUEUE, cid, SimplePrefetch(prefetch)))
-        assert not isinstance(reply, Error), reply
+        self.model.checkout(cid, prefetch, timeout)
+        reply, _ = self.apply(Checkout(QUEUE, cid, SimplePrefetch(prefetch), timeout_ms=timeout))
+        assert isinstance(reply, CheckoutOk), reply
+        if cid in self.model.consumers:
+            self.model.consumers[cid].key = reply.consumer_key
 
     @rule(node=st.sampled_from(NODES),
           initial=st.sampled_from((0, 5, SERIAL - 2)))
@@ -133,6 +150,7 @@ class FifoAgainstModel(RuleBasedStateMachine):
         self.model.attach_credited(cid, initial)
         reply, _ = self.apply(Checkout(QUEUE, cid, Credited(initial)))
         assert isinstance(reply, CheckoutOk) and reply.credit == 0, reply
+        self.model.consumers[cid].key = reply.consumer_key
 
     @precondition(lambda self: any(c.credited for c in self.model.consumers.values()))
     @rule(data=st.data(), credit=st.integers(0, 6), lag=st.sampled_from((0, 0, 1, 3)),
@@ -180,7 +198,7 @@ class FifoAgainstModel(RuleBasedStateMachine):
     @rule(node=st.sampled_from(NODES), reason=st.sampled_from(("normal", "noconnection")))
     def connection_down(self, node: str, reason: str) -> None:
         conn = self.connections[node]
-        self.model.connection_down(conn, reason)
+        self.model.connection_down(conn, reason, self.now_ms + 7)
         self.apply(ConnectionDown(conn, reason))  # type: ignore[arg-type]
         if reason == "normal":  # a closed connection never comes back; the client reconnects
             self.connections[node] = ConnectionId(node, 1, conn.number + 10)
@@ -190,7 +208,7 @@ class FifoAgainstModel(RuleBasedStateMachine):
     @rule(node=st.sampled_from(NODES))
     def node_down(self, node: str) -> None:
         """A lost node: like noconnection for every connection on it (v1 and v2 alike here)."""
-        self.model.connection_down(self.connections[node], "noconnection")
+        self.model.connection_down(self.connections[node], "noconnection", self.now_ms + 7)
         reply, _ = self.apply(NodeDown(node))
         assert not isinstance(reply, Error), reply
         self.suspected.add(node)
@@ -201,6 +219,57 @@ class FifoAgainstModel(RuleBasedStateMachine):
         self.suspected.discard(node)
         reply, _ = self.apply(NodeUp(node))
         assert not isinstance(reply, Error), reply
+
+    # --- v2 timers: the leader submits what due_commands says ---------------------------------
+
+    @precondition(lambda self: self.version >= 2)
+    @rule(advance=st.integers(0, 120))
+    def tick(self, advance: int) -> None:
+        """Time passes; due timers (lock expiry, disconnected timeout) match the model's."""
+        self.now_ms += advance
+        locked, away = self.model.due(self.now_ms, DISCONNECTED_TIMEOUT_MS)
+        due = fifo.due_commands(self.state, self.now_ms)
+        keys = {k for c in due if isinstance(c, EvalConsumerTimeouts) for k in c.consumer_keys}
+        gone = {c.consumer_key for c in due if isinstance(c, ConsumerDisconnectedTimeout)}
+        assert keys == {self.model.consumers[c].key for c in locked}, (due, locked)
+        assert gone == {self.model.consumers[c].key for c in away}, (due, away)
+        for cid in locked:
+            key = self.key_of(cid)
+            expired = self.model.time_out(cid, self.now_ms)
+            _, effects = self.apply(EvalConsumerTimeouts(QUEUE, (key,)), 0)
+            released = [e.msg_ids for e in effects if isinstance(e, Released)]
+            assert released == [tuple(expired)], (released, expired)
+        for cid in away:
+            if cid in self.model.consumers:
+                key = self.key_of(cid)
+                self.model.disconnected_timeout(cid)
+                reply, _ = self.apply(ConsumerDisconnectedTimeout(QUEUE, key), 0)
+                assert isinstance(reply, Ok), reply
+        assert fifo.due_commands(self.state, self.now_ms) == []
+
+    @precondition(lambda self: self.version >= 2 and self.model.checked_out_count() > 0)
+    @rule(data=st.data())
+    def renew(self, data: st.DataObject) -> None:
+        """RenewLocks extends the named locks (and clears timed-out ids it names)."""
+        consumer = data.draw(st.sampled_from(
+            [c for c in self.model.consumers.values() if c.held]))
+        ids = tuple(data.draw(st.lists(st.sampled_from(sorted(consumer.held)), min_size=1,
+                                       max_size=2)))
+        self.model.renew(consumer.cid, ids, self.now_ms + 7)
+        reply, _ = self.apply(RenewLocks(QUEUE, consumer.cid, ids))
+        assert isinstance(reply, Ok), reply
+
+    @precondition(lambda self: any(c.timed_out for c in self.model.consumers.values()))
+    @rule(data=st.data(), outcome=st.sampled_from(("settle", "return")))
+    def answer_timed_out(self, data: st.DataObject, outcome: str) -> None:
+        """A late settle (or return) of timed-out ids: they are gone, but the consumer revives."""
+        consumer = data.draw(st.sampled_from(
+            [c for c in self.model.consumers.values() if c.timed_out]))
+        ids = tuple(sorted(consumer.timed_out))
+        self.model.settle(consumer.cid, ids, outcome)
+        command: Command = (Settle if outcome == "settle" else Return)(QUEUE, consumer.cid, ids)
+        reply, _ = self.apply(command)
+        assert isinstance(reply, Ok), reply
 
     @rule()
     def purge(self) -> None:
