@@ -307,6 +307,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             return "stopped"
         return ROLES.get(int(self._raw_status()["state"]), "follower")
 
+    def bound(self) -> bool:
+        """Whether the raft port is bound (pysyncobj retries a failed bind forever)."""
+        return bool(self._SyncObj__transport.ready)
+
     def peer_connected(self, node_id: str) -> bool:
         """Whether this node has a live raft connection to `node_id`."""
         node = self._peer_nodes.get(node_id)

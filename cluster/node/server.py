@@ -40,10 +40,12 @@ log = structlog.get_logger("cluster.node")
 
 EX_OK = 0
 EX_USAGE = 64
+EX_UNAVAILABLE = 69
 EX_SOFTWARE = 70
 EX_CONFIG = 78
 TIMER_PERIOD_S = 0.1
 STATUS_PERIOD_S = 2.0
+RAFT_BIND_TIMEOUT_S = 10.0
 
 
 class NodeServer:
@@ -72,6 +74,7 @@ class NodeServer:
         self._numbers = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: set[ClientSession] = set()
+        self.exit_code = EX_OK
         self.settings = RaftSettings(
             node_id=node.id,
             address=node.raft_address,
@@ -134,9 +137,13 @@ class NodeServer:
         self.raft = RaftNode(self.settings, self._on_outcome)
         self.committer = GroupCommitter(self.raft, self._loop)
         self.timers = LeaderTimers(self.raft, self.committer)
-        server = await asyncio.start_server(
-            self._on_client, host=self.cluster.bind, port=self.node.client_port
-        )
+        try:
+            server = await asyncio.start_server(
+                self._on_client, host=self.cluster.bind, port=self.node.client_port
+            )
+        except OSError:
+            self.raft.destroy_synchronous()
+            raise
         log.info(
             "node_started",
             client=self.node.client_address,
@@ -145,7 +152,7 @@ class NodeServer:
             supported=self.settings.supported_version,
         )
         tasks = [
-            asyncio.create_task(self._periodic()),
+            asyncio.create_task(self._periodic(stop)),
             asyncio.create_task(self._hello()),
         ]
         await stop.wait()
@@ -174,10 +181,16 @@ class NodeServer:
         finally:
             self._sessions.discard(session)
 
-    async def _periodic(self) -> None:
+    async def _periodic(self, stop: asyncio.Event) -> None:
         last_status = 0.0
+        started = time.monotonic()
         while True:
             await asyncio.sleep(TIMER_PERIOD_S)
+            if not self.raft.bound() and time.monotonic() - started > RAFT_BIND_TIMEOUT_S:
+                log.error("raft_port_unavailable", raft=self.node.raft_address)
+                self.exit_code = EX_UNAVAILABLE  # pysyncobj would retry the bind forever
+                stop.set()
+                return
             try:
                 self.timers.tick()
                 self.committer.sweep()
@@ -284,7 +297,7 @@ def run_node(data_dir: Path, node_id: str, max_machine_version: int | None) -> i
         return EX_SOFTWARE
     finally:
         pid_file.unlink(missing_ok=True)
-    return EX_OK
+    return server.exit_code
 
 
 async def _serve_until_signal(server: NodeServer) -> None:
