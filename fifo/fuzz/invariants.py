@@ -287,7 +287,13 @@ def _check_sac_progress(queue: probe.Queue, version: int) -> list[Found]:
     eligible = [c for c in queue.waiting if _eligible(c)]
     if not active and eligible:
         return [("sac_progress", f"{queue.name}: no active consumer while {eligible[0].tag} waits")]
-    if version < 2 or not active:
+    if version < 2:
+        return []
+    order = [(not _eligible(c), -c.priority, -c.credit, c.attach_index) for c in queue.waiting]
+    if order != sorted(order):
+        return [("sac_waiting_order", f"{queue.name}: waiting {[c.tag for c in queue.waiting]} "
+                 f"not in (up, priority, credit, attach) order: {order}")]
+    if not active:
         return []
     current = active[0]
     if current.status == "quiescing" and not current.checked_out:

@@ -306,3 +306,162 @@ def fifo_settings(max_examples: int, **overrides: Any) -> settings:
     """Settings of one property: the active profile with a deliberate `max_examples`."""
     return settings(settings.get_profile(PROFILE), max_examples=examples(max_examples),
                     **overrides)
+
+
+# --- single active consumer ------------------------------------------------------------------
+
+
+@dataclass
+class SacConsumer:
+    """A simple_prefetch consumer of a SAC queue."""
+
+    cid: ConsumerId
+    prefetch: int
+    priority: int
+    attach: int  # Raft index of the checkout that created it (v2 tie-break)
+    credit: int
+    held: dict[int, bytes] = field(default_factory=dict)
+    quiescing: bool = False
+
+
+@dataclass
+class SacModel:
+    """Who is active on a SAC queue. v1: first attached, attach order, no priorities. v2: higher
+    priority takes over once the active one has nothing pending (it quiesces meanwhile);
+    waiting order is priority, then credit, then earliest attached."""
+
+    version: int
+    active: SacConsumer | None = None
+    waiting: list[SacConsumer] = field(default_factory=list)
+    cancelled: dict[ConsumerId, SacConsumer] = field(default_factory=dict)  # with pending
+    ready: list[bytes] = field(default_factory=list)
+    returns: list[bytes] = field(default_factory=list)
+
+    def find(self, cid: ConsumerId) -> SacConsumer | None:
+        if self.active is not None and self.active.cid == cid:
+            return self.active
+        return next((c for c in self.waiting if c.cid == cid), None) or self.cancelled.get(cid)
+
+    def checkout(self, cid: ConsumerId, prefetch: int, priority: int, index: int) -> None:
+        consumer = self.find(cid)
+        if consumer is None:
+            consumer = SacConsumer(cid, prefetch, priority if self.version >= 2 else 0, index,
+                                   prefetch)
+            if self.active is None:
+                self.active = consumer
+            else:
+                self._add_waiting(consumer)
+        else:
+            consumer.prefetch = prefetch
+            consumer.priority = priority if self.version >= 2 else 0
+            consumer.credit = max(0, prefetch - len(consumer.held))
+            # the rules decide afresh whether an updated active consumer still has to quiesce
+            # (DESIGN.md leaves this open; the machine re-evaluates, and so does the model)
+            consumer.quiescing = False
+            if cid in self.cancelled:
+                del self.cancelled[cid]
+                if self.active is None:
+                    self.active = consumer
+                else:
+                    self._add_waiting(consumer)
+            elif consumer is not self.active:
+                self._sort()
+        self.settle_activation()
+
+    def cancel(self, cid: ConsumerId) -> None:
+        consumer = self.find(cid)
+        if consumer is None or cid in self.cancelled:
+            return
+        if consumer is self.active:
+            self.active = None
+            consumer.quiescing = False
+            if consumer.held:
+                self.cancelled[cid] = consumer
+        else:
+            self.waiting.remove(consumer)
+        self.settle_activation()
+
+    def down(self, cid: ConsumerId) -> None:
+        """Its connection closed: the consumer is gone, its messages come back in id order."""
+        consumer = self.find(cid)
+        if consumer is None:
+            return
+        self.returns += [consumer.held.pop(i) for i in sorted(consumer.held)]
+        if consumer is self.active:
+            self.active = None
+        elif cid in self.cancelled:
+            del self.cancelled[cid]
+        else:
+            self.waiting.remove(consumer)
+        self.settle_activation()
+
+    def settle(self, cid: ConsumerId, msg_ids: tuple[int, ...], give_back: bool) -> None:
+        consumer = self.find(cid)
+        if consumer is None:
+            return
+        done = [i for i in dict.fromkeys(msg_ids) if i in consumer.held]
+        for msg_id in done:
+            body = consumer.held.pop(msg_id)
+            if give_back:
+                self.returns.append(body)
+        consumer.credit = min(consumer.prefetch, consumer.credit + len(done))
+        if cid in self.cancelled and not consumer.held:
+            del self.cancelled[cid]
+        self._sort()
+        self.settle_activation()
+
+    def deliver(self, cid: ConsumerId, msg_id: int, body: bytes) -> None:
+        active = self.active
+        if active is None or active.cid != cid or active.quiescing or active.credit <= 0:
+            raise ModelMismatch(f"delivery to {cid.tag}; model active: "
+                                f"{None if active is None else active.cid.tag}")
+        source = self.returns if self.returns else self.ready
+        if not source or source[0] != body:
+            raise ModelMismatch(f"delivered {body!r}, expected {source[:1]}")
+        source.pop(0)
+        active.held[msg_id] = body
+        active.credit -= 1
+
+    def can_deliver(self) -> bool:
+        active = self.active
+        busy = active is not None and not active.quiescing and active.credit > 0
+        return busy and bool(self.ready or self.returns)
+
+    def settle_activation(self) -> None:
+        """The activation rules, run after every command until nothing changes."""
+        for _ in range(4):
+            if not self._activation_step():
+                return
+
+    def _activation_step(self) -> bool:
+        active = self.active
+        if active is None:
+            if not self.waiting:
+                return False
+            self.active = self.waiting.pop(0)
+            return True
+        if self.version < 2:
+            return False
+        if active.quiescing:
+            if active.held:
+                return False
+            active.quiescing = False
+            self.active = None
+            self._add_waiting(active)
+            return True
+        if not self.waiting or self.waiting[0].priority <= active.priority:
+            return False
+        if active.held:
+            active.quiescing = True
+            return False
+        self.active = None
+        self._add_waiting(active)
+        return True
+
+    def _add_waiting(self, consumer: SacConsumer) -> None:
+        self.waiting.append(consumer)
+        self._sort()
+
+    def _sort(self) -> None:
+        if self.version >= 2:
+            self.waiting.sort(key=lambda c: (-c.priority, -c.credit, c.attach))
