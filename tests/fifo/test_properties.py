@@ -1,5 +1,8 @@
 """Hypothesis stateful tests of each machine version against the reference model (model.py).
 
+Rules: enqueue (with dedup resends and gaps), simple_prefetch and credited consumers (credit,
+drain), settle/return/discard, cancel, connection and node downs, node up, purge, delivery limits,
+and on v2 consumer timeouts, lock renewal and disconnected timeouts driven by `due_commands`.
 After every step: the machine matches the model (which message is delivered next, ready, checked
 out, total, consumers), it is work-conserving, and the fuzzer's invariants hold (messages total,
 accounting, single active consumer, no double checkout, credit bounds, max length, order).
