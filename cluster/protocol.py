@@ -107,6 +107,46 @@ async def write_frame(
     await writer.drain()
 
 
+class FrameDecoder:
+    """Incremental frame parser: feed it bytes as they arrive, take whole frames out.
+
+    A frame that does not decode is reported in place (its bytes are consumed, parsing goes
+    on); an oversized length cannot be skipped, so the decoder stays broken after it.
+    """
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Message | ProtocolError]:
+        """Add received bytes; returns the frames (or their errors) now complete, in order."""
+        self._buffer += data
+        out: list[Message | ProtocolError] = []
+        offset = 0
+        buffer = self._buffer
+        while len(buffer) - offset >= HEADER.size:
+            (length,) = HEADER.unpack_from(buffer, offset)
+            try:
+                check_length(length, self.frame_bytes_max)
+            except ProtocolError as err:
+                out.append(err)
+                if err.code == FRAME_TOO_LARGE:
+                    self._buffer = bytearray()
+                    return out
+                offset += HEADER.size
+                continue
+            end = offset + HEADER.size + length
+            if len(buffer) < end:
+                break
+            try:
+                out.append(decode_body(bytes(buffer[offset + HEADER.size : end])))
+            except ProtocolError as err:
+                out.append(err)
+            offset = end
+        del self._buffer[:offset]
+        return out
+
+
 def recv_frame(sock: socket.socket, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> Message:
     """Blocking read of one frame from a socket; EOF raises ConnectionError."""
     (length,) = HEADER.unpack(_recv_exactly(sock, HEADER.size))

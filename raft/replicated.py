@@ -29,6 +29,7 @@ from fifo.meta import Meta
 from fifo.replies import Error, Ok
 from raft.entry import Entry, Origin, command_index
 from raft.errors import VersionTooOldError
+from raft.fastcodec import decode_command
 
 SNAPSHOT_FORMAT = 1
 INITIAL_MACHINE_VERSION = 1
@@ -136,7 +137,7 @@ class ReplicatedState:
             commands: list[Any] = []
             for blob in entry.cmds:
                 try:
-                    commands.append(fifo.decode(blob))
+                    commands.append(decode_command(blob))
                 except Exception as err:  # a bad blob is refused, the rest of the batch goes on
                     commands.append(Error("invalid_argument", f"undecodable command: {err}"))
             self._apply_commands(index, term, now, commands, outcome)

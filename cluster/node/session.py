@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import cbor2
 import structlog
 
 import fifo
@@ -39,6 +37,7 @@ from fifo.commands import (
 from fifo.replies import Error, Ok
 from raft.entry import Entry, Origin
 from raft.errors import SubmitError
+from raft.fastcodec import decode_command, encode_command
 from raft.replicated import InternalFailure
 
 if TYPE_CHECKING:
@@ -48,6 +47,7 @@ log = structlog.get_logger("cluster.session")
 
 HELLO_TIMEOUT_S = 10.0
 WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
+READ_BYTES = 256 * 1024
 OK_BYTES = fifo.encode(Ok())  # the most frequent reply, encoded once
 CLIENT_COMMANDS = (
     DeclareQueue,
@@ -97,43 +97,6 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
     return command
 
 
-def _enqueue_encoder() -> Callable[[Enqueue], bytes]:
-    """`fifo.encode` for an Enqueue built without the per-object codec hook (the publish hot
-    path); used only if it gives exactly fifo's bytes for samples, else fifo.encode itself."""
-    tags = {
-        cls: cbor2.loads(fifo.encode(sample)).tag
-        for cls, sample in ((Enqueue, Enqueue("q", b"")), (ConnectionId, ConnectionId("n", 1, 1)))
-    }
-
-    def fast(cmd: Enqueue) -> bytes:
-        conn = cmd.connection
-        conn_tag = (
-            None
-            if conn is None
-            else cbor2.CBORTag(tags[ConnectionId], [conn.node, conn.incarnation, conn.number])
-        )
-        fields = [cmd.queue, cmd.body, cmd.enqueuer, cmd.seq, conn_tag, cmd.ttl_ms]
-        return bytes(cbor2.dumps(cbor2.CBORTag(tags[Enqueue], fields), canonical=True))
-
-    samples = [
-        Enqueue("q", b"x" * 100, "e", 7, ConnectionId("n1", 2**40, 3), 5),
-        Enqueue("queue", b"", None, None, ConnectionId("n2", 1, 1), None),
-    ]
-    if all(fast(sample) == fifo.encode(sample) for sample in samples):
-        return fast
-    return fifo.encode
-
-
-_encode_enqueue = _enqueue_encoder()
-
-
-def encode_command(command: Any) -> bytes:
-    """fifo.encode, with a fast path for Enqueue."""
-    if type(command) is Enqueue:
-        return _encode_enqueue(command)
-    return fifo.encode(command)
-
-
 class ClientSession:
     """Serves one accepted TCP connection until it closes."""
 
@@ -172,6 +135,10 @@ class ClientSession:
         if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
             log.warning("client_too_slow", connection=repr(self.connection))
             self.close()
+
+    def is_closed(self) -> bool:
+        """Whether the session was closed (a method, so checks are not narrowed away)."""
+        return self.closed
 
     def close(self) -> None:
         """Flush what is queued (error frames before a close), then close (idempotent)."""
@@ -228,15 +195,22 @@ class ClientSession:
         return True
 
     async def _serve(self) -> None:
+        # read what has arrived and parse every whole frame in it: pipelined clients send
+        # bursts, and one read per burst is much cheaper than two awaits per frame
+        decoder = protocol.FrameDecoder(self.server.frame_bytes_max)
         while not self.closed:
-            try:
-                message = await protocol.read_frame(self.reader, self.server.frame_bytes_max)
-            except ProtocolError as err:
-                self.error(err.code, err.message)
-                if err.code in protocol.FATAL_CODES:
+            data = await self.reader.read(READ_BYTES)
+            if not data:
+                return
+            for item in decoder.feed(data):
+                if self.is_closed():  # a slow client was dropped while dispatching
                     return
-                continue
-            self._dispatch(message)
+                if isinstance(item, ProtocolError):
+                    self.error(item.code, item.message)
+                    if item.code in protocol.FATAL_CODES:
+                        return
+                    continue
+                self._dispatch(item)
             await self.writer.drain()
 
     def _dispatch(self, message: dict[str, Any]) -> None:
@@ -259,7 +233,7 @@ class ClientSession:
             self.error(protocol.BAD_COMMAND, "'cmd' must be bytes (fifo.encode)", request_id)
             return
         try:
-            command = fifo.decode(blob)
+            command = decode_command(blob)
         except Exception as err:
             self.error(protocol.BAD_COMMAND, f"command does not decode: {err}", request_id)
             return

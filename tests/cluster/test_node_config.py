@@ -74,3 +74,21 @@ def test_proof_verifies_only_with_the_right_key() -> None:
     nonce = b"n" * 32
     assert protocol.verify_proof(b"k1", nonce, protocol.proof(b"k1", nonce))
     assert not protocol.verify_proof(b"k1", nonce, protocol.proof(b"k2", nonce))
+
+
+def test_frame_decoder_splits_joins_and_reports_in_place() -> None:
+    """Frames cut anywhere come out whole and in order; a bad one is reported where it was."""
+    good = [protocol.encode_frame({"op": "query", "id": i}) for i in range(3)]
+    garbage = b"\x00\x00\x00\x02\xff\xfe"
+    stream = good[0] + garbage + good[1] + good[2]
+    decoder = protocol.FrameDecoder()
+    items = [item for i in range(0, len(stream), 5) for item in decoder.feed(stream[i : i + 5])]
+    assert [getattr(x, "code", None) or x["id"] for x in items] == [0, protocol.BAD_FRAME, 1, 2]
+
+
+def test_frame_decoder_stops_at_an_oversized_length() -> None:
+    """A length above the limit is reported and nothing after it is parsed."""
+    decoder = protocol.FrameDecoder(frame_bytes_max=100)
+    items = decoder.feed(b"\x00\x00\x10\x00" + protocol.encode_frame({"op": "x"}))
+    assert len(items) == 1 and isinstance(items[0], ProtocolError)
+    assert items[0].code == protocol.FRAME_TOO_LARGE

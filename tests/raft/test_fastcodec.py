@@ -1,0 +1,77 @@
+"""raft.fastcodec gives exactly fifo's results, fast path or not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cbor2
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fifo
+from fifo.commands import ConnectionId, DeclareQueue, Enqueue, Settle
+from fifo.errors import CodecError
+from raft import fastcodec
+
+
+def test_the_fast_paths_are_in_use() -> None:
+    """With today's fifo layout both fast paths are selected (else they silently fall back)."""
+    assert fastcodec.decode_command is not fifo.decode
+    assert fastcodec.encode_command is not fifo.encode
+
+
+connections = st.none() | st.builds(
+    ConnectionId, st.text(max_size=5), st.integers(0, 2**63), st.integers(0, 2**31)
+)
+enqueues = st.builds(
+    Enqueue,
+    st.text(max_size=10),
+    st.binary(max_size=50),
+    st.none() | st.text(max_size=5),
+    st.none() | st.integers(-(2**63), 2**63),
+    connections,
+    st.none() | st.integers(0, 2**40),
+)
+
+
+@given(enqueues)
+def test_enqueue_round_trips_like_fifo(command: Enqueue) -> None:
+    """encode_command == fifo.encode and decode_command == fifo.decode for any Enqueue."""
+    blob = fastcodec.encode_command(command)
+    assert blob == fifo.encode(command)
+    assert fastcodec.decode_command(blob) == fifo.decode(blob) == command
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        fifo.encode(DeclareQueue("q")),
+        fifo.encode(Settle("q", 5, (1, 2))),
+        cbor2.dumps(cbor2.CBORTag(71011, [1, b"x", None, None, None, None])),  # queue not a str
+        cbor2.dumps(cbor2.CBORTag(71011, ["q", b"x", None, None, [1, 2], None])),
+        cbor2.dumps(cbor2.CBORTag(71011, ["q", b"x"])),
+    ],
+)
+def test_other_shapes_decode_as_fifo_decodes_them(blob: bytes) -> None:
+    """Anything that is not a well-formed Enqueue is fifo's business: same result."""
+    expected: Any = fifo.decode(blob) if _decodes(blob) else CodecError
+    if expected is CodecError:
+        with pytest.raises(CodecError):
+            fastcodec.decode_command(blob)
+    else:
+        assert fastcodec.decode_command(blob) == expected
+
+
+def test_garbage_raises_fifos_codec_error() -> None:
+    """Bytes that are not CBOR raise fifo's CodecError."""
+    with pytest.raises(CodecError):
+        fastcodec.decode_command(b"\xff\xfe")
+
+
+def _decodes(blob: bytes) -> bool:
+    try:
+        fifo.decode(blob)
+    except CodecError:
+        return False
+    return True
