@@ -150,12 +150,18 @@ def _declare_queues(cluster: LauncherCluster, queues: tuple[str, ...]) -> None:
 
 
 def _client_factory(cluster: LauncherCluster, params: WorkloadParams) -> Callable[[str], Client]:
-    """Clients spread over the nodes: each new one starts with the next node in turn."""
+    """Clients spread over the nodes: each new one starts with the next node in turn.
+
+    Every other client keeps the library default and moves to the leader; the rest stay on the
+    node they dialed, so follower faults and command forwarding are exercised too (with only
+    leader-bound clients, every client stalls together when the leader is cut off).
+    """
     endpoints = list(cluster.endpoints().values())
     turn = itertools.count()
 
     def make(name: str) -> Client:
-        first = next(turn) % len(endpoints)
+        number = next(turn)
+        first = number % len(endpoints)
         ordered = endpoints[first:] + endpoints[:first]
         return Client(
             ordered,
@@ -164,6 +170,7 @@ def _client_factory(cluster: LauncherCluster, params: WorkloadParams) -> Callabl
             connect_timeout_s=5.0,
             request_timeout_s=params.confirm_timeout_s,
             reconnect_timeout_s=10.0,
+            prefer_leader=number % 2 == 0,
         )
 
     return make

@@ -165,9 +165,7 @@ class QueueConsumer(Worker):
         self.factory = factory
         self.params = params
         self.credited = credited
-        self.consumed = 0
-        self._acks_in_flight = 0
-        self._acks_lock = threading.Condition()
+        self.acker = Acker(recorder, params.ack_timeout_s)
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -180,7 +178,7 @@ class QueueConsumer(Worker):
                 self._note(f"consume: {type(err).__name__}: {err}")
                 self.stop_event.wait(RETRY_PAUSE_S)
             finally:
-                wait_for_acks(self, self.params.ack_timeout_s)
+                self.acker.wait()
                 client.close()
 
     def _consume_with(self, client: Client) -> None:
@@ -199,68 +197,72 @@ class QueueConsumer(Worker):
                     idle_since = time.monotonic()
                 continue
             idle_since = time.monotonic()
-            settle(self, client, consumer, message, self.name)
+            self.acker.settle(client, consumer, message, self.name)
             since_grant += 1
             if self.credited and since_grant >= CREDIT // 2:
                 consumer.grant(CREDIT)
                 since_grant = 0
 
 
-def settle(
-    worker: QueueConsumer | Drainer,
-    client: Client,
-    consumer: Consumer,
-    message: Message,
-    process: str,
-) -> None:
-    """Record the delivery, then send its Settle and record the ack's outcome when it comes."""
-    value = message.body.decode(errors="replace")
-    recorder = worker.recorder
-    delivery = recorder.observe(
-        "deliver",
-        process,
-        queue=message.queue,
-        value=value,
-        redelivered=message.redelivered,
-        detail=consumer.tag,
-    )
-    op = recorder.invoke("ack", process, queue=message.queue, value=value, delivery=delivery)
-    command = Settle(message.queue, message.consumer_key, (message.msg_id,))
+class Acker:
+    """Settles messages with one Settle command each, recording the delivery and the ack."""
 
-    def on_answer(answer: dict[str, object] | None, error: BaseException | None) -> None:
-        outcome: EventType = "info"
-        detail = None
-        if answer is not None:
-            reply = decode(answer["reply"])  # type: ignore[arg-type]
-            outcome = "fail" if isinstance(reply, Error) else "ok"
-            detail = repr(reply) if isinstance(reply, Error) else None
-        elif isinstance(error, CommandRefused):
-            outcome, detail = "fail", str(error)
-        elif error is not None:
-            detail = f"{type(error).__name__}: {error}"
-        recorder.complete(op, outcome, "ack", process, value=value, detail=detail)
-        with worker._acks_lock:
-            worker._acks_in_flight -= 1
-            if outcome != "fail":
-                worker.consumed += 1
-            worker._acks_lock.notify_all()
+    def __init__(self, recorder: Recorder, ack_timeout_s: float) -> None:
+        self.recorder = recorder
+        self.ack_timeout_s = ack_timeout_s
+        self.consumed = 0  # acks that completed ok or unknown
+        self._in_flight = 0
+        self._cond = threading.Condition()
 
-    with worker._acks_lock:
-        worker._acks_in_flight += 1
-    try:
-        client.submit(
-            [protocol.command(0, encode(command))],
-            [on_answer],
-            timeout_s=worker.params.ack_timeout_s,
+    def settle(self, client: Client, consumer: Consumer, message: Message, process: str) -> None:
+        """Record the delivery, send its Settle, record the ack's outcome when it comes."""
+        value = message.body.decode(errors="replace")
+        delivery = self.recorder.observe(
+            "deliver",
+            process,
+            queue=message.queue,
+            value=value,
+            redelivered=message.redelivered,
+            detail=consumer.tag,
         )
-    except (ClusterError, OSError) as err:
-        on_answer(None, err)
+        op = self.recorder.invoke(
+            "ack", process, queue=message.queue, value=value, delivery=delivery
+        )
+        command = Settle(message.queue, message.consumer_key, (message.msg_id,))
+
+        def on_answer(answer: dict[str, object] | None, error: BaseException | None) -> None:
+            outcome, detail = _ack_outcome(answer, error)
+            self.recorder.complete(op, outcome, "ack", process, value=value, detail=detail)
+            with self._cond:
+                self._in_flight -= 1
+                self.consumed += outcome != "fail"
+                self._cond.notify_all()
+
+        with self._cond:
+            self._in_flight += 1
+        try:
+            frame = protocol.command(0, encode(command))
+            client.submit([frame], [on_answer], timeout_s=self.ack_timeout_s)
+        except (ClusterError, OSError) as err:
+            on_answer(None, err)
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait until every ack sent has an outcome (or the timeout passes)."""
+        timeout = self.ack_timeout_s if timeout_s is None else timeout_s
+        with self._cond:
+            self._cond.wait_for(lambda: self._in_flight <= 0, timeout=timeout)
 
 
-def wait_for_acks(worker: QueueConsumer | Drainer, timeout_s: float) -> None:
-    """Wait until every ack the worker sent has an outcome (or the timeout passes)."""
-    with worker._acks_lock:
-        worker._acks_lock.wait_for(lambda: worker._acks_in_flight <= 0, timeout=timeout_s)
+def _ack_outcome(
+    answer: dict[str, object] | None, error: BaseException | None
+) -> tuple[EventType, str | None]:
+    """ok for an Ok reply; fail for an error reply (nothing settled); info when unknown."""
+    if answer is not None:
+        reply = decode(answer["reply"])  # type: ignore[arg-type]
+        return ("fail", repr(reply)) if isinstance(reply, Error) else ("ok", None)
+    if isinstance(error, CommandRefused):
+        return "fail", str(error)
+    return "info", f"{type(error).__name__}: {error}" if error is not None else None
 
 
 class Drainer:
@@ -268,11 +270,8 @@ class Drainer:
 
     def __init__(self, node: str, recorder: Recorder, params: WorkloadParams) -> None:
         self.node = node
-        self.recorder = recorder
         self.params = params
-        self.consumed = 0
-        self._acks_in_flight = 0
-        self._acks_lock = threading.Condition()
+        self.acker = Acker(recorder, params.ack_timeout_s)
 
     def drain(self, client: Client, queue: str, idle_s: float, deadline: float) -> int:
         """Consume and settle `queue` until nothing arrives for `idle_s`; returns the count."""
@@ -284,10 +283,10 @@ class Drainer:
                 message = consumer.get(timeout_s=idle_s)
                 if message is None:
                     break
-                settle(self, client, consumer, message, process)
+                self.acker.settle(client, consumer, message, process)
                 count += 1
         finally:
-            wait_for_acks(self, self.params.ack_timeout_s)
+            self.acker.wait()
             with contextlib.suppress(ClusterError, OSError):
                 consumer.cancel()
         return count
