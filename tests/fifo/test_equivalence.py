@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import fifo
 import fifo.fuzz
-from fifo.commands import Command
+from fifo.commands import Command, ConsumerId, UpdateConfig
+from fifo.fuzz import probe
 from fifo.meta import Meta
 from fifo.replies import Error, Reply
 from fifo.state import State
@@ -89,6 +90,45 @@ def test_same_log_gives_same_digest_under_different_hash_seeds() -> None:
         assert replayed == fuzzed == fifo.fuzz.run(21, 1500, version).digest
 
 
+def consumer_absent(state: State, command: Command) -> bool:
+    """True when the command names a consumer that this state does not have."""
+    key = getattr(command, "consumer_key", getattr(command, "consumer", None))
+    name = getattr(command, "queue", None)
+    queue = probe.queue(state, name) if isinstance(name, str) else None
+    return key is not None and queue is not None and probe.find_consumer(queue, key) is None
+
+
+def sac_switch_with_consumers(state: State, command: Command) -> bool:
+    """True for an UpdateConfig that flips single_active_consumer on a queue with consumers."""
+    if not isinstance(command, UpdateConfig):
+        return False
+    queue = probe.queue(state, command.queue)
+    return queue is not None and bool(queue.consumers or queue.waiting) and (
+        queue.config.single_active_consumer != command.config.single_active_consumer
+    )
+
+
+def run_suffix_on_v2(state: State, log: Log, v1_replies: list[Reply], cut: int) -> None:
+    """Apply log[cut:] on v2; fail on an Error that v1 did not give, with two exceptions where
+    v2's own rules (SAC priorities, noconnection keeps suspected consumers) left a different set
+    of consumers than v1: naming a consumer v2 no longer has (`unknown_consumer`), and flipping
+    SAC on a queue that still has consumers on v2 (`unsupported`). Both are checked precisely.
+    """
+    for offset, (meta, command) in enumerate(log[cut:]):
+        absent = consumer_absent(state, command)
+        sac_switch = sac_switch_with_consumers(state, command)
+        meta = Meta(meta.index, meta.term, meta.system_time_ms, 2)
+        reply = fifo.apply(meta, command, state)[0]
+        v1_reply = v1_replies[cut + offset]
+        if not isinstance(reply, Error) or isinstance(v1_reply, Error):
+            continue
+        if (reply.code, absent, sac_switch) in (("unknown_consumer", True, False),
+                                                ("unsupported", False, True)):
+            continue
+        raise AssertionError(f"split {cut}, entry {cut + offset}: {command!r} -> {reply!r} on "
+                             f"v2, {v1_reply!r} on v1")
+
+
 @fifo_settings(8)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_upgrade_at_every_split_point_keeps_counters_and_runs_on(seed: int) -> None:
@@ -103,9 +143,17 @@ def test_upgrade_at_every_split_point_keeps_counters_and_runs_on(seed: int) -> N
         state = fifo.convert(state, 1, 2, Meta(meta.index, meta.term, meta.system_time_ms, 2))
         assert fifo.state_version(state) == 2
         assert conserved(state) == before, f"conversion after {cut} entries"
-        suffix = run_log(state, log[cut:], version=2)
-        for offset, (v1_reply, v2_reply) in enumerate(zip(v1_replies[cut:], suffix, strict=True)):
-            if isinstance(v2_reply, Error) and not isinstance(v1_reply, Error):
-                raise AssertionError(f"split {cut}, entry {cut + offset}: "
-                                     f"{log[cut + offset][1]!r} -> {v2_reply!r} on v2, "
-                                     f"{v1_reply!r} on v1")
+        run_suffix_on_v2(state, log, v1_replies, cut)
+
+
+def test_converted_consumers_keep_their_id_keys() -> None:
+    """Right after a conversion every v1 consumer is found by its ConsumerId on v2."""
+    log = fifo.fuzz.generate_log(17, 400, 1)
+    state = fifo.init_state(1)
+    run_log(state, log)
+    ids = [(name, ConsumerId(c.tag, c.connection)) for name in fifo.list_queues(state)
+           for c in probe.all_consumers(state.queues[name])]
+    assert ids, "the log should leave some consumers"
+    state = fifo.convert(state, 1, 2, Meta(401, 1, log[-1][0].system_time_ms, 2))
+    for name, cid in ids:
+        assert probe.find_consumer(state.queues[name], cid) is not None, (name, cid)
