@@ -1,4 +1,4 @@
-"""Fast paths of `fifo.encode` / `fifo.decode` for Enqueue, the command that dominates traffic.
+"""Fast paths of `fifo.encode` / `fifo.decode` for Enqueue and Deliver, which dominate traffic.
 
 fifo's codec calls a Python hook for every tagged value; an Enqueue (with its ConnectionId) is
 two hooks and two frozen-dataclass constructions. Here the CBOR is built or parsed by cbor2's C
@@ -17,6 +17,7 @@ import cbor2
 
 import fifo
 from fifo.commands import ConnectionId, Enqueue
+from fifo.effects import Deliver, Delivery
 
 _ENQUEUE_FIELDS = ("queue", "body", "enqueuer", "seq", "connection", "ttl_ms")
 _CONNECTION_FIELDS = ("node", "incarnation", "number")
@@ -82,6 +83,61 @@ def _fast_decode(blob: bytes) -> Any:
     return Enqueue(queue, body, enqueuer, seq, connection, ttl_ms)
 
 
+_DELIVER_FIELDS = ("connection", "queue", "tag", "consumer_key", "messages")
+_DELIVERY_FIELDS = ("msg_id", "body", "redelivered", "delivery_count", "annotations")
+_DELIVER_SAMPLES = (
+    Deliver(
+        ConnectionId("n1", 2**40, 3),
+        "q",
+        "tag",
+        5 * 1024,
+        (Delivery(0, b"x" * 100, False, 0), Delivery(7, b"", True, 2, (("k", "v"), ("n", 1)))),
+    ),
+    Deliver(ConnectionId("n", 1, 1), "", "", 0, ()),
+)
+
+
+def _fast_encode_deliver(effect: Deliver) -> bytes:
+    conn = effect.connection
+    messages = [
+        cbor2.CBORTag(
+            _TAGS[Delivery],
+            [m.msg_id, m.body, m.redelivered, m.delivery_count, m.annotations],
+        )
+        for m in effect.messages
+    ]
+    fields = [
+        cbor2.CBORTag(_TAGS[ConnectionId], [conn.node, conn.incarnation, conn.number]),
+        effect.queue,
+        effect.tag,
+        effect.consumer_key,
+        messages,
+    ]
+    return bytes(cbor2.dumps(cbor2.CBORTag(_TAGS[Deliver], fields), canonical=True))
+
+
+def _choose_effect_encoder() -> Callable[[Any], bytes]:
+    deliver = tuple(f.name for f in dataclasses.fields(Deliver))
+    delivery = tuple(f.name for f in dataclasses.fields(Delivery))
+    if deliver != _DELIVER_FIELDS or delivery != _DELIVERY_FIELDS or ConnectionId not in _TAGS:
+        return fifo.encode
+    try:
+        _TAGS[Deliver] = cbor2.loads(fifo.encode(_DELIVER_SAMPLES[0])).tag
+        _TAGS[Delivery] = cbor2.loads(fifo.encode(_DELIVER_SAMPLES[0].messages[0])).tag
+    except Exception:
+        return fifo.encode
+    if not all(_fast_encode_deliver(d) == fifo.encode(d) for d in _DELIVER_SAMPLES):
+        return fifo.encode
+
+    def encode(effect: Any) -> bytes:
+        # v2's int consumer keys take the fast path; a v1 ConsumerId key is fifo's business
+        if type(effect) is Deliver and type(effect.consumer_key) is int:
+            return _fast_encode_deliver(effect)
+        return fifo.encode(effect)
+
+    return encode
+
+
 def _choose() -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
     if not _layout_known():
         return fifo.encode, fifo.decode
@@ -101,4 +157,4 @@ def _choose() -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
 
 
 encode_command, decode_command = _choose()
-encode_command.__doc__ = "fifo.encode, with a fast path for Enqueue."
+encode_effect = _choose_effect_encoder()

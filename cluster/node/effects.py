@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import fifo
 from cluster import protocol
 from fifo.commands import ConnectionId
+from raft.fastcodec import encode_effect
 
 Send = Callable[[dict[str, Any]], None]
 
@@ -48,5 +48,5 @@ class EffectRouter:
             if send is None:
                 self.dropped += 1  # replayed effect, or the client is gone
                 continue
-            send(protocol.effect(fifo.encode(effect)))
+            send(protocol.effect(encode_effect(effect)))
             self.sent += 1

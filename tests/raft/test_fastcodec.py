@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fifo
-from fifo.commands import ConnectionId, DeclareQueue, Enqueue, Settle
+from fifo.commands import ConnectionId, ConsumerId, DeclareQueue, Enqueue, Settle
+from fifo.effects import Deliver, Delivery
 from fifo.errors import CodecError
 from raft import fastcodec
 
@@ -22,6 +23,9 @@ def test_the_fast_paths_are_in_use() -> None:
 
 
 connections = st.none() | st.builds(
+    ConnectionId, st.text(max_size=5), st.integers(0, 2**63), st.integers(0, 2**31)
+)
+connections_required = st.builds(
     ConnectionId, st.text(max_size=5), st.integers(0, 2**63), st.integers(0, 2**31)
 )
 enqueues = st.builds(
@@ -75,3 +79,30 @@ def _decodes(blob: bytes) -> bool:
     except CodecError:
         return False
     return True
+
+
+deliveries = st.builds(
+    Delivery,
+    st.integers(0, 2**40),
+    st.binary(max_size=30),
+    st.booleans(),
+    st.integers(0, 100),
+    st.lists(
+        st.tuples(st.text(max_size=3), st.text(max_size=3) | st.integers(-5, 5)), max_size=2
+    ).map(tuple),
+)
+delivers = st.builds(
+    Deliver,
+    st.builds(ConnectionId, st.text(max_size=3), st.integers(0, 2**50), st.integers(0, 99)),
+    st.text(max_size=5),
+    st.text(max_size=5),
+    st.integers(0, 2**50) | st.builds(ConsumerId, st.text(max_size=3), connections_required),
+    st.lists(deliveries, max_size=4).map(tuple),
+)
+
+
+@given(delivers)
+def test_deliver_encodes_like_fifo(effect: Deliver) -> None:
+    """encode_effect gives fifo.encode's bytes for any Deliver (fast path or not)."""
+    assert fastcodec.encode_effect(effect) == fifo.encode(effect)
+    assert fifo.decode(fastcodec.encode_effect(effect)) == effect
