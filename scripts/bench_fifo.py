@@ -50,14 +50,17 @@ class Bench:
         self.conn = ConnectionId("n1", 1, 1)
 
     def apply(self, command: Any) -> tuple[Any, list[Effect]]:
+        """Apply one command at the next index."""
         self.index += 1
         meta = Meta(self.index, 1, 1_000 + self.index // 100, self.version)
         return fifo.apply(meta, command, self.state)
 
     def declare(self, queue: str, config: QueueConfig | None = None) -> None:
+        """Declare a queue."""
         self.apply(DeclareQueue(queue, config or QueueConfig()))
 
     def consumer(self, queue: str, tag: str, prefetch: int) -> ConsumerKey:
+        """Attach a simple_prefetch consumer; returns its key."""
         reply, _ = self.apply(Checkout(queue, ConsumerId(tag, self.conn), SimplePrefetch(prefetch)))
         return reply.consumer_key  # type: ignore[no-any-return]
 

@@ -21,6 +21,7 @@ class UpgradeAt(click.ParamType[int | str, Any]):
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> int | str:
+        """Parse `random` or a non-negative integer."""
         if value == "random" or isinstance(value, int):
             return value  # type: ignore[no-any-return]
         try:

@@ -131,9 +131,11 @@ class Generator:
     # --- helpers ---------------------------------------------------------------------------
 
     def queue(self) -> str:
+        """An existing queue."""
         return self.rng.choice(list(self.world.queues))
 
     def connection(self) -> ConnectionId:
+        """A live connection, sometimes a new one on a random node."""
         world = self.world
         if not world.connections or self.rng.chance(1, 10):
             return world.new_connection(self.rng.choice(NODES))
@@ -150,6 +152,7 @@ class Generator:
     # --- commands --------------------------------------------------------------------------
 
     def declare(self) -> Command:
+        """Declare a missing queue, or re-declare one (same or different config)."""
         world = self.world
         missing = [q for q in (DEAD_LETTER_QUEUE, *WORK_QUEUES) if q not in world.queues]
         if missing and (not world.queues or not self.rng.chance(1, 8)):
@@ -161,19 +164,23 @@ class Generator:
         return DeclareQueue(queue, config)
 
     def delete(self) -> Command:
+        """Now and then delete a work queue (never the dead-letter queue); else purge."""
         queues = [q for q in self.world.queues if q != DEAD_LETTER_QUEUE]
         if not queues or not self.rng.chance(1, 4):
             return self.purge()
         return DeleteQueue(self.rng.choice(queues))
 
     def purge(self) -> Command:
+        """Purge a queue."""
         return Purge(self.queue())
 
     def update_config(self) -> Command:
+        """Replace a queue's config with a random one."""
         queue = self.queue()
         return UpdateConfig(queue, random_config(self.rng, self.world, queue))
 
     def enqueue(self) -> Command:
+        """Publish, mostly through a deduplicating enqueuer (in order, resent, or with a gap)."""
         queue = self.queue()
         body = body_for(queue, self.world.fresh())
         ttl = self.rng.between(0, 2000) if self.rng.chance(1, 8) else None
@@ -188,6 +195,7 @@ class Generator:
         return Enqueue(queue, body, slot.name, seq, slot.connection, ttl)
 
     def enqueuer(self, queue: str) -> EnqueuerSlot:
+        """An enqueuer of the queue, sometimes a new one."""
         mine = [e for e in self.world.enqueuers.values() if e.queue == queue]
         if mine and not self.rng.chance(1, 20):
             return self.rng.choice(mine)
@@ -196,10 +204,12 @@ class Generator:
         return slot
 
     def register_enqueuer(self) -> Command:
+        """Register an enqueuer (answered RejectPublish while over a reject_publish limit)."""
         slot = self.enqueuer(self.queue())
         return RegisterEnqueuer(slot.queue, slot.name, slot.connection)
 
     def checkout(self) -> Command:
+        """Attach a consumer, or update one: prefetch or credited, priority, timeout (v2)."""
         rng, world = self.rng, self.world
         queue = self.queue()
         existing = world.slots_of(queue)
@@ -216,15 +226,18 @@ class Generator:
         return Checkout(queue, cid, spec, rng.between(0, 2), timeout)
 
     def dequeue(self) -> Command:
+        """basic.get, settled or not."""
         cid = ConsumerId(f"d{self.world.fresh()}", self.connection())
         return Checkout(self.queue(), cid, Dequeue(self.rng.chance(1, 2)))
 
     def cancel_or_remove(self) -> Command:
+        """Cancel a consumer (v2: or remove it)."""
         slot = self.rng.choice(list(self.world.consumers.values()))
         remove = self.world.version >= 2 and self.rng.chance(1, 2)
         return Checkout(slot.queue, slot.cid, Remove() if remove else Cancel())
 
     def credit(self) -> Command:
+        """Grant link credit to a credited consumer, sometimes from a stale delivery count."""
         slot = self.rng.choice([s for s in self.world.consumers.values() if s.credited])
         count = slot.delivery_count
         if self.rng.chance(1, 10):
@@ -235,6 +248,7 @@ class Generator:
         )
 
     def outcome(self) -> Command:
+        """Answer pending deliveries: settle, return, discard, modify (v2) or renew (v2)."""
         rng, world = self.rng, self.world
         index = 0 if rng.chance(9, 10) else rng.below(len(world.pending))
         first = world.pending.pop(index)
@@ -263,10 +277,12 @@ class Generator:
         return Modify(first.queue, key, ids, failed, here, (("x-note", rng.below(100)),))
 
     def connection_down(self) -> Command:
+        """Close a connection or lose it (noconnection)."""
         conn = self.connection()
         return ConnectionDown(conn, "normal" if self.rng.chance(1, 2) else "noconnection")
 
     def node_down_or_up(self) -> Command:
+        """Lose a node, or bring a lost one back."""
         down = self.world.nodes_down
         if down and self.rng.chance(2, 3):
             return NodeUp(self.rng.choice(down))

@@ -72,6 +72,7 @@ class Checker:
     deliveries: int = 0
 
     def ledger(self, queue: str) -> Ledger:
+        """The ledger of a queue, created on first use."""
         return self.ledgers.setdefault(queue, Ledger())
 
     def before(self, state: State, command: Command) -> Peek:
