@@ -320,6 +320,7 @@ def _report(
     workload_end_s: float,
     data_dir: Path,
 ) -> dict[str, Any]:
+    """Check the history and assemble the JSON report (and draw the timeline)."""
     events = recorder.events()
     verdict = check(events)
     windows = availability.unavailable_windows(
@@ -329,19 +330,7 @@ def _report(
         FaultWindow(r.kind, r.start_s, r.end_s if r.end_s is not None else r.start_s)
         for r in nemesis.records
     ]
-    faults = []
-    for index, (record, window) in enumerate(zip(nemesis.records, fault_windows, strict=True)):
-        # the next fault's start bounds what this one is blamed for
-        later = fault_windows[index + 1 :]
-        next_start = later[0].start_s if later else None
-        recovery_s, unavailable_s = availability.recovery(window, windows, next_start_s=next_start)
-        faults.append(
-            {
-                **record.to_dict(),
-                "recovery_s": round(recovery_s, 3),
-                "unavailable_s": round(unavailable_s, 3),
-            }
-        )
+    faults = _fault_rows(nemesis, fault_windows, windows)
     end_s = recorder.now_ns() / 1e9
     series = availability.throughput(events, end_s)
     png = plot_timeline(
@@ -376,14 +365,7 @@ def _report(
         "duplicated": len(verdict.duplicated),
         "recovered": len(verdict.recovered),
         "checker": verdict.to_dict(),
-        "availability": {
-            "max_unavailability_s": round(max((w.length_s for w in windows), default=0.0), 3),
-            "unavailable_windows": [w.to_dict() for w in windows],
-            "unexpected_unavailability": [
-                w.to_dict() for w in availability.unexpected(windows, fault_windows)
-            ],
-            "gap_s": params.gap_s,
-        },
+        "availability": _availability(windows, fault_windows, params.gap_s),
         "replicas": replica_dict,
         "drain": {"consumed_per_node": stage.drained, "errors": stage.drain_errors},
         "timings": stage.timings,
@@ -395,6 +377,40 @@ def _report(
             "report": str(params.out_dir / "report.json"),
             "data_dir": str(data_dir) if params.keep_data else None,
         },
+    }
+
+
+def _fault_rows(
+    nemesis: Nemesis, fault_windows: list[FaultWindow], windows: list[availability.Window]
+) -> list[dict[str, Any]]:
+    """Each fault as recorded, with its recovery time and the unavailability blamed on it."""
+    rows = []
+    for index, (record, window) in enumerate(zip(nemesis.records, fault_windows, strict=True)):
+        # the next fault's start bounds what this one is blamed for
+        later = fault_windows[index + 1 :]
+        next_start = later[0].start_s if later else None
+        recovery_s, unavailable_s = availability.recovery(window, windows, next_start_s=next_start)
+        rows.append(
+            {
+                **record.to_dict(),
+                "recovery_s": round(recovery_s, 3),
+                "unavailable_s": round(unavailable_s, 3),
+            }
+        )
+    return rows
+
+
+def _availability(
+    windows: list[availability.Window], fault_windows: list[FaultWindow], gap_s: float
+) -> dict[str, Any]:
+    """Max unavailability, every unavailable window and those that no fault explains."""
+    return {
+        "max_unavailability_s": round(max((w.length_s for w in windows), default=0.0), 3),
+        "unavailable_windows": [w.to_dict() for w in windows],
+        "unexpected_unavailability": [
+            w.to_dict() for w in availability.unexpected(windows, fault_windows)
+        ],
+        "gap_s": gap_s,
     }
 
 
