@@ -43,7 +43,7 @@ def conserved(state: State) -> dict[str, tuple[int, int, int, int]]:
     return out
 
 
-@fifo_settings(8)
+@fifo_settings(12)
 @given(seed=st.integers(0, 2**32 - 1), version=st.sampled_from(fifo.SUPPORTED_VERSIONS))
 def test_snapshot_at_every_prefix_then_replay_equals_full_replay(seed: int, version: int) -> None:
     """For every prefix: restore(snapshot(prefix state)) + the rest of the log == the full log."""
@@ -129,7 +129,7 @@ def run_suffix_on_v2(state: State, log: Log, v1_replies: list[Reply], cut: int) 
                              f"v2, {v1_reply!r} on v1")
 
 
-@fifo_settings(8)
+@fifo_settings(12)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_upgrade_at_every_split_point_keeps_counters_and_runs_on(seed: int) -> None:
     """v1 prefix, convert, v2 suffix: counters survive and v2 refuses nothing v1 accepted."""

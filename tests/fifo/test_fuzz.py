@@ -25,7 +25,7 @@ def describe(result: fifo.fuzz.FuzzResult) -> str:
                      for v in result.violations[:5]) + f"\n{result.reproduce}"
 
 
-@fifo_settings(30)
+@fifo_settings(50)
 @given(seed=st.integers(0, 2**32 - 1), version=st.sampled_from(fifo.SUPPORTED_VERSIONS))
 def test_random_seeds_hold_every_invariant(seed: int, version: int) -> None:
     """Any seed on any version runs without an invariant violation."""
@@ -34,7 +34,7 @@ def test_random_seeds_hold_every_invariant(seed: int, version: int) -> None:
     assert result.steps_run == STEPS
 
 
-@fifo_settings(20)
+@fifo_settings(30)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_random_upgrade_point_holds_every_invariant(seed: int) -> None:
     """A v1 run converted to v2 at a seeded random entry keeps every invariant and ends on v2."""

@@ -313,6 +313,6 @@ class FifoV2AgainstModel(FifoAgainstModel):
 
 
 TestFifoV1AgainstModel = FifoAgainstModel.TestCase
-TestFifoV1AgainstModel.settings = fifo_settings(150, stateful_step_count=50)
+TestFifoV1AgainstModel.settings = fifo_settings(250, stateful_step_count=50)
 TestFifoV2AgainstModel = FifoV2AgainstModel.TestCase
-TestFifoV2AgainstModel.settings = fifo_settings(150, stateful_step_count=50)
+TestFifoV2AgainstModel.settings = fifo_settings(250, stateful_step_count=50)
