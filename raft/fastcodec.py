@@ -1,4 +1,5 @@
-"""Fast paths of `fifo.encode` / `fifo.decode` for Enqueue and Deliver, which dominate traffic.
+"""Fast paths of fifo's codec for the messages that dominate traffic: Enqueue (encode, decode),
+Settle / Return / Discard (decode) and Deliver (encode).
 
 fifo's codec calls a Python hook for every tagged value; an Enqueue (with its ConnectionId) is
 two hooks and two frozen-dataclass constructions. Here the CBOR is built or parsed by cbor2's C
@@ -16,12 +17,14 @@ from typing import Any
 import cbor2
 
 import fifo
-from fifo.commands import ConnectionId, Enqueue
+from fifo.commands import ConnectionId, Discard, Enqueue, Return, Settle
 from fifo.effects import Deliver, Delivery
 
 _ENQUEUE_FIELDS = ("queue", "body", "enqueuer", "seq", "connection", "ttl_ms")
 _CONNECTION_FIELDS = ("node", "incarnation", "number")
 _TAGS: dict[type, int] = {}
+_SETTLE_LIKE: dict[int, type] = {}  # tag -> Settle / Return / Discard (same field layout)
+_SETTLE_FIELDS = ("queue", "consumer_key", "msg_ids")
 # the class cbor2's C decoder builds for tags (not always the `cbor2.CBORTag` name)
 _DECODED_TAG = type(cbor2.loads(cbor2.dumps(cbor2.CBORTag(99_999, []))))
 _SAMPLES = (
@@ -57,7 +60,12 @@ def _fast_decode(blob: bytes) -> Any:
         raw = cbor2.loads(blob)
     except Exception:
         return fifo.decode(blob)  # raises fifo's CodecError, with fifo's message
-    if type(raw) is not _DECODED_TAG or raw.tag != _TAGS[Enqueue]:
+    if type(raw) is not _DECODED_TAG:
+        return fifo.decode(blob)
+    settle_like = _SETTLE_LIKE.get(raw.tag)
+    if settle_like is not None:
+        return _settle_like(blob, settle_like, raw.value)
+    if raw.tag != _TAGS[Enqueue]:
         return fifo.decode(blob)
     fields = raw.value
     if type(fields) not in (list, tuple) or len(fields) != 6:
@@ -81,6 +89,18 @@ def _fast_decode(blob: bytes) -> Any:
             return fifo.decode(blob)
         connection = ConnectionId(value[0], value[1], value[2])
     return Enqueue(queue, body, enqueuer, seq, connection, ttl_ms)
+
+
+def _settle_like(blob: bytes, cls: type, fields: Any) -> Any:
+    """Settle / Return / Discard with an int key (v2) and int message ids; else fifo's codec."""
+    if type(fields) not in (list, tuple) or len(fields) != 3:
+        return fifo.decode(blob)
+    queue, key, msg_ids = fields
+    if type(queue) is not str or type(key) is not int or type(msg_ids) not in (list, tuple):
+        return fifo.decode(blob)
+    if not all(type(i) is int for i in msg_ids):
+        return fifo.decode(blob)
+    return cls(queue, key, tuple(msg_ids))
 
 
 _DELIVER_FIELDS = ("connection", "queue", "tag", "consumer_key", "messages")
@@ -146,8 +166,17 @@ def _choose() -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
         _TAGS[ConnectionId] = cbor2.loads(fifo.encode(ConnectionId("n", 1, 1))).tag
     except Exception:  # fifo's encoding is not a tag any more
         return fifo.encode, fifo.decode
+    for cls in (Settle, Return, Discard):
+        if tuple(f.name for f in dataclasses.fields(cls)) == _SETTLE_FIELDS:
+            _SETTLE_LIKE[cbor2.loads(fifo.encode(cls("q", 1, (1,)))).tag] = cls
+    samples: list[Any] = [
+        *_SAMPLES,
+        Settle("q", 3, (1, 2)),
+        Return("", 0, ()),
+        Discard("d", 9, (7,)),
+    ]
     encode_ok = all(_fast_encode(s) == fifo.encode(s) for s in _SAMPLES)
-    decode_ok = all(_fast_decode(fifo.encode(s)) == s for s in _SAMPLES)
+    decode_ok = all(_fast_decode(fifo.encode(s)) == s for s in samples)
     return (
         (lambda c: _fast_encode(c) if type(c) is Enqueue else fifo.encode(c))
         if encode_ok

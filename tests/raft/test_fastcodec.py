@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fifo
-from fifo.commands import ConnectionId, ConsumerId, DeclareQueue, Enqueue, Settle
+from fifo.commands import (
+    ConnectionId,
+    ConsumerId,
+    DeclareQueue,
+    Discard,
+    Enqueue,
+    Return,
+    Settle,
+)
 from fifo.effects import Deliver, Delivery
 from fifo.errors import CodecError
 from raft import fastcodec
@@ -106,3 +114,15 @@ def test_deliver_encodes_like_fifo(effect: Deliver) -> None:
     """encode_effect gives fifo.encode's bytes for any Deliver (fast path or not)."""
     assert fastcodec.encode_effect(effect) == fifo.encode(effect)
     assert fifo.decode(fastcodec.encode_effect(effect)) == effect
+
+
+@given(
+    st.sampled_from([Settle, Return, Discard]),
+    st.text(max_size=5),
+    st.integers(-(2**63), 2**63) | st.builds(ConsumerId, st.text(max_size=3), connections_required),
+    st.lists(st.integers(0, 2**63), max_size=5).map(tuple),
+)
+def test_settle_like_commands_decode_like_fifo(cls: Any, queue: str, key: Any, ids: Any) -> None:
+    """Settle, Return and Discard decode exactly as fifo decodes them."""
+    blob = fifo.encode(cls(queue, key, ids))
+    assert fastcodec.decode_command(blob) == fifo.decode(blob) == cls(queue, key, ids)
