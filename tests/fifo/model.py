@@ -379,6 +379,8 @@ class SacModel:
                 self.cancelled[cid] = consumer
         else:
             self.waiting.remove(consumer)
+            if consumer.held:  # a soft cancel keeps pending messages until they are settled
+                self.cancelled[cid] = consumer
         self.settle_activation()
 
     def down(self, cid: ConsumerId) -> None:
