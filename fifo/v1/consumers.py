@@ -187,9 +187,14 @@ class QueueConsumers(QueueCore):
         if c is None:
             return unknown_consumer(cmd.consumer)
         if q.consumers.get(c.key) is not c:
-            self.drop_waiting(ctx, q, c, "cancel")
-            self.after_change(ctx, q)
-            return CancelOk(None, 0)
+            if not c.checked_out:
+                self.drop_waiting(ctx, q, c, "cancel")
+                self.after_change(ctx, q)
+                return CancelOk(None, 0)
+            # a waiting consumer still holding messages (a cancelled one that checked out again)
+            # keeps them until they are settled or returned, like any cancelled consumer
+            q.waiting.remove(c)
+            q.consumers[c.key] = c
         if c.status != "cancelled":
             self.service_remove(q, c)
             c.status, c.once, c.credit = "cancelled", True, 0
@@ -270,4 +275,6 @@ class QueueConsumers(QueueCore):
                 self.to_waiting(ctx, q, c, notify=True)
             else:
                 self.service_add(q, c)
+        elif n:
+            self.resort_waiting(q)  # a waiting holder's credit rose: v2 orders by credit
         self.after_change(ctx, q)

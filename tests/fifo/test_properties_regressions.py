@@ -97,13 +97,10 @@ def cancel_waiting_holder(version: int) -> tuple[State, list[Effect]]:
     return state, effects
 
 
-@pytest.mark.xfail(strict=True, reason="machine bug: a soft cancel of a waiting SAC consumer that "
-                   "still holds messages returns them at once (and m1 is redelivered to `high` "
-                   "while `low` may still settle it); DESIGN.md: cancel keeps them until settled")
 @pytest.mark.parametrize("version", [1, 2])
 def test_cancel_of_a_waiting_consumer_keeps_its_pending_messages(version: int) -> None:
     """Found by test_properties_sac (SacAgainstModel): enqueue, checkout low, cancel low,
-    checkout high, checkout low, cancel low."""
+    checkout high, checkout low, cancel low. Fixed: the cancelled holder keeps m1 until settled."""
     state, effects = cancel_waiting_holder(version)
     redelivered = [m.body for e in effects if isinstance(e, Deliver) and e.tag == "high"
                    for m in e.messages]
@@ -113,11 +110,9 @@ def test_cancel_of_a_waiting_consumer_keeps_its_pending_messages(version: int) -
     assert held.get("low") == 1
 
 
-@pytest.mark.xfail(strict=True, reason="machine bug (v2): a settle by a waiting SAC consumer that "
-                   "holds messages raises its credit but the waiting list is not re-sorted "
-                   "(order: priority, then more credit, then earliest attached)")
 def test_waiting_order_follows_credit_after_a_settle() -> None:
-    """Found by test_properties_sac (SacV2AgainstModel), minimised by hand."""
+    """Found by test_properties_sac (SacV2AgainstModel), minimised by hand. Fixed: a settle or
+    return by a waiting holder re-sorts the waiting list."""
     state = fifo.init_state(2)
     b, c = ConsumerId("b", CONN), ConsumerId("c", CONN)
     apply_all(state, 2, [
