@@ -2,9 +2,11 @@
 
 Runs on the node's asyncio loop. A batch is flushed when the window (1 ms) elapses, or when it
 reaches `count_max` commands or `bytes_max` bytes; with nothing in flight it is flushed at the end
-of the current loop iteration (no added latency for a lone command). Each command keeps its own
-reply sink; the sinks are resolved when the submitting node applies the entry (`resolve`, in log
-order), or failed with a SubmitError when pysyncobj reports a failure or the batch times out.
+of the current loop iteration (no added latency for a lone command); with `inflight_max` entries
+of this node in flight it waits for one of them to be applied (bigger entries under load). Each
+command keeps its own reply sink; the sinks are resolved when the submitting node applies the
+entry (`resolve`, in log order), or failed with a SubmitError when pysyncobj reports a failure
+or the batch times out.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ WINDOW_S_DEFAULT = 0.001
 COUNT_MAX_DEFAULT = SUB_INDEX_SPAN
 BYTES_MAX_DEFAULT = 256 * 1024
 TIMEOUT_S_DEFAULT = 10.0
+INFLIGHT_MAX_DEFAULT = 3
 
 _FAILURES = {
     FAIL_REASON.QUEUE_FULL: ("unavailable", "the node's command queue is full"),
@@ -61,6 +64,7 @@ class GroupCommitter:
         count_max: int = COUNT_MAX_DEFAULT,
         bytes_max: int = BYTES_MAX_DEFAULT,
         timeout_s: float = TIMEOUT_S_DEFAULT,
+        inflight_max: int = INFLIGHT_MAX_DEFAULT,
     ) -> None:
         self.node = node
         self.loop = loop
@@ -68,11 +72,13 @@ class GroupCommitter:
         self.count_max = min(count_max, SUB_INDEX_SPAN)
         self.bytes_max = bytes_max
         self.timeout_s = timeout_s
+        self.inflight_max = inflight_max
         self._buffer: list[bytes] = []
         self._sinks: list[Sink] = []
         self._decoded: list[Any] = []
         self._bytes = 0
         self._timer: asyncio.Handle | None = None
+        self._held = False  # a window elapsed while inflight_max entries were in flight
         self._pending: dict[int, _Batch] = {}
         self._ids = itertools.count(1)
         self.entries_submitted = 0
@@ -97,11 +103,26 @@ class GroupCommitter:
             # nothing in flight: go at the end of this loop iteration (a lone command waits for
             # no window; commands read in the same iteration still share the entry)
             self._timer = self.loop.call_soon(self.flush)
-        elif self._timer is None:
-            self._timer = self.loop.call_later(self.window_s, self.flush)
+        elif self._timer is None and not self._held:
+            self._timer = self.loop.call_later(self.window_s, self._window_elapsed)
+
+    def _window_elapsed(self) -> None:
+        # with enough entries in flight, hold the batch until one of them is applied: under a
+        # trickle of commands (acks) this makes fewer, larger entries instead of one per window
+        self._timer = None
+        if len(self._pending) >= self.inflight_max:
+            self._held = True
+        else:
+            self.flush()
+
+    def _release(self) -> None:
+        if self._held and len(self._pending) < self.inflight_max:
+            self._held = False
+            self.flush()
 
     def flush(self) -> None:
         """Submit the buffered commands as one entry now."""
+        self._held = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -147,6 +168,7 @@ class GroupCommitter:
             _call(sink, reply)
         for sink in batch.sinks[len(outcome.replies) :]:
             _call(sink, SubmitError("internal", "entry applied without a reply for this command"))
+        self._release()
 
     def fail(self, batch_id: int, error: SubmitError) -> None:
         """Fail every command of a batch that will not be answered."""
@@ -155,6 +177,7 @@ class GroupCommitter:
         if batch is not None:
             for sink in batch.sinks:
                 _call(sink, error)
+            self._release()
 
     def sweep(self) -> None:
         """Fail batches older than the timeout (pysyncobj has no timeout on async calls)."""

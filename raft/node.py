@@ -107,7 +107,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self.lock = threading.RLock()
         self.replicated_state = ReplicatedState([settings.node_id, *settings.peers])
         self.stopped_reason: str | None = None
-        self._defer_send = False
         # batch id -> the decoded commands of an entry this node submitted (skips a decode)
         self.decoded_cache: dict[int, tuple[Any, ...]] = {}
         self._send_pending = False
@@ -201,8 +200,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
 
     def _poll(self, timeout: float) -> None:
-        """pysyncobj's poll, with the acks of every AppendEntries handled in it deferred to the
-        end: one fsync covers them all instead of one fsync per message."""
+        """The end of every pysyncobj tick: first the AppendEntries deferred during the tick (one
+        message per follower and one fsync, carrying both the new entries and the new commit
+        index), then pysyncobj's poll with the acks of every AppendEntries handled in it
+        deferred to its end (one fsync covers them all)."""
+        self._flush_sends()
         self._defer_acks = True
         try:
             self._real_poll(timeout)
@@ -215,26 +217,19 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                     SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
 
     def _SyncObj__sendAppendEntries(self) -> None:
-        if self._defer_send:
-            self._send_pending = True  # one sync + one send after the whole queue is appended
+        # pysyncobj (unbatched) sends after every appended entry, after every apply and on each
+        # heartbeat: collect them and send once, before the tick ends in `_poll`
+        self._send_pending = True
+
+    def _flush_sends(self) -> None:
+        if not self._send_pending:
             return
+        self._send_pending = False
         # leader: send first so the followers' fsyncs overlap ours; ours still completes before
         # this (single) tick thread can process their acks, so an entry is never counted as
         # committed, nor its commit index sent out, before the leader's copy is on disk
         SyncObj._SyncObj__sendAppendEntries(self)
         self.sync_journal()
-
-    def _checkCommandsToApply(self) -> None:
-        """pysyncobj appends queued entries one by one and, unbatched, sends after each: defer
-        the sends so a burst of entries costs one fsync and one AppendEntries per follower."""
-        self._defer_send = True
-        try:
-            super()._checkCommandsToApply()
-        finally:
-            self._defer_send = False
-        if self._send_pending:
-            self._send_pending = False
-            self._SyncObj__sendAppendEntries()
 
     # --- snapshots (pysyncobj serializer hooks) ----------------------------------------------
 
