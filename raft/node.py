@@ -3,9 +3,9 @@
 Ordering obligations (as etcd's `Ready` documents them):
 - a follower fsyncs an entry's journal record (policy permitting) before it acks it (one fsync
   for all the AppendEntries handled in one poll);
-- the leader fsyncs right after sending new entries (overlapping the followers' fsyncs) and
-  before its tick thread processes any ack, so it counts itself towards a commit only once its
-  own copy is on disk;
+- the leader sends one AppendEntries per follower per tick (new entries and commit index), then
+  fsyncs (overlapping the followers' fsyncs) before its tick thread processes any ack, so it
+  counts itself towards a commit only once its own copy is on disk;
 - every node fsyncs before it hands the outcome of an entry (its replies) to `on_outcome`;
 - `on_outcome` is called in log order from pysyncobj's tick thread, once per applied entry, on
   every node (replies are for the submitter, effects for the node owning the connection);
