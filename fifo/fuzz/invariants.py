@@ -50,6 +50,7 @@ class Peek:
     settled_held: int = 0  # ids named by a Settle that the consumer really held
     enqueue_expected_seq: int | None = None  # the machine's next seq for the enqueuer
     total_before: int | None = None
+    ready_before: int | None = None
     sender_delivery_count: int | None = None  # a credited consumer's, before a Credit
 
 
@@ -83,6 +84,7 @@ class Checker:
         if queue is None:
             return peek
         peek.total_before = queue.messages_total
+        peek.ready_before = probe.ready_count(queue)
         if isinstance(command, Settle):
             consumer = probe.find_consumer(queue, command.consumer_key)
             if consumer is not None and isinstance(command.msg_ids, tuple):
@@ -134,6 +136,9 @@ class Checker:
             self.ledger(command.queue).outflow += peek.settled_held
         elif isinstance(reply, PurgeOk):
             self.ledger(getattr(command, "queue", "")).outflow += reply.count
+            if peek.ready_before is not None and reply.count != peek.ready_before:
+                found.append(("purge_count", f"PurgeOk({reply.count}) but {peek.ready_before} "
+                              f"were ready"))
         elif _is_settled_dequeue(command, reply):
             self.ledger(getattr(command, "queue", "")).outflow += 1
         return found
@@ -170,6 +175,7 @@ class Checker:
             elif isinstance(effect, Deliver):
                 found += self._check_order(effect)
                 found += _check_recipient(state, effect)
+                found += _check_not_expired(state, effect)
             elif isinstance(effect, QueueStatus):
                 found += self._check_queue_status(effect)
         return found
@@ -406,4 +412,20 @@ def _check_untimed_out(state: State, command: Settle | Return | Discard | Modify
     if left:
         return [("timed_out_cleared", f"{command.queue}/{consumer.tag}: {left} still timed out "
                  f"after {type(command).__name__}")]
+    return []
+
+
+def _check_not_expired(state: State, effect: Deliver) -> list[Found]:
+    """No message is delivered at or after its expiry (expired ones are dead-lettered first)."""
+    queue = probe.queue(state, effect.queue)
+    consumer = None if queue is None else probe.find_consumer(queue, effect.consumer_key)
+    if consumer is None:
+        return []
+    now = state.last_time
+    late = [d.msg_id for d in effect.messages
+            if (m := consumer.checked_out.get(d.msg_id)) is not None
+            and m.expiry is not None and m.expiry <= now]
+    if late:
+        return [("delivered_expired", f"{effect.queue}/{effect.tag}: ids {late} expired at or "
+                 f"before {now}")]
     return []
