@@ -61,7 +61,6 @@ class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
     fsync: FsyncPolicy = "batch"
     bind: str = "127.0.0.1"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def node(self, node_id: str) -> NodeConfig:
         """The node called `node_id`; ConfigError if there is none."""
