@@ -115,3 +115,31 @@ def test_commands_work_through_a_follower_and_are_bound_to_the_caller(
     deliveries = client.read_effects(1)
     assert deliveries and deliveries[0].connection == client.connection
     client.close()
+
+
+def test_pipelined_commands_are_group_committed_with_one_reply_each(
+    shared_cluster3: LocalCluster,
+) -> None:
+    """300 pipelined publishes: one reply per id, in far fewer log entries than commands."""
+    leader = shared_cluster3.leader()
+    client = shared_cluster3.client(leader)
+    client.command(DeclareQueue("batched"))
+    before = client.query("status")["commit_index"]
+    frames = [
+        protocol.encode_frame(
+            protocol.command(1000 + i, fifo.encode(Enqueue("batched", b"%d" % i)))
+        )
+        for i in range(300)
+    ]
+    client.sock.sendall(b"".join(frames))
+    replies: dict[int, object] = {}
+    while len(replies) < 300:
+        frame = protocol.recv_frame(client.sock)
+        assert frame["op"] == "reply", frame
+        replies[frame["id"]] = fifo.decode(frame["reply"])
+    assert sorted(replies) == list(range(1000, 1300))
+    assert set(replies.values()) == {Ok()}
+    entries = client.query("status")["commit_index"] - before
+    assert 1 <= entries <= 30  # group commit: ~10+ commands per entry at the very least
+    assert client.query("overview", queue="batched")["total"] == 300
+    client.close()
