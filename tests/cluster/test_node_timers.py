@@ -50,3 +50,19 @@ def test_consumer_timeouts_are_submitted_only_when_a_lock_expired(cluster3: Loca
     assert released[0].reason == "timeout" and released[0].consumer_key == key
     assert timer_commands(cluster3, leader, "EvalConsumerTimeouts") >= 1
     client.close()
+
+
+def test_a_lost_peer_gets_one_node_down_and_one_node_up(cluster3: LocalCluster) -> None:
+    """The leader commits NodeDown once for a killed follower and NodeUp once when it is back."""
+    leader = cluster3.leader()
+    follower = next(n for n in ("n1", "n2", "n3") if n != leader)
+    cluster3.kill(follower)
+    wait_until(lambda: timer_commands(cluster3, leader, "NodeDown") >= 1, 10, "NodeDown")
+    time.sleep(3.0)  # longer than the resubmit interval: it must not be sent again
+    assert timer_commands(cluster3, leader, "NodeDown") == 1
+    cluster3.start_node(follower)
+    wait_until(lambda: timer_commands(cluster3, leader, "NodeUp") >= 1, 15, "NodeUp")
+    cluster3.converged()
+    time.sleep(1.0)
+    assert timer_commands(cluster3, leader, "NodeUp") == 1
+    assert timer_commands(cluster3, leader, "NodeDown") == 1
