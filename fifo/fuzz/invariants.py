@@ -69,6 +69,7 @@ class Checker:
 
     ledgers: dict[str, Ledger] = field(default_factory=dict)
     last_number: dict[tuple[str, ConsumerId], int] = field(default_factory=dict)
+    last_first_delivery: dict[str, int] = field(default_factory=dict)  # per queue
     blocked: dict[tuple[str, str], bool] = field(default_factory=dict)  # told reject_publish
     deliveries: int = 0
 
@@ -108,6 +109,7 @@ class Checker:
         if not isinstance(reply, Error):
             found += self._account(command, reply, peek)
         found += self._account_effects(state, command, effects)
+        found += self._check_queue_order(command, reply, effects)
         if isinstance(command, Credit) and not isinstance(reply, Error):
             found += check_credit_reply(command, effects, peek)
         if isinstance(command, RenewLocks) and not isinstance(reply, Error):
@@ -190,6 +192,31 @@ class Checker:
                      f"{effect.queue}/{effect.enqueuer} told go without a reject_publish")]
         self.blocked[key] = blocked
         return []
+
+    def _check_queue_order(
+        self, command: Command, reply: Reply, effects: list[Effect]
+    ) -> list[Found]:
+        """Per queue, across all consumers and dequeues: messages leave for the first time in
+        enqueue order (one command's deliveries may come in any order among themselves)."""
+        firsts: dict[str, list[int]] = {}
+        for effect in effects:
+            if isinstance(effect, Deliver):
+                for delivery in effect.messages:
+                    if not delivery.redelivered:
+                        _add_first(firsts, effect.queue, delivery.body)
+        message = reply.message if isinstance(reply, DequeueOk) else None
+        if message is not None and not message.redelivered:
+            _add_first(firsts, getattr(command, "queue", ""), message.body)
+        found: list[Found] = []
+        for queue, numbers in firsts.items():
+            if self.ledger(queue).disturbed:
+                continue
+            last = self.last_first_delivery.get(queue, -1)
+            if min(numbers) <= last:
+                found.append(("queue_order", f"{queue}: first delivery of #{min(numbers)} "
+                              f"after #{last} had left"))
+            self.last_first_delivery[queue] = max(last, *numbers)
+        return found
 
     def _check_order(self, effect: Deliver) -> list[Found]:
         """Per consumer, first deliveries arrive in enqueue order; only redeliveries go back.
@@ -429,3 +456,10 @@ def _check_not_expired(state: State, effect: Deliver) -> list[Found]:
         return [("delivered_expired", f"{effect.queue}/{effect.tag}: ids {late} expired at or "
                  f"before {now}")]
     return []
+
+
+def _add_first(firsts: dict[str, list[int]], queue: str, body: bytes) -> None:
+    """Record a first delivery whose body was enqueued on this very queue."""
+    number = body_number(body)
+    if number is not None and body.startswith(queue.encode() + b"|"):
+        firsts.setdefault(queue, []).append(number)
