@@ -24,6 +24,7 @@ UpgradeAt = int | Literal["random"] | None
 DIGEST_SAMPLE_ONE_IN = 16  # digest is costly: check "Error leaves the state unchanged" on a sample
 TIMER_SAMPLE_ONE_IN = 20  # the timer check works on a restored copy of the state
 CODEC_SAMPLE_ONE_IN = 8
+QUERY_SAMPLE_ONE_IN = 10
 STALE_TIMER_CODES = ("unknown_consumer", "unknown_queue")
 TIMER_ROUNDS_MAX = 4  # a timeout can return expired messages: Expire is due in the next round
 VIOLATIONS_MAX = 20
@@ -128,6 +129,8 @@ def step(run: Run, generator: Generator, index: int) -> None:
         found += check_timers(run, index)
     if not bad_input and run.rng.chance(1, CODEC_SAMPLE_ONE_IN):
         found += check_codec([command, reply, *effects])
+    if run.rng.chance(1, QUERY_SAMPLE_ONE_IN):
+        found += check_queries(run.state)
     for invariant, detail in found:
         if invariant not in run.ignore:
             run.violations.append(Violation(index, repr(command), invariant, detail))
@@ -164,6 +167,29 @@ def check_timers(run: Run, index: int) -> list[tuple[str, str]]:
             return found
         due = again
     found.append(("timers_converge", f"still due after {TIMER_ROUNDS_MAX} rounds: {due!r}"))
+    return found
+
+
+def check_queries(state: State) -> list[tuple[str, str]]:
+    """The read-only queries (what `quorumq queue info` and `consumer list` show) agree with
+    the state: overview counters, consumer list, message peek."""
+    found: list[tuple[str, str]] = []
+    for name in fifo.list_queues(state):
+        queue = state.queues[name]
+        view = fifo.overview(state, name)
+        held = sum(len(c.checked_out) for c in (*queue.consumers.values(), *queue.waiting))
+        want = (len(queue.ready), len(queue.returns), held, queue.messages_total,
+                queue.bytes_ready, len(queue.consumers), len(queue.waiting))
+        got = None if view is None else (view.ready, view.returned, view.checked_out, view.total,
+                                         view.bytes, view.consumers, view.waiting_consumers)
+        if got != want:
+            found.append(("query_overview", f"{name}: overview {got}, state {want}"))
+        listed = fifo.consumers(state, name)
+        if len(listed) != len(queue.consumers) + len(queue.waiting):
+            found.append(("query_consumers", f"{name}: {len(listed)} listed"))
+        peeked = fifo.messages(state, name, 3)
+        if len(peeked) != min(3, len(queue.ready) + len(queue.returns)):
+            found.append(("query_messages", f"{name}: {len(peeked)} peeked"))
     return found
 
 
@@ -268,7 +294,7 @@ def result(
     for name in fifo.list_queues(fuzz.state):
         overview = fifo.overview(fuzz.state, name)
         if overview is not None:
-            ready += overview.ready
+            ready += overview.ready + overview.returned  # everything waiting for a consumer
             total += overview.total
     return FuzzResult(
         seed=fuzz.seed, steps=steps, initial_machine_version=version,

@@ -17,7 +17,10 @@ class Violation:
 
 @dataclass(slots=True)
 class FuzzResult:
-    """What one seeded run did and found; `reproduce` is the command line that replays it."""
+    """What one seeded run did and found; `reproduce` is the command line that replays it.
+
+    `ready` and `total` are summed over the queues at the end (ready includes returned messages).
+    """
 
     seed: int
     steps: int
