@@ -130,3 +130,13 @@ def test_real_process_upgrade_at_random_reports_the_index() -> None:
                           "--upgrade-at", "random")
     assert report["final_machine_version"] == 2
     assert isinstance(report["upgrade_index"], int) and 0 <= report["upgrade_index"] < 5000
+
+
+def test_snapshot_check_reports_where_it_snapshotted() -> None:
+    """--snapshot-check runs the snapshot + replay check and says at which entry."""
+    result = CliRunner().invoke(cli, ["fuzz", "--seed", "5", "--steps", "200",
+                                      "--machine-version", "2", "--snapshot-check", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert isinstance(report["snapshot_index"], int) and 0 <= report["snapshot_index"] <= 200
+    assert report["reproduce"].endswith("--snapshot-check -o json")
