@@ -212,10 +212,12 @@ class QueueConsumers(QueueCore):
         del q.consumers[c.key]
         q.key_by_id.pop(ConsumerId(c.tag, c.connection), None)
 
-    def drop_waiting(self, ctx: Ctx, q: Queue, c: Consumer, reason: Any) -> None:
+    def drop_waiting(
+        self, ctx: Ctx, q: Queue, c: Consumer, reason: Any, delivery_failed: bool = False
+    ) -> None:
         """Forget a waiting SAC consumer (returning anything it still holds)."""
         if c.checked_out:
-            self.return_all(ctx, q, c, delivery_failed=False)
+            self.return_all(ctx, q, c, delivery_failed=delivery_failed)
         q.waiting.remove(c)
         q.key_by_id.pop(ConsumerId(c.tag, c.connection), None)
         ctx.effects.append(ConsumerCancelled(c.connection, q.name, c.tag, c.key, reason))

@@ -319,7 +319,7 @@ class QueueMachineV1(QueueConsumers):
         """Enqueuers go down (keeping dedup); consumers leave with a failed delivery each."""
         self.enqueuers_status(ctx, q, match, "down")
         for w in [w for w in q.waiting if match(w.connection)]:
-            self.drop_waiting(ctx, q, w, "down")
+            self.drop_waiting(ctx, q, w, "down", delivery_failed=True)
         for c in [c for c in q.consumers.values() if match(c.connection)]:
             self.return_all(ctx, q, c, delivery_failed=True)
             self.drop_consumer(q, c)

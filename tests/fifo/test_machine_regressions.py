@@ -1,0 +1,63 @@
+"""Machine bugs found while fixing the SAC findings or by `quorumq fuzz`, pinned as named scenarios.
+
+Each test is a minimal command sequence; the docstring says how it was found and what was wrong.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import fifo
+from fifo.commands import (
+    Cancel,
+    Checkout,
+    Command,
+    ConnectionDown,
+    ConnectionId,
+    ConsumerId,
+    DeclareQueue,
+    Enqueue,
+    QueueConfig,
+    SimplePrefetch,
+)
+from fifo.effects import Deliver, Effect
+from fifo.fuzz.invariants import check_state
+from fifo.meta import Meta
+from fifo.replies import Error
+from fifo.state import State
+
+CONN_A, CONN_B = ConnectionId("n1", 1, 1), ConnectionId("n2", 1, 2)
+A, B = ConsumerId("a", CONN_A), ConsumerId("b", CONN_B)
+
+
+def apply_all(state: State, version: int, commands: list[Command], first: int = 1) -> list[Effect]:
+    """Apply commands at consecutive indexes; every reply must be a success."""
+    effects: list[Effect] = []
+    for offset, command in enumerate(commands):
+        reply, out = fifo.apply(Meta(first + offset, 1, 1_000 + offset, version), command, state)
+        assert not isinstance(reply, Error), (command, reply)
+        effects += out
+    return effects
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_closing_the_connection_of_a_waiting_holder_is_a_failed_delivery(version: int) -> None:
+    """Found reading drop_waiting while fixing the soft cancel of a waiting holder: SAC, `a` takes
+    m and cancels, `b` becomes active, `a` checks out again (waits, still holding m), then a's
+    connection closes normally. m came back with delivery_count 0; DESIGN.md: messages returned
+    because the connection went down (not noconnection) count as a failed delivery, so m must be
+    redelivered to `b` with delivery_count 1 (and v2's delivery limit must see it)."""
+    state = fifo.init_state(version)
+    effects = apply_all(state, version, [
+        DeclareQueue("q", QueueConfig(single_active_consumer=True)),
+        Enqueue("q", b"m"),
+        Checkout("q", A, SimplePrefetch(1)),
+        Checkout("q", A, Cancel()),
+        Checkout("q", B, SimplePrefetch(1)),
+        Checkout("q", A, SimplePrefetch(1)),
+        ConnectionDown(CONN_A, "normal"),
+    ])
+    redelivered = [(m.body, m.delivery_count) for e in effects
+                   if isinstance(e, Deliver) and e.tag == "b" for m in e.messages]
+    assert redelivered == [(b"m", 1)]
+    assert check_state(state, {}) == []
