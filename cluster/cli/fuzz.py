@@ -61,6 +61,11 @@ Example:
     help="Also check snapshot + replay == full replay at a seeded random entry.",
 )
 @click.option(
+    "--shrink",
+    is_flag=True,
+    help="On a violation, shrink the log to a minimal one that still breaks it (ddmin).",
+)
+@click.option(
     "-o",
     "--output",
     "output_here",
@@ -76,6 +81,7 @@ def fuzz(
     machine_version: int,
     upgrade_at: int | str | None,
     snapshot_check: bool,
+    shrink: bool,
     output_here: str | None,
 ) -> None:
     """Run a seeded random log against the machine, checking invariants after every step.
@@ -100,6 +106,14 @@ def fuzz(
     result = fifo.fuzz.run(seed, steps, machine_version, upgrade, snapshot_check)
     output = output_here or (ctx.obj.output if ctx.obj is not None else "table")
     report = asdict(result)
+    if shrink and result.violations:
+        shrunk = fifo.fuzz.shrink(seed, steps, machine_version, upgrade)
+        report["shrunk"] = None if shrunk is None else {
+            "invariant": shrunk.invariant,
+            "reproducible": shrunk.reproducible,
+            "original_length": shrunk.original_length,
+            "entries": shrunk.lines(),
+        }
     if output in ("json", "jsonl"):
         click.echo(json.dumps(report, indent=None if output == "jsonl" else 2))
     else:
@@ -134,3 +148,9 @@ def _print_table(report: dict[str, Any]) -> None:
     for violation in violations[:VIOLATIONS_SHOWN]:
         click.echo(f"  step {violation['step']} {violation['invariant']}: {violation['detail']}")
         click.echo(f"    command: {violation['command']}")
+    shrunk = report.get("shrunk")
+    if shrunk:
+        click.echo(f"shrunk log ({len(shrunk['entries'])} of {shrunk['original_length']} entries, "
+                   f"{shrunk['invariant']}):")
+        for line in shrunk["entries"]:
+            click.echo(f"  {line}")

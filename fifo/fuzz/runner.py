@@ -141,25 +141,32 @@ def check_timers(run: Run, index: int) -> list[tuple[str, str]]:
 
     Also `next_deadline_ms` is not later than a deadline that is already due. Runs on a copy.
     """
-    due = fifo.due_commands(run.state, run.now_ms)
+    return check_timers_at(run.state, run.now_ms, Meta(index + 1, 1, run.now_ms, run.version),
+                           run.apply_fn)
+
+
+def check_timers_at(
+    state: State, now_ms: int, meta: Meta, apply_fn: ApplyFn
+) -> list[tuple[str, str]]:
+    """`check_timers` on an explicit state, time and meta (also used when shrinking)."""
+    due = fifo.due_commands(state, now_ms)
     if not due:
         return []
-    deadline = fifo.next_deadline_ms(run.state)
+    deadline = fifo.next_deadline_ms(state)
     found: list[tuple[str, str]] = []
-    if deadline is None or deadline > run.now_ms:
-        found.append(("timer_deadline", f"{len(due)} commands due at {run.now_ms} but "
+    if deadline is None or deadline > now_ms:
+        found.append(("timer_deadline", f"{len(due)} commands due at {now_ms} but "
                       f"next_deadline_ms is {deadline}"))
-    copy = fifo.restore(fifo.snapshot(run.state))
-    meta = Meta(index + 1, 1, run.now_ms, run.version)
+    copy = fifo.restore(fifo.snapshot(state))
     for _ in range(TIMER_ROUNDS_MAX):
         before = fifo.digest(copy)
         for command in due:
-            reply, _ = run.apply_fn(meta, command, copy)
+            reply, _ = apply_fn(meta, command, copy)
             # one scan can name a consumer twice (lock expiry and disconnected timeout); the
             # first command may remove it, so the second is stale: unknown_* is expected
             if isinstance(reply, Error) and reply.code not in STALE_TIMER_CODES:
                 found.append(("timer_refused", f"due {command!r} got {reply!r}"))
-        again = fifo.due_commands(copy, run.now_ms)
+        again = fifo.due_commands(copy, now_ms)
         if not again:
             return found
         if again == due and fifo.digest(copy) == before:
@@ -248,6 +255,20 @@ def run(
 
     `ignore` names invariants not to report (a known, pinned machine bug) so a run goes on.
     """
+    return run_with_log(seed, steps, machine_version, upgrade_at, snapshot_check, apply_fn,
+                        ignore)[1]
+
+
+def run_with_log(
+    seed: int,
+    steps: int,
+    machine_version: int,
+    upgrade_at: UpgradeAt = None,
+    snapshot_check: bool = False,
+    apply_fn: ApplyFn | None = None,
+    ignore: frozenset[str] = frozenset(),
+) -> tuple[list[LogEntry], FuzzResult]:
+    """`run`, also returning the log it applied (commands and upgrade points), for shrinking."""
     fuzz, generator = new_run(seed, machine_version, apply_fn)
     fuzz.ignore = ignore
     upgrade_index = resolve_upgrade(seed, steps, machine_version, upgrade_at)
@@ -272,8 +293,8 @@ def run(
     final_digest = fifo.digest(fuzz.state)
     if snap is not None and not fuzz.violations:
         check_snapshot(fuzz, snap, snap_log_len, final_digest, snap_at or 0)
-    return result(fuzz, steps, done, machine_version, upgrade_index, final_digest,
-                  snapshot_check, snap_at)
+    return fuzz.log, result(fuzz, steps, done, machine_version, upgrade_index, final_digest,
+                            snapshot_check, snap_at)
 
 
 def check_snapshot(fuzz: Run, snap: bytes, log_from: int, full: str, at: int) -> None:

@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import fifo
 import fifo.fuzz
 from cluster.cli import exits
 from cluster.cli.main import cli, main
+from fifo.commands import Purge
+from fifo.effects import Effect
 from fifo.fuzz import FuzzResult, Violation
+from fifo.meta import Meta
+from fifo.replies import Reply
+from fifo.state import State
 
 ROOT = Path(__file__).resolve().parents[2]
 QUORUMQ = Path(sys.executable).with_name("quorumq")
@@ -140,3 +146,24 @@ def test_snapshot_check_reports_where_it_snapshotted() -> None:
     report = json.loads(result.output)
     assert isinstance(report["snapshot_index"], int) and 0 <= report["snapshot_index"] <= 200
     assert report["reproduce"].endswith("--snapshot-check -o json")
+
+
+def test_shrink_prints_a_minimal_log_for_a_violation(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--shrink adds the minimal failing log to the report (planted bug: Purge raises)."""
+    real_apply = fifo.apply
+
+    def purge_raises(meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect]]:
+        if isinstance(command, Purge):
+            raise RuntimeError("planted")
+        return real_apply(meta, command, state)
+
+    monkeypatch.setattr(fifo, "apply", purge_raises)
+    code = run_main(monkeypatch, "fuzz", "--seed", "0", "--steps", "500", "--machine-version",
+                    "2", "--shrink", "-o", "json")
+    report = json.loads(capsys.readouterr().out)
+    assert code == exits.FAILURE
+    assert report["violations"][0]["invariant"] == "apply_raised"
+    assert report["shrunk"]["reproducible"] and len(report["shrunk"]["entries"]) == 1
+    assert "Purge(" in report["shrunk"]["entries"][0]

@@ -178,3 +178,24 @@ def test_an_exception_out_of_apply_stops_the_run_with_a_violation() -> None:
     assert [v.invariant for v in result.violations] == ["apply_raised"]
     assert "Purge" in result.violations[0].command
     assert result.steps_run == result.violations[0].step + 1 < 2000
+
+
+def test_shrink_finds_a_minimal_log_for_a_planted_bug() -> None:
+    """ddmin cuts a failing run down to the few entries that still break the invariant."""
+    shrunk = fifo.fuzz.shrink(0, 3000, 1, apply_fn=settle_forgets_total)
+    assert shrunk is not None and shrunk.reproducible
+    assert shrunk.invariant == "messages_total"
+    assert len(shrunk.entries) <= 5 < shrunk.original_length
+    assert "Settle(" in shrunk.lines()[-1]
+
+
+def test_shrink_of_an_exception_is_the_one_command() -> None:
+    """A crash in apply shrinks to the single command that raises."""
+    shrunk = fifo.fuzz.shrink(0, 3000, 2, apply_fn=purge_raises)
+    assert shrunk is not None and shrunk.invariant == "apply_raised"
+    assert len(shrunk.entries) == 1 and "Purge(" in shrunk.lines()[0]
+
+
+def test_shrink_of_a_clean_run_is_none() -> None:
+    """Nothing to shrink when the machine holds every invariant."""
+    assert fifo.fuzz.shrink(0, 300, 2) is None
