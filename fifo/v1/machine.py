@@ -341,7 +341,13 @@ class QueueMachineV1(QueueConsumers):
         """v1: messages come back at once; consumers are suspected until their node is up."""
         self.enqueuers_status(ctx, q, match, "suspected")
         for w in q.waiting:
-            if match(w.connection) and w.suspected_since is None:
+            if not match(w.connection):
+                continue
+            if w.checked_out:  # a waiting holder (cancelled, then back) gives its messages too
+                self.return_all(ctx, q, w, delivery_failed=False)
+                if not w.credited:
+                    w.credit = w.prefetch
+            if w.suspected_since is None:
                 w.suspected_since = ctx.now
         for c in [c for c in q.consumers.values() if match(c.connection)]:
             self.return_all(ctx, q, c, delivery_failed=False)

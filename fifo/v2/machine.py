@@ -203,6 +203,12 @@ class QueueMachineV2(QueueMachineV1):
             elif q.config.single_active_consumer:
                 self.to_waiting(ctx, q, c, notify=False)
             q.last_active = ctx.now
+        elif c.checked_out:  # a waiting holder (cancelled, then back): it stays waiting
+            self.return_all(ctx, q, c, delivery_failed=False)
+            if not c.credited:
+                c.credit = c.prefetch
+            self.resort_waiting(q)
+            q.last_active = ctx.now
         self.after_change(ctx, q)
         return OK
 

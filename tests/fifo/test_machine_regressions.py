@@ -14,6 +14,7 @@ from fifo.commands import (
     Command,
     ConnectionDown,
     ConnectionId,
+    ConsumerDisconnectedTimeout,
     ConsumerId,
     DeclareQueue,
     Enqueue,
@@ -60,4 +61,48 @@ def test_closing_the_connection_of_a_waiting_holder_is_a_failed_delivery(version
     redelivered = [(m.body, m.delivery_count) for e in effects
                    if isinstance(e, Deliver) and e.tag == "b" for m in e.messages]
     assert redelivered == [(b"m", 1)]
+    assert check_state(state, {}) == []
+
+
+def waiting_holder(version: int) -> State:
+    """SAC: `a` takes m and cancels, `b` becomes active, `a` checks out again: it waits, holding m
+    (indexes 1..6; in v2 a's key is 3)."""
+    state = fifo.init_state(version)
+    apply_all(state, version, [
+        DeclareQueue("q", QueueConfig(single_active_consumer=True)),
+        Enqueue("q", b"m"),
+        Checkout("q", A, SimplePrefetch(1)),
+        Checkout("q", A, Cancel()),
+        Checkout("q", B, SimplePrefetch(1)),
+        Checkout("q", A, SimplePrefetch(1)),
+    ])
+    return state
+
+
+def test_v1_noconnection_returns_the_messages_of_a_waiting_holder() -> None:
+    """Found reading down_noconnection after the waiting-holder fixes: v1 only marked a waiting
+    holder suspected and it kept m; DESIGN.md v1: a `noconnection` down returns the consumer's
+    messages at once (not a failed delivery), so m goes to the active `b`."""
+    state = waiting_holder(1)
+    effects = apply_all(state, 1, [ConnectionDown(CONN_A, "noconnection")], first=7)
+    redelivered = [(m.body, m.delivery_count) for e in effects
+                   if isinstance(e, Deliver) and e.tag == "b" for m in e.messages]
+    assert redelivered == [(b"m", 0)]
+    assert check_state(state, {}) == []
+
+
+def test_v2_disconnected_timeout_returns_the_messages_of_a_waiting_holder() -> None:
+    """Found reading consumer_disconnected_timeout after the waiting-holder fixes: v2 returned a
+    suspected consumer's messages on its disconnected timeout only if it was in the consumer map;
+    a waiting holder kept m for ever. DESIGN.md v2: suspected until it comes back or its
+    disconnected timeout fires, then its messages are returned (not a failed delivery)."""
+    state = waiting_holder(2)
+    effects = apply_all(state, 2, [ConnectionDown(CONN_A, "noconnection")], first=7)
+    assert not [e for e in effects if isinstance(e, Deliver)]  # suspected: keeps m for now
+    due = fifo.due_commands(state, 10**12)
+    assert due == [ConsumerDisconnectedTimeout("q", 3)]
+    effects = apply_all(state, 2, due, first=8)
+    redelivered = [(m.body, m.delivery_count) for e in effects
+                   if isinstance(e, Deliver) and e.tag == "b" for m in e.messages]
+    assert redelivered == [(b"m", 0)]
     assert check_state(state, {}) == []
