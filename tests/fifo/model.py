@@ -165,7 +165,9 @@ class QueueModel:
         consumer.delivery_count = (consumer.delivery_count + 1) % SERIAL
 
     def settle(self, cid: ConsumerId, msg_ids: tuple[int, ...], outcome: str) -> None:
-        """settle | return | discard of held ids (unknown ids are ignored, as in rabbit_fifo)."""
+        """settle | return | discard | modify_return | modify_failed | modify_drop of held ids
+        (unknown ids are ignored, as in rabbit_fifo). Without a dead-letter target, discard
+        and modify_drop (undeliverable here) drop the message."""
         consumer = self.consumers.get(cid)
         if consumer is None:
             return
@@ -174,8 +176,8 @@ class QueueModel:
         for msg_id in done:
             body = consumer.held.pop(msg_id)
             consumer.locks.pop(msg_id, None)
-            if outcome == "return":
-                self._come_back(body, failed=False)
+            if outcome in ("return", "modify_return", "modify_failed"):
+                self._come_back(body, failed=outcome == "modify_failed")
         if not consumer.credited:  # settles never add link credit
             consumer.credit = min(consumer.prefetch, consumer.credit + len(done))
         self._maybe_leave(consumer)
@@ -206,10 +208,12 @@ class QueueModel:
 
     def node_up(self, node: str) -> None:
         for consumer in self.consumers.values():
-            if consumer.cid.connection.node == node and consumer.status == "suspected":
+            if consumer.cid.connection.node != node:
+                continue
+            consumer.suspected_since = None  # also for one cancelled while suspected
+            consumer.disconnected_fired = False
+            if consumer.status == "suspected":
                 consumer.status = "up"
-                consumer.suspected_since = None
-                consumer.disconnected_fired = False
 
     def purge(self) -> int:
         count = self.ready_count()

@@ -35,6 +35,7 @@ from fifo.commands import (
     Discard,
     Enqueue,
     EvalConsumerTimeouts,
+    Modify,
     NodeDown,
     NodeUp,
     Purge,
@@ -174,13 +175,19 @@ class FifoAgainstModel(RuleBasedStateMachine):
         assert (flows[0].delivery_count, flows[0].credit) == expected, (flows[0], expected)
 
     @precondition(lambda self: self.model.checked_out_count() > 0)
-    @rule(data=st.data(), outcome=st.sampled_from(("settle", "settle", "return", "discard")))
+    @rule(data=st.data(), outcome=st.sampled_from(
+        ("settle", "settle", "return", "discard", "modify_return", "modify_failed", "modify_drop")))
     def settle(self, data: st.DataObject, outcome: str) -> None:
         holders = [c for c in self.model.consumers.values() if c.held]
         consumer = data.draw(st.sampled_from(holders))
         ids = data.draw(st.lists(st.sampled_from(sorted(consumer.held)), min_size=1, max_size=3))
+        if outcome.startswith("modify") and self.version < 2:
+            outcome = "return"  # v1 has no modify
         command: Command
-        if outcome == "settle":
+        if outcome.startswith("modify"):
+            command = Modify(QUEUE, consumer.cid, tuple(ids), outcome == "modify_failed",
+                             outcome == "modify_drop", (("x-why", outcome),))
+        elif outcome == "settle":
             command = Settle(QUEUE, consumer.cid, tuple(ids))
         elif outcome == "return":
             command = Return(QUEUE, consumer.cid, tuple(ids))
