@@ -23,7 +23,7 @@ def _head_expiry(q: Queue) -> int | None:
 
 def _lock_expiry(q: Queue) -> list[tuple[int, ConsumerKey]]:
     out: list[tuple[int, ConsumerKey]] = []
-    for c in q.consumers.values():
+    for c in (*q.consumers.values(), *q.waiting):  # a waiting SAC consumer may still hold some
         if c.checked_out:
             out.append((min(m.lock for m in c.checked_out.values()), c.key))
     return out

@@ -158,7 +158,9 @@ class QueueMachineV2(QueueMachineV1):
         done: list[Consumer] = []
         for key in keys:
             c = self.resolve(q, key)  # stale keys (consumer gone since the scan) are skipped
-            if c is None or q.consumers.get(c.key) is not c or any(d is c for d in done):
+            if c is None or any(d is c for d in done):
+                continue
+            if q.consumers.get(c.key) is not c and not any(w is c for w in q.waiting):
                 continue
             done.append(c)
             self.time_out(ctx, q, c)
@@ -171,13 +173,19 @@ class QueueMachineV2(QueueMachineV1):
         expired = [i for i, m in c.checked_out.items() if m.lock <= now]
         if not expired:
             return
-        sac_active = q.config.single_active_consumer and c.status in ("up", "quiescing")
+        waiting = q.consumers.get(c.key) is not c  # a waiting SAC consumer still holding some
+        sac_active = (
+            not waiting and q.config.single_active_consumer and c.status in ("up", "quiescing")
+        )
         ids = sorted(c.checked_out) if sac_active else sorted(expired)
         n = self.return_msgs(ctx, q, c, ids, delivery_failed=False)
         c.timed_out = sorted(dict.fromkeys((*c.timed_out, *ids)))
         ctx.effects.append(Released(c.connection, q.name, c.tag, c.key, tuple(ids), "timeout"))
         if not c.credited and not c.once:
             c.credit = min(c.prefetch, c.credit + n)
+        if waiting:
+            self.resort_waiting(q)  # timed out: behind every up consumer until it settles
+            return
         if c.status == "cancelled" or c.once:
             if not c.checked_out:
                 self.drop_consumer(q, c)
