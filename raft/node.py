@@ -39,6 +39,9 @@ log = structlog.get_logger("raft")
 
 ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 APPEND_ENTRIES_BYTES_MAX = 64 * 1024 * 1024
+# how long the leader may hold back an AppendEntries that would only carry a new commit index:
+# the next entry's AppendEntries (usually sooner, under load) carries it for free
+COMMIT_SEND_DELAY_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # batch id -> the decoded commands of an entry this node submitted (skips a decode)
         self.decoded_cache: dict[int, tuple[Any, ...]] = {}
         self._send_pending = False
+        self._commit_send_at: float | None = None
         self._defer_acks = False
         self._deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self._on_outcome = on_outcome
@@ -174,7 +178,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # pysyncobj would retry every pending entry, each raising, on every tick
         if self.stopped_reason is not None:
             return False
-        return bool(SyncObj._SyncObj__applyLogEntries(self))
+        # pysyncobj (unbatched) sends an AppendEntries after every apply, only to carry the new
+        # commit index; it costs a message and an ack per follower per entry, so the leader
+        # holds it back up to COMMIT_SEND_DELAY_S for a new entry's AppendEntries to carry it
+        applied = SyncObj._SyncObj__applyLogEntries(self)
+        if applied and self._commit_send_at is None and self._isLeader():
+            self._commit_send_at = monotonic_time() + COMMIT_SEND_DELAY_S
+        return False
 
     def _entry_term(self, index: int) -> int:
         entries = self._SyncObj__getEntries(index, 1)
@@ -204,6 +214,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         message per follower and one fsync, carrying both the new entries and the new commit
         index), then pysyncobj's poll with the acks of every AppendEntries handled in it
         deferred to its end (one fsync covers them all)."""
+        timeout = self._commit_send_due(timeout)
         self._flush_sends()
         self._defer_acks = True
         try:
@@ -215,6 +226,18 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 self.sync_journal()
                 for args, kwargs in acks:
                     SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
+
+    def _commit_send_due(self, timeout: float) -> float:
+        """Schedule the held-back commit index: now if due (or if entries go out anyway), else
+        poll no longer than until it is due."""
+        if self._commit_send_at is None:
+            return timeout
+        left = self._commit_send_at - float(monotonic_time())
+        if self._send_pending or left <= 0:
+            self._commit_send_at = None
+            self._send_pending = self._send_pending or bool(self._isLeader())
+            return timeout
+        return min(timeout, left)
 
     def _SyncObj__sendAppendEntries(self) -> None:
         # pysyncobj (unbatched) sends after every appended entry, after every apply and on each
