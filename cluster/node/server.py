@@ -46,6 +46,7 @@ EX_CONFIG = 78
 TIMER_PERIOD_S = 0.1
 STATUS_PERIOD_S = 2.0
 RAFT_BIND_TIMEOUT_S = 10.0
+GIL_SWITCH_INTERVAL_S = 0.001
 
 
 class NodeServer:
@@ -286,6 +287,9 @@ def run_node(data_dir: Path, node_id: str, max_machine_version: int | None) -> i
     node_dir = node.data_dir if node.data_dir.is_absolute() else data_dir / node.data_dir
     node_dir.mkdir(parents=True, exist_ok=True)
     setup_logging(node_dir / "node.log", node_id)
+    # the raft tick thread waits for the GIL after every poll and fsync; with the default 5 ms
+    # switch interval a busy client loop stalls it (and the whole commit pipeline) that long
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     incarnation = next_incarnation(node_dir)
     pid_file = node_dir / "node.pid"
     pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
