@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from cluster.client.client import Client
 
 BATCH_MAX = 512  # enqueue frames per write: bounds the latency a write adds to the first one
+_OK = Ok()
+_OK_BYTES = encode(_OK)  # nearly every confirm: compared instead of decoded
 
 
 class _Pending:
@@ -167,7 +169,8 @@ class Publisher:
             self._set_error(error if isinstance(error, ClusterError) else ClusterError(str(error)))
             return
         assert answer is not None
-        reply = decode(answer["reply"])
+        raw = answer["reply"]
+        reply = _OK if raw == _OK_BYTES else decode(raw)
         if isinstance(reply, Ok):
             with self._cond:
                 if self._pending.pop(item.seq, None) is not None:
