@@ -5,7 +5,8 @@ Ordering obligations (as etcd's `Ready` documents them):
   for all the AppendEntries handled in one poll);
 - the leader sends one AppendEntries per follower per tick (new entries and commit index), then
   fsyncs (overlapping the followers' fsyncs) before its tick thread processes any ack, so it
-  counts itself towards a commit only once its own copy is on disk;
+  counts itself towards a commit only once its own copy is on disk; a message that would carry
+  only a new commit index waits up to COMMIT_SEND_DELAY_S for the next entry to carry it;
 - every node fsyncs before it hands the outcome of an entry (its replies) to `on_outcome`;
 - `on_outcome` is called in log order from pysyncobj's tick thread, once per applied entry, on
   every node (replies are for the submitter, effects for the node owning the connection);
