@@ -31,7 +31,7 @@ RESULTS_PATH = Path(__file__).resolve().parent.parent / "results" / "bench_pipel
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """The benchmark's flags (long form only)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=1000, help="seeds in the measured campaign")
+    parser.add_argument("--seeds", type=int, default=2000, help="seeds in the measured campaign")
     parser.add_argument("--steps", type=int, default=200, help="commands per seed")
     parser.add_argument("--partitions", type=int, default=16, help="same for every master")
     parser.add_argument("--upgrade-at", default="random", help="random, K, or none")
