@@ -12,11 +12,14 @@ from cluster.cli.common import (
     connection_args,
     data_dir_option,
     emit,
+    grace_option,
     load_config,
+    max_machine_version_option,
     output_format,
     output_option,
     resolve_data_dir,
     translate_errors,
+    wait_timeout_option,
 )
 from cluster.cli.exits import UNAVAILABLE, CliError
 from cluster.config import FSYNC_POLICIES, FsyncPolicy, NodeConfig
@@ -70,26 +73,14 @@ def cluster_group() -> None:
     help="First port: node i uses base+2i (raft) and base+2i+1 (client). "
     "Default: free ephemeral ports.",
 )
-@click.option(
-    "--max-machine-version",
-    type=click.IntRange(1, None),
-    default=None,
-    help="Cap the machine version every node supports (emulates older code).",
-)
+@max_machine_version_option("Cap the machine version every node supports (emulates older code).")
 @click.option(
     "--fsync",
     type=click.Choice(FSYNC_POLICIES),
     default=None,
     help="Journal fsync policy of a new cluster (default: batch, safe).",
 )
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(1, None),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for a leader.",
-)
+@wait_timeout_option("Seconds to wait for a leader.")
 @output_option
 @click.pass_context
 @translate_errors
@@ -136,14 +127,7 @@ def start(
 
 @cluster_group.command("stop")
 @data_dir_option
-@click.option(
-    "--grace",
-    "grace_s",
-    type=click.FloatRange(0, None),
-    default=5.0,
-    show_default=True,
-    help="Seconds between SIGTERM and SIGKILL.",
-)
+@grace_option
 @output_option
 @click.pass_context
 @translate_errors

@@ -145,6 +145,39 @@ def data_dir_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
+def max_machine_version_option(
+    help_text: str,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--max-machine-version N`: cap the machine version a node supports (emulates older code)."""
+    return click.option(
+        "--max-machine-version", type=click.IntRange(1, None), default=None, help=help_text
+    )
+
+
+def grace_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--grace S`: seconds between SIGTERM and SIGKILL when stopping a node."""
+    return click.option(
+        "--grace",
+        "grace_s",
+        type=click.FloatRange(0, None),
+        default=5.0,
+        show_default=True,
+        help="Seconds between SIGTERM and SIGKILL.",
+    )(func)
+
+
+def wait_timeout_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--timeout S`: how long to wait for nodes (at least 1 s, default 30 s)."""
+    return click.option(
+        "--timeout",
+        "timeout_s",
+        type=click.FloatRange(1, None),
+        default=30.0,
+        show_default=True,
+        help=help_text,
+    )
+
+
 def resolve_data_dir(ctx: click.Context, local: Path | None) -> Path:
     """The data dir from the command's or the global option; a usage error when neither."""
     data_dir = local or cli_context(ctx).data_dir

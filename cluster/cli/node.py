@@ -11,11 +11,14 @@ import click
 from cluster.cli.common import (
     data_dir_option,
     emit,
+    grace_option,
     load_config,
+    max_machine_version_option,
     output_format,
     output_option,
     resolve_data_dir,
     translate_errors,
+    wait_timeout_option,
 )
 from cluster.cli.exits import UNAVAILABLE, USAGE, CliError
 from cluster.launcher import (
@@ -41,12 +44,7 @@ def node_group() -> None:
 @node_group.command("start")
 @data_dir_option
 @click.option("--node-id", required=True, help="The node to run, as named in cluster.toml.")
-@click.option(
-    "--max-machine-version",
-    type=click.IntRange(1, None),
-    default=None,
-    help="Cap the machine version this node supports (emulates older code).",
-)
+@max_machine_version_option("Cap the machine version this node supports (emulates older code).")
 @output_option
 @click.pass_context
 @translate_errors
@@ -71,14 +69,7 @@ def start(
 @node_group.command("stop")
 @click.argument("node_id")
 @data_dir_option
-@click.option(
-    "--grace",
-    "grace_s",
-    type=click.FloatRange(0, None),
-    default=5.0,
-    show_default=True,
-    help="Seconds between SIGTERM and SIGKILL.",
-)
+@grace_option
 @output_option
 @click.pass_context
 @translate_errors
@@ -102,28 +93,9 @@ def stop(ctx: click.Context, node_id: str, local_data_dir: Path | None, grace_s:
 @node_group.command("restart")
 @click.argument("node_id")
 @data_dir_option
-@click.option(
-    "--max-machine-version",
-    type=click.IntRange(1, None),
-    default=None,
-    help="Restart with this machine-version cap (recorded in cluster.toml).",
-)
-@click.option(
-    "--grace",
-    "grace_s",
-    type=click.FloatRange(0, None),
-    default=5.0,
-    show_default=True,
-    help="Seconds between SIGTERM and SIGKILL.",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(1, None),
-    default=30.0,
-    show_default=True,
-    help="Seconds to wait for the node to answer again.",
-)
+@max_machine_version_option("Restart with this machine-version cap (recorded in cluster.toml).")
+@grace_option
+@wait_timeout_option("Seconds to wait for the node to answer again.")
 @output_option
 @click.pass_context
 @translate_errors
