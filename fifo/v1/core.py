@@ -100,6 +100,15 @@ class QueueCore:
         c = self.resolve(q, key)
         return c, (None if c is not None else unknown_consumer(key))
 
+    def holder(self, q: Queue, key: object, msg_ids: object) -> Consumer | Error:
+        """The consumer a return/discard/modify/renew names (ids validated), or the error."""
+        c, err = self.find_key(q, key)
+        if c is None:
+            return err or unknown_consumer(key)
+        if msg := v.msg_ids_error(msg_ids):
+            return invalid(msg)
+        return c
+
     def expiry(self, ctx: Ctx, q: Queue, ttl_ms: int | None) -> int | None:
         """Absolute expiry from the queue TTL and the message TTL (TTL 0 -> now + 1)."""
         qttl = q.config.message_ttl_ms

@@ -234,11 +234,9 @@ class QueueMachineV1(QueueConsumers):
 
     def return_(self, ctx: Ctx, q: Queue, cmd: Return) -> Reply:
         """Give messages back to the returns queue, in the order listed."""
-        c, err = self.find_key(q, cmd.consumer_key)
-        if c is None:
-            return err or unknown_consumer(cmd.consumer_key)
-        if msg := v.msg_ids_error(cmd.msg_ids):
-            return invalid(msg)
+        c = self.holder(q, cmd.consumer_key, cmd.msg_ids)
+        if isinstance(c, Error):
+            return c
         self.untimeout(q, c, cmd.msg_ids)
         n = self.return_msgs(ctx, q, c, cmd.msg_ids, delivery_failed=False)
         self.consumer_done(ctx, q, c, n)
@@ -246,11 +244,9 @@ class QueueMachineV1(QueueConsumers):
 
     def discard(self, ctx: Ctx, q: Queue, cmd: Discard) -> Reply:
         """Reject messages: a failed delivery; they are dead-lettered in the order given."""
-        c, err = self.find_key(q, cmd.consumer_key)
-        if c is None:
-            return err or unknown_consumer(cmd.consumer_key)
-        if msg := v.msg_ids_error(cmd.msg_ids):
-            return invalid(msg)
+        c = self.holder(q, cmd.consumer_key, cmd.msg_ids)
+        if isinstance(c, Error):
+            return c
         self.untimeout(q, c, cmd.msg_ids)
         n = self.discard_msgs(ctx, q, c, cmd.msg_ids, True, ())
         self.consumer_done(ctx, q, c, n)

@@ -23,7 +23,7 @@ from fifo.commands import (
     RenewLocks,
 )
 from fifo.effects import ConsumerCancelled, ConsumerUpdate, Released
-from fifo.replies import CancelOk, Reply
+from fifo.replies import CancelOk, Error, Reply
 from fifo.state import Consumer, Message, Queue
 from fifo.v1.core import OK, Ctx, invalid, unknown_consumer
 from fifo.v1.machine import QueueMachineV1
@@ -113,11 +113,10 @@ class QueueMachineV2(QueueMachineV1):
 
     def modify(self, ctx: Ctx, q: Queue, cmd: Modify) -> Reply:
         """AMQP modified: return (or dead-letter if undeliverable here) with annotations."""
-        c, err = self.find_key(q, cmd.consumer_key)
-        if c is None:
-            return err or unknown_consumer(cmd.consumer_key)
-        msg = v.msg_ids_error(cmd.msg_ids) or v.annotations_error(cmd.annotations)
-        if msg:
+        c = self.holder(q, cmd.consumer_key, cmd.msg_ids)
+        if isinstance(c, Error):
+            return c
+        if msg := v.annotations_error(cmd.annotations):
             return invalid(msg)
         if not (v.is_bool(cmd.delivery_failed) and v.is_bool(cmd.undeliverable_here)):
             return invalid("delivery_failed and undeliverable_here must be bool")
@@ -131,11 +130,9 @@ class QueueMachineV2(QueueMachineV1):
 
     def renew_locks(self, ctx: Ctx, q: Queue, cmd: RenewLocks) -> Reply:
         """Each named lock now expires at now + the consumer's timeout."""
-        c, err = self.find_key(q, cmd.consumer_key)
-        if c is None:
-            return err or unknown_consumer(cmd.consumer_key)
-        if msg := v.msg_ids_error(cmd.msg_ids):
-            return invalid(msg)
+        c = self.holder(q, cmd.consumer_key, cmd.msg_ids)
+        if isinstance(c, Error):
+            return c
         self.untimeout(q, c, cmd.msg_ids)
         expiry = ctx.now + c.timeout_ms
         for i in cmd.msg_ids:
