@@ -4,11 +4,14 @@ Verdicts, with a message identified by its body id (`value`):
 - lost: confirmed (publish ok) but never consumed;
 - unexpected: delivered but never published (no publish invoke with that value);
 - duplicated: delivered more than once without the redelivered flag;
-- recovered: publish outcome not confirmed (unknown, or even failed), yet consumed.
+- recovered: publish outcome not confirmed (unknown, or even failed), yet consumed;
+- redelivered after ack: delivered with the redelivered flag after an ack of it completed ok.
 A delivery counts as consumed when its ack completed ok or with an unknown outcome (the settle
 may have been applied); a failed ack means the message went back and must come out again.
-The run is valid when nothing is lost and nothing is unexpected; duplicates are reported but,
-as in Jepsen, do not invalidate it (publisher dedup should keep them at zero anyway).
+The run is valid when nothing is lost, nothing is unexpected and nothing came back after a
+confirmed ack (an ok settle removed the message: if it returns, that ack settled something else);
+duplicates are reported but, as in Jepsen, do not invalidate it (publisher dedup should keep
+them at zero anyway).
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def check(events: Iterable[Event]) -> Verdict:
     duplicated = sorted(v for v, n in consumption.fresh.items() if n > 1)
     failed_but_consumed = sorted(v for v in recovered if v in publishes.failed)
     return Verdict(
-        valid=not lost and not unexpected,
+        valid=not lost and not unexpected and not consumption.redelivered_after_ack,
         attempted=sum(attempts.values()),
         ok=sum(publishes.confirmed.values()),
         failed=sum(publishes.failed.values()),
@@ -137,9 +140,9 @@ def _collect_consumption(history: list[Event]) -> _Consumption:
             result.delivered[event.value] += 1
             if not event.redelivered:
                 result.fresh[event.value] += 1
-            if event.value in acked:
-                # A settle was confirmed, yet the message came back: worth a look even
-                # though total-queue does not count it against the run.
+            if event.redelivered and event.value in acked:
+                # a settle was confirmed, yet the message came back: that settle must have
+                # removed another message (or none), which total-queue alone may not see
                 result.redelivered_after_ack.add(event.value)
         elif event.f == "ack" and event.type == "ok" and event.value is not None:
             acked.add(event.value)

@@ -167,8 +167,8 @@ def test_ack_with_unknown_outcome_counts_as_consumed() -> None:
     assert verdict.consumed == 2
 
 
-def test_delivery_after_a_confirmed_ack_is_flagged() -> None:
-    """A message delivered again after its settle was confirmed is listed for a closer look."""
+def test_redelivery_after_a_confirmed_ack_invalidates_the_run() -> None:
+    """A message redelivered after its settle was confirmed ok makes the run invalid."""
     s = Script()
     s.publish("a")
     s.consume("a")
@@ -176,6 +176,21 @@ def test_delivery_after_a_confirmed_ack_is_flagged() -> None:
     verdict = check(s.events)
     assert verdict.redelivered_after_ack == ["a"]
     assert verdict.duplicated == []
+    assert not verdict.valid
+
+
+def test_redelivery_after_an_unknown_or_failed_ack_is_fine() -> None:
+    """Only an ack that completed ok promises the message is gone."""
+    s = Script()
+    s.publish("a")
+    s.consume("a", ack="info")
+    s.consume("a", redelivered=True)
+    s.publish("b")
+    s.consume("b", ack="fail")
+    s.consume("b", redelivered=True)
+    verdict = check(s.events)
+    assert verdict.redelivered_after_ack == []
+    assert verdict.valid
 
 
 def test_lost_unexpected_duplicated_and_recovered_together() -> None:
