@@ -17,6 +17,9 @@ import pysyncobj.pickle as pysyncobj_pickle
 ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     {
         ("_codecs", "encode"),  # protocol 2 encodes bytes as _codecs.encode(str, "latin1")
+        # ... and b"" as bytes(): the last chunk of every snapshot sent to a lagging follower
+        ("builtins", "bytes"),
+        ("__builtin__", "bytes"),
         ("builtins", "set"),
         ("builtins", "frozenset"),
         ("builtins", "bytearray"),

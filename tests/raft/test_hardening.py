@@ -40,6 +40,16 @@ def test_pysyncobj_messages_still_load() -> None:
     assert next(iter(loaded["nodes"])).id == "127.0.0.1:1"
 
 
+def test_the_last_chunk_of_a_snapshot_transfer_loads() -> None:
+    """pysyncobj ends every snapshot sent to a lagging follower with an empty chunk, pickled
+    (protocol 2) as `bytes()`; refusing that global silently dropped the connection, so a
+    follower behind the leader's log compaction never caught up (issue 17)."""
+    safe_pickle.install()
+    for chunk in ((b"snapshot bytes", True, False), (b"", False, True)):
+        message = {"type": "append_entries", "term": 3, "commit_index": 9, "serialized": chunk}
+        assert pysyncobj_pickle.loads(pysyncobj_pickle.dumps(message)) == message
+
+
 @pytest.mark.parametrize(
     ("policy", "syncs_after_adds"), [("always", 3), ("batch", 0), ("never", 0)]
 )
