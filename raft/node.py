@@ -10,6 +10,11 @@ Ordering obligations (as etcd's `Ready` documents them):
 - every node fsyncs before it hands the outcome of an entry (its replies) to `on_outcome`;
 - `on_outcome` is called in log order from pysyncobj's tick thread, once per applied entry, on
   every node (replies are for the submitter, effects for the node owning the connection);
+- `on_snapshot_loaded` is called from the same thread, in the same order, whenever the state is
+  replaced by a snapshot (at start, or sent by the leader to a lagging follower): the entries the
+  snapshot covers are never applied here, so their effects (deliveries to this node's clients)
+  never come, and entries already applied may be applied again: the listener must drop whatever
+  it promised its clients;
 - nothing raised inside apply reaches pysyncobj, except the deliberate version stop.
 """
 
@@ -29,6 +34,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjExceptionWrongVer
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from raft import durability, safe_pickle
 from raft.durability import DurableFileJournal
@@ -76,6 +82,7 @@ class RaftSettings:
 
 
 OutcomeListener = Callable[[Outcome], None]
+SnapshotListener = Callable[[int], None]  # the index the state now stands at
 
 
 class DialedTCPNode(TCPNode):  # type: ignore[misc]
@@ -101,7 +108,12 @@ class DialedTCPNode(TCPNode):  # type: ignore[misc]
 class RaftNode(SyncObj):  # type: ignore[misc]
     """A SyncObj with exactly one replicated method, `apply_entry(blob)`."""
 
-    def __init__(self, settings: RaftSettings, on_outcome: OutcomeListener) -> None:
+    def __init__(
+        self,
+        settings: RaftSettings,
+        on_outcome: OutcomeListener,
+        on_snapshot_loaded: SnapshotListener | None = None,
+    ) -> None:
         safe_pickle.install()
         durability.install()
         durability.register(settings.journal_file, settings.fsync)
@@ -118,6 +130,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._defer_acks = False
         self._deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self._on_outcome = on_outcome
+        self._on_snapshot_loaded = on_snapshot_loaded
         self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
         self._address_to_id[settings.address] = settings.node_id
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
@@ -129,6 +142,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # pysyncobj compares Node objects, not address strings
         self._peer_nodes = {self._address_to_id[node.id]: node for node in self.otherNodes}
         self.addOnTickCallback(self._guard_leadership)
+        self.addOnTickCallback(self._expire_stuck_handshakes)
         self._real_poll = self._poller.poll
         self._poller.poll = self._poll
 
@@ -288,6 +302,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         raft = body["raft"]
         last, prev = raft["last"], raft["prev"]
         log.info("snapshot_loaded", index=last[1])
+        if self._on_snapshot_loaded is not None:
+            try:
+                self._on_snapshot_loaded(int(last[1]))
+            except Exception:  # a listener bug must not fail the load
+                log.exception("snapshot_listener_failed", index=last[1])
         last_entry = (bytes(last[0]), last[1], last[2])
         return last_entry, (bytes(prev[0]), prev[1], prev[2]), raft["cluster"]
 
@@ -303,6 +322,29 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._SyncObj__raftElectionDeadline = monotonic_time() + 3600
         if self._isLeader():
             self.transferLeadership()
+
+    # --- peer connections ----------------------------------------------------------------------
+
+    def _expire_stuck_handshakes(self) -> None:
+        """Drop a peer connection whose handshake has heard nothing for the connection timeout.
+
+        pysyncobj checks a connection's timeout only when it reads or writes on it, and sends
+        nothing to a peer until its handshake is done: a connection opened while the peer was
+        paused (or cut off) stays half-open for ever, and since it is not DISCONNECTED no new one
+        is dialed. The peer never gets another AppendEntries: it never catches up (found with
+        issue 17: a follower paused past a log compaction never applied again). Dropping it
+        makes pysyncobj dial again.
+        """
+        transport = self._SyncObj__transport
+        connected = self._SyncObj__connectedNodes
+        timeout = self._SyncObj__conf.connectionTimeout
+        now = monotonic_time()
+        for node, conn in list(getattr(transport, "_connections", {}).items()):
+            if node in connected or conn.state == CONNECTION_STATE.DISCONNECTED:
+                continue
+            if now - conn._TcpConnection__lastReadTime > timeout:
+                log.warning("peer_handshake_expired", peer=self.node_id_of(node))
+                conn.disconnect()
 
     # --- submitting and status ---------------------------------------------------------------
 

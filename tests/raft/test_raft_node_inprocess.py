@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -135,3 +137,38 @@ def test_the_journal_is_on_disk_before_a_reply_is_released(
         assert harness.dirty_at_reply and not any(harness.dirty_at_reply)
     finally:
         harness.close()
+
+
+def test_a_peer_handshake_that_hears_nothing_is_dropped_and_dialed_again(tmp_path: Path) -> None:
+    """A peer that accepts the connection but never answers (paused, cut off) must not hold it
+    half-open for ever: pysyncobj checks timeouts only on I/O, so without our watchdog it never
+    dials again and that peer never catches up (issue 17)."""
+    ports = sorted(free_ports(2), key=lambda p: f"127.0.0.1:{p}")
+    peer_port, our_port = ports  # pysyncobj dials from the greater address to the lesser
+    listener = socket.create_server(("127.0.0.1", peer_port))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])  # and never say a word
+
+    threading.Thread(target=accept, daemon=True).start()
+    settings = RaftSettings(
+        node_id="n1",
+        address=f"127.0.0.1:{our_port}",
+        peers={"n2": f"127.0.0.1:{peer_port}"},
+        data_dir=tmp_path,
+        password="secret-for-tests",
+        supported_version=2,
+        incarnation=1,
+        election_timeout_ms=(300, 500),
+    )
+    node = RaftNode(settings, lambda _outcome: None)
+    try:
+        wait_until(lambda: len(accepted) >= 2, 10, "a second dial after the silent handshake")
+    finally:
+        node.destroy_synchronous()
+        listener.close()
+        for conn in accepted:
+            conn.close()
