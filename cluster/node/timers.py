@@ -59,6 +59,11 @@ class LeaderTimers:
     def _node_changes(self, down_nodes: list[str]) -> list[Any]:
         changes: list[Any] = []
         now = time.monotonic()
+        me = self.node.settings.node_id
+        if me in down_nodes:
+            # an earlier leader lost us and we now lead: no peer would ever see us come back,
+            # so our own consumers would stay suspected (nothing delivered to them) for ever
+            changes.append(NodeUp(me))
         for peer in self.node.settings.peers:
             if self.node.peer_connected(peer):
                 self._lost_since.pop(peer, None)
