@@ -21,6 +21,9 @@ from cluster.errors import ConfigError
 FsyncPolicy = Literal["always", "batch", "never"]
 FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "batch", "never")
 CONFIG_FILE = "cluster.toml"
+SNAPSHOT_EVERY_ENTRIES_DEFAULT = 5000
+SNAPSHOT_EVERY_ENTRIES_MIN = 10
+SNAPSHOT_EVERY_ENTRIES_MAX = 10_000_000
 SECRET_FILE = "secret"
 CLIENT_KEY_FILE = "client.key"
 CLIENT_KEY_LABEL = b"quorumq client v1"
@@ -61,6 +64,8 @@ class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
     fsync: FsyncPolicy = "batch"
     bind: str = "127.0.0.1"
+    # compact the Raft log into a snapshot once it holds this many entries
+    snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES_DEFAULT
 
     def node(self, node_id: str) -> NodeConfig:
         """The node called `node_id`; ConfigError if there is none."""
@@ -104,12 +109,19 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
     ids = [node.id for node in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{path}: duplicate node ids in {ids}")
+    every = _typed(section, "snapshot_every_entries", int, path, SNAPSHOT_EVERY_ENTRIES_DEFAULT)
+    if not SNAPSHOT_EVERY_ENTRIES_MIN <= every <= SNAPSHOT_EVERY_ENTRIES_MAX:
+        raise ConfigError(
+            f"{path}: snapshot_every_entries must be within "
+            f"[{SNAPSHOT_EVERY_ENTRIES_MIN}, {SNAPSHOT_EVERY_ENTRIES_MAX}], got {every}"
+        )
     return ClusterConfig(
         name=_typed(section, "name", str, path, "quorumq"),
         created_ms=_typed(section, "created_ms", int, path, 0),
         nodes=nodes,
         fsync=fsync,
         bind=_typed(section, "bind", str, path, "127.0.0.1"),
+        snapshot_every_entries=every,
     )
 
 
@@ -160,6 +172,8 @@ def dumps(config: ClusterConfig) -> str:
         f"fsync = {_toml_str(config.fsync)}",
         f"bind = {_toml_str(config.bind)}",
     ]
+    if config.snapshot_every_entries != SNAPSHOT_EVERY_ENTRIES_DEFAULT:
+        lines.append(f"snapshot_every_entries = {config.snapshot_every_entries}")
     for node in config.nodes:
         lines += [
             "",

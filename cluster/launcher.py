@@ -66,6 +66,7 @@ def init_cluster(
     max_machine_version: int | None = None,
     fsync: FsyncPolicy = "batch",
     host: str = "127.0.0.1",
+    snapshot_every_entries: int = cluster_config.SNAPSHOT_EVERY_ENTRIES_DEFAULT,
 ) -> ClusterConfig:
     """Write `D/cluster.toml`, `D/secret` and `D/client.key` for a new local cluster."""
     if nodes < 1:
@@ -97,6 +98,7 @@ def init_cluster(
         nodes=members,
         fsync=fsync,
         bind=host,
+        snapshot_every_entries=snapshot_every_entries,
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     cluster_config.write(data_dir, config)

@@ -34,6 +34,10 @@ class EffectRouter:
         """Stop routing effects for a closed connection."""
         self._live.pop(connection.number, None)
 
+    def is_live(self, number: int) -> bool:
+        """Whether the connection with this number (of this incarnation) has a session."""
+        return number in self._live
+
     def owns(self, connection: ConnectionId) -> bool:
         """Whether `connection` belongs to this node incarnation."""
         return connection.node == self.node_id and connection.incarnation == self.incarnation

@@ -28,7 +28,7 @@ from cluster.node.effects import EffectRouter
 from cluster.node.logs import setup_logging
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
-from fifo.commands import ConnectionId
+from fifo.commands import ConnectionDown, ConnectionId
 from fifo.replies import Error
 from raft.batcher import GroupCommitter
 from raft.entry import Entry, Origin
@@ -47,6 +47,7 @@ TIMER_PERIOD_S = 0.1
 STATUS_PERIOD_S = 2.0
 RAFT_BIND_TIMEOUT_S = 10.0
 GIL_SWITCH_INTERVAL_S = 0.001
+CONNECTION_DOWN_RESUBMIT_S = 2.0
 
 
 class NodeServer:
@@ -73,6 +74,7 @@ class NodeServer:
         self.stopping = False
         self.refused_reason: str | None = None
         self._numbers = itertools.count(1)
+        self._down_submitted: dict[int, float] = {}  # connection number -> last submit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: set[ClientSession] = set()
         self.exit_code = EX_OK
@@ -87,6 +89,7 @@ class NodeServer:
             fsync=cluster.fsync,
             bind_host=cluster.bind,
             peer_dial={peer: dial for peer, dial in node.peer_addresses.items() if peer != node.id},
+            compaction_min_entries=cluster.snapshot_every_entries,
         )
         self.raft: RaftNode
         self.committer: GroupCommitter
@@ -126,6 +129,26 @@ class NodeServer:
         with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
             loop.call_soon_threadsafe(self._deliver, outcome, effects)
 
+    def _on_snapshot_loaded(self, index: int) -> None:
+        """Tick thread: the state jumped to a snapshot; reset the sessions on the loop, in order
+        with the outcomes (the effects of the entries it covers never reach our clients)."""
+        loop = self._loop
+        if loop is None:
+            return  # starting: no session yet
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._reset_sessions, index)
+
+    def _reset_sessions(self, index: int) -> None:
+        """Close every client session: what they were sent no longer matches the state (deliveries
+        the snapshot skipped were never sent; entries applied again would send duplicates). Each
+        close becomes a ConnectionDown, so their checked-out messages come back, and the clients
+        reconnect and attach again: at-least-once, nothing stuck."""
+        if not self._sessions:
+            return
+        log.warning("sessions_reset_after_snapshot", index=index, sessions=len(self._sessions))
+        for session in list(self._sessions):
+            session.close()
+
     def _deliver(self, outcome: Outcome, effects: list[Any]) -> None:
         self.committer.resolve(outcome)  # replies first, then the effects of the same entry
         self.router.dispatch(effects)
@@ -135,7 +158,7 @@ class NodeServer:
     async def serve(self, stop: asyncio.Event) -> None:
         """Start raft and the client server; run until `stop` is set; shut down cleanly."""
         self._loop = asyncio.get_running_loop()
-        self.raft = RaftNode(self.settings, self._on_outcome)
+        self.raft = RaftNode(self.settings, self._on_outcome, self._on_snapshot_loaded)
         self.committer = GroupCommitter(self.raft, self._loop)
         self.timers = LeaderTimers(self.raft, self.committer)
         try:
@@ -195,11 +218,40 @@ class NodeServer:
             try:
                 self.timers.tick()
                 self.committer.sweep()
+                self._reconcile_connections()
                 if time.monotonic() - last_status > STATUS_PERIOD_S:
                     last_status = time.monotonic()
                     self._write_status()
             except Exception:
                 log.exception("periodic_failed")
+
+    def _reconcile_connections(self) -> None:
+        """Close, through the log, every connection of this incarnation that the replicated
+        state still lists but no session serves any more.
+
+        A closed session submits its ConnectionDown at once, but that submit can fail (no
+        leader, a partition) and a session can close before its first command is applied; the
+        consumers of such a connection would keep their checked-out messages for ever (until
+        this node restarts). Retried every `CONNECTION_DOWN_RESUBMIT_S` until applied."""
+        if self.stopping:
+            return  # a stopping node leaves its connections to the next incarnation's hello
+        with self.raft.lock:
+            listed = self.raft.replicated_state.meta.connections.get(self.node_id, {})
+            dead = [
+                number
+                for incarnation, number in listed
+                if incarnation == self.incarnation and not self.router.is_live(number)
+            ]
+        now = time.monotonic()
+        for number in dead:
+            if now - self._down_submitted.get(number, -1e9) < CONNECTION_DOWN_RESUBMIT_S:
+                continue
+            self._down_submitted[number] = now
+            down = ConnectionDown(ConnectionId(self.node_id, self.incarnation, number), "normal")
+            log.info("connection_down_reconciled", connection=number)
+            self.committer.submit(fifo.encode(down), lambda _reply: None, down)
+        for number in [n for n in self._down_submitted if n not in dead]:
+            del self._down_submitted[number]
 
     def _write_status(self) -> None:
         status = {**self.status_extra(), **self.raft.status(with_digest=False), "pid": os.getpid()}

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import signal
+import time
+from pathlib import Path
+
 import pytest
 
-from cluster.testing import LocalCluster, wait_until
+from cluster import config
+from cluster.testing import LocalCluster, wait_until, write_cluster
 from fifo.commands import Checkout, ConsumerId, DeclareQueue, Enqueue, SimplePrefetch
 from fifo.effects import Deliver
 from fifo.replies import CheckoutOk, Ok
@@ -106,3 +113,96 @@ def test_effects_replayed_after_a_restart_are_not_resent_and_messages_return(
     assert all(m.redelivered for d in again for m in d.messages)
     for c in clients:
         c.close()
+
+
+def test_a_connection_closed_without_a_quorum_gives_its_messages_back_later(
+    cluster3: LocalCluster,
+) -> None:
+    """A consumer's connection closes while no leader can commit its ConnectionDown: once the
+    quorum is back, its node closes it through the log and the messages return (issue 17;
+    before, they stayed checked out to a dead connection until that node restarted)."""
+    leader = cluster3.leader()
+    owner = others(leader)[0]
+    setup = cluster3.client(owner)
+    setup.command(DeclareQueue("orphan"))
+    for i in range(4):
+        setup.command(Enqueue("orphan", b"m%d" % i))
+    consumer_client = cluster3.client(owner, name="doomed")
+    reply = consumer_client.command(
+        Checkout("orphan", ConsumerId("c", consumer_client.connection), SimplePrefetch(10))
+    )
+    assert isinstance(reply, CheckoutOk)
+    wait_until(
+        lambda: sum(len(e.messages) for e in consumer_client.read_effects(1, 0.5)) == 4,
+        10,
+        "four deliveries",
+    )
+    setup.close()
+    number = consumer_client.connection.number
+    for node in others(owner):  # no quorum: the ConnectionDown of the close cannot commit
+        cluster3.kill(node)
+    consumer_client.close()
+    wait_until(lambda: _disconnected(cluster3, owner, number), 10, "the owner seeing the close")
+    for node in others(owner):
+        cluster3.start_node(node)
+    cluster3.converged()
+    observer = cluster3.client(owner)
+    wait_until(
+        lambda: observer.query("overview", queue="orphan")["checked_out"] == 0,
+        20,
+        "the orphaned messages coming back",
+    )
+    overview = observer.query("overview", queue="orphan")
+    assert (overview["total"], overview["consumers"]) == (4, 0)
+    observer.close()
+
+
+def _disconnected(cluster: LocalCluster, node_id: str, number: int) -> bool:
+    lines = (cluster.data_dir / node_id / "node.log").read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    return any(
+        e.get("event") == "client_disconnected" and e.get("connection") == number for e in events
+    )
+
+
+def test_a_follower_that_installs_a_snapshot_resets_its_clients_and_nothing_sticks(
+    tmp_path: Path,
+) -> None:
+    """A follower that falls behind the leader's log compaction is sent a snapshot: the
+    deliveries to its own clients inside the skipped entries are never sent. It must reset its
+    sessions so those messages come back (issue 17; before, they stayed checked out to a live
+    consumer that never received them, and its prefetch stayed full: a stall)."""
+    cfg = write_cluster(tmp_path / "D", nodes=3)
+    cfg = dataclasses.replace(cfg, snapshot_every_entries=40)
+    config.write(tmp_path / "D", cfg)
+    with LocalCluster(tmp_path / "D", cfg) as cluster:
+        for node in cfg.nodes:
+            cluster.start_node(node.id)
+        leader = cluster.leader()
+        lagging = others(leader)[0]
+        publisher = cluster.client(leader)
+        publisher.command(DeclareQueue("snap"))
+        publisher.command(DeclareQueue("filler"))
+        consumer = cluster.client(lagging, name="behind")
+        reply = consumer.command(
+            Checkout("snap", ConsumerId("c", consumer.connection), SimplePrefetch(100))
+        )
+        assert isinstance(reply, CheckoutOk)
+        cluster.procs[lagging].send_signal(signal.SIGSTOP)
+        try:
+            for i in range(5):  # delivered, in the log, to the paused node's consumer
+                publisher.command(Enqueue("snap", b"m%d" % i))
+            for i in range(150):  # the leader compacts its log past the paused node
+                publisher.command(Enqueue("filler", b"f%d" % i))
+            time.sleep(3.0)  # long enough for the leader to drop the silent connection
+        finally:
+            cluster.procs[lagging].send_signal(signal.SIGCONT)
+        wait_until(
+            lambda: publisher.query("overview", queue="snap")["checked_out"] == 0,
+            30,
+            "the messages the lagging node never delivered coming back",
+        )
+        assert publisher.query("overview", queue="snap")["total"] == 5
+        log_text = (tmp_path / "D" / lagging / "node.log").read_text()
+        assert "sessions_reset_after_snapshot" in log_text
+        publisher.close()
