@@ -74,6 +74,13 @@ def _quiet_logs(verbose: bool) -> None:
     default=None,
     help="Journal fsync policy (default: the cluster's default).",
 )
+@click.option(
+    "--snapshot-every",
+    type=click.IntRange(10, 10_000_000),
+    default=5000,
+    show_default=True,
+    help="Compact the Raft log every N entries (small: lagging nodes catch up by snapshot).",
+)
 @click.option("--keep-data", is_flag=True, help="Keep the cluster data dir under /tmp.")
 @click.option("--verbose", is_flag=True, help="Log fault and client events to stderr.")
 def main(
@@ -87,6 +94,7 @@ def main(
     queues: int,
     rate: float,
     fsync: str | None,
+    snapshot_every: int,
     keep_data: bool,
     verbose: bool,
 ) -> None:
@@ -115,6 +123,7 @@ def main(
             rate_per_s=rate,
         ),
         keep_data=keep_data,
+        snapshot_every_entries=snapshot_every,
     )
     report = run(params)
     click.echo(json.dumps(report, indent=2, default=str) if as_json else _summary(report))

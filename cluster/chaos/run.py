@@ -39,7 +39,7 @@ from cluster.chaos.workload import (
 )
 from cluster.client import Client
 from cluster.client.errors import ClusterError
-from cluster.config import FsyncPolicy
+from cluster.config import SNAPSHOT_EVERY_ENTRIES_DEFAULT, FsyncPolicy
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +64,8 @@ class RunParams:
     drain_timeout_s: float = 60.0
     gap_s: float = 1.0  # a pause between publish confirms longer than this is unavailability
     keep_data: bool = False
+    # compact the log this often: small values make lagging nodes catch up by snapshot
+    snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES_DEFAULT
 
 
 @dataclass(slots=True)
@@ -88,10 +90,13 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     data_dir = Path(tempfile.mkdtemp(prefix="quorumq-chaos-", dir="/tmp"))
     kinds = expand_faults(params.faults)
     stage = _Stage()
-    if params.fsync is None:
-        launcher.init_cluster(data_dir, params.nodes)  # the cluster's default fsync policy
+    every = params.snapshot_every_entries
+    if params.fsync is None:  # the cluster's default fsync policy
+        launcher.init_cluster(data_dir, params.nodes, snapshot_every_entries=every)
     else:
-        launcher.init_cluster(data_dir, params.nodes, fsync=params.fsync)
+        launcher.init_cluster(
+            data_dir, params.nodes, fsync=params.fsync, snapshot_every_entries=every
+        )
     mesh = _make_mesh(data_dir, kinds, stage)
     if mesh is None:
         kinds = [k for k in kinds if not k.startswith("partition")]
