@@ -19,7 +19,6 @@ from typing import IO, Any
 import cbor2
 
 import fifo
-from fifo.commands import ConnectionDown, ConnectionId
 from fifo.meta import Meta
 from fifo.replies import Error
 from raft import safe_pickle
@@ -230,11 +229,7 @@ class _Exporter:
         """The ConnectionDowns an accepted hello applies (as `ReplicatedState._apply_hello`)."""
         if entry.kind != "hello":
             return ()
-        stale = [
-            ConnectionDown(ConnectionId(entry.node, inc, num), "normal")
-            for inc, num in self.state.meta.connections.get(entry.node, {})
-            if inc != entry.incarnation
-        ]
+        stale = self.state.stale_connection_downs(entry.node, entry.incarnation)
         return tuple(
             LoggedCommand(
                 Meta(

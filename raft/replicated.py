@@ -207,14 +207,22 @@ class ReplicatedState:
         self.meta.refused.pop(entry.node, None)
         self.meta.supported[entry.node] = entry.version
         self.meta.incarnations[entry.node] = entry.incarnation
-        # connections of the node's previous incarnations died with that process
-        stale = [
-            ConnectionDown(ConnectionId(entry.node, inc, num), "normal")
-            for inc, num in self.meta.connections.get(entry.node, {})
-            if inc != entry.incarnation
-        ]
+        stale = self.stale_connection_downs(entry.node, entry.incarnation)
         self._apply_commands(index, term, now, list(stale), outcome)
         outcome.replies = [Ok()]
+
+    def stale_connection_downs(self, node: str, incarnation: int) -> list[ConnectionDown]:
+        """The ConnectionDowns a hello of `node` at `incarnation` applies: its connections of
+        earlier incarnations died with that process.
+
+        In sorted order, never the dict's: a replica that applied the log has the connections in
+        the order it first saw them, one restored from a snapshot has them sorted, and the order
+        decides the order their messages come back in (so which message gets which id)."""
+        return [
+            ConnectionDown(ConnectionId(node, inc, num), "normal")
+            for inc, num in sorted(self.meta.connections.get(node, {}))
+            if inc != incarnation
+        ]
 
     def upgrade_target(self) -> int | None:
         """The version every member supports, if it is above the effective one."""

@@ -179,3 +179,36 @@ def test_deliveries_carry_the_consumer_connection() -> None:
     out = rs.apply_entry(11, 1, cmds(Checkout("q", ConsumerId("c", CONN), SimplePrefetch(5))), 2)
     delivers = [e for e in out.effects if isinstance(e, Deliver)]
     assert delivers and delivers[0].connection == CONN
+
+
+def test_a_restored_replica_closes_stale_connections_in_the_same_order_as_the_others() -> None:
+    """Issue 17's root cause: a hello closes the node's connections of earlier incarnations, one
+    ConnectionDown each, and each returns that connection's messages. A replica that applied the
+    log kept them in the order they were first seen; one restored from a snapshot had them
+    sorted: the messages came back in another order there, got other message ids, and a client
+    of that replica that acked (key, id) settled a different message on the others (the ack
+    "meant for 191 settled 192"). Every replica must apply them in one order."""
+    live = cluster_state()
+    late, early = ConnectionId("n1", 7, 5), ConnectionId("n1", 7, 3)
+    live.apply_entry(10, 1, cmds(DeclareQueue("q")), supported=2)
+    live.apply_entry(11, 1, cmds(*[Enqueue("q", b"m%d" % i) for i in range(4)]), supported=2)
+    # the higher connection number is seen first: insertion order is not sorted order
+    for index, conn in ((12, late), (13, early)):
+        live.apply_entry(
+            index, 1, cmds(Checkout("q", ConsumerId("c", conn), SimplePrefetch(2))), supported=2
+        )
+    restored = ReplicatedState(MEMBERS)
+    restored.restore(cbor2.loads(cbor2.dumps(live.snapshot())))
+    assert restored.digest() == live.digest()
+    rejoin = Entry("hello", 1000, None, node="n1", version=2, incarnation=8)
+    newcomer = ConnectionId("n2", 7, 1)
+    later = cmds(Checkout("q", ConsumerId("new", newcomer), SimplePrefetch(1)))
+    delivered = []
+    for replica in (live, restored):
+        replica.apply_entry(14, 1, rejoin, supported=2)
+        outcome = replica.apply_entry(15, 1, later, supported=2)
+        delivered.append(
+            [m.body for e in outcome.effects if isinstance(e, Deliver) for m in e.messages]
+        )
+    assert delivered[0] == delivered[1]
+    assert live.digest() == restored.digest()
