@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import queue as queue_lib
-import socket
 import threading
 import uuid
 from collections import OrderedDict
@@ -502,9 +501,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         else:
             port = conninfo.port
             endpoints = [
-                e if ":" in e or port is None else f"{e}:{port}"
-                for e in hostname.split(",")
-                if e
+                e if ":" in e or port is None else f"{e}:{port}" for e in hostname.split(",") if e
             ]
         data_dir = options.get("data_dir")
         if data_dir and not endpoints:
@@ -514,9 +511,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         if options.get("credentials"):
             key = cluster_config.read_client_key(Path(options["credentials"]))
         elif data_dir:
-            key = cluster_config.read_client_key(
-                Path(data_dir) / cluster_config.CLIENT_KEY_FILE
-            )
+            key = cluster_config.read_client_key(Path(data_dir) / cluster_config.CLIENT_KEY_FILE)
         else:
             raise ConfigError(
                 f"{SCHEME}:// needs ?credentials=PATH (the cluster's client.key) or ?data_dir=D"
@@ -571,10 +566,15 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             except queue_lib.Empty:
                 self.require_client().connection_id  # noqa: B018 - raises a connection error
                 if deadline is not None and monotonic() >= deadline:
-                    raise socket.timeout() from None
+                    raise TimeoutError() from None  # socket.timeout, as kombu expects
                 continue
             if subscription.channel.deliver(subscription, found):
                 return
+
+    def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
+        """The URL as given (it carries a key path, not a secret; kombu's parser would choke
+        on the comma-separated endpoints)."""
+        return uri
 
     def driver_version(self) -> str:
         """The quorumq client version."""
