@@ -46,6 +46,7 @@ import structlog
 from amqp.protocol import queue_declare_ok_t
 from kombu.exceptions import ChannelError
 from kombu.transport import TRANSPORT_ALIASES, virtual
+from kombu.transport.base import to_rabbitmq_queue_arguments
 from kombu.utils.json import dumps, loads
 
 from cluster import config as cluster_config
@@ -252,6 +253,10 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         overview = self.qq.overview(queue)
         ready = _field(overview, "ready") + _field(overview, "returned")
         return queue_declare_ok_t(queue, ready, _field(overview, "consumers"))
+
+    def prepare_queue_arguments(self, arguments: dict[str, Any], **kwargs: Any) -> Any:
+        """kombu's Queue(message_ttl=, max_length=, expires=...) as x-arguments."""
+        return to_rabbitmq_queue_arguments(arguments, **kwargs)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return queue in list(self.qq.queues())
