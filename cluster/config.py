@@ -40,6 +40,7 @@ class NodeConfig:
     # peer id -> "host:port" this node dials instead of the peer's raft address (a proxy, for
     # chaos partitions); the peer keeps its raft address as its identity
     peer_addresses: dict[str, str] = field(default_factory=dict)
+    metrics_port: int | None = None  # Prometheus /metrics (off when None)
 
     @property
     def raft_address(self) -> str:
@@ -61,6 +62,7 @@ class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
     fsync: FsyncPolicy = "batch"
     bind: str = "127.0.0.1"
+    metrics_bind: str = "127.0.0.1"  # where nodes with a metrics_port serve /metrics
 
     def node(self, node_id: str) -> NodeConfig:
         """The node called `node_id`; ConfigError if there is none."""
@@ -110,6 +112,7 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         nodes=nodes,
         fsync=fsync,
         bind=_typed(section, "bind", str, path, "127.0.0.1"),
+        metrics_bind=_typed(section, "metrics_bind", str, path, "127.0.0.1"),
     )
 
 
@@ -134,6 +137,7 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
         data_dir=Path(data_dir) if data_dir else path.parent / node_id,
         max_machine_version=cap,
         peer_addresses=dict(peers),
+        metrics_port=_port(item, "metrics_port", path) if "metrics_port" in item else None,
     )
 
 
@@ -160,6 +164,8 @@ def dumps(config: ClusterConfig) -> str:
         f"fsync = {_toml_str(config.fsync)}",
         f"bind = {_toml_str(config.bind)}",
     ]
+    if config.metrics_bind != "127.0.0.1":
+        lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
     for node in config.nodes:
         lines += [
             "",
@@ -172,6 +178,8 @@ def dumps(config: ClusterConfig) -> str:
         ]
         if node.max_machine_version is not None:
             lines.append(f"max_machine_version = {node.max_machine_version}")
+        if node.metrics_port is not None:
+            lines.append(f"metrics_port = {node.metrics_port}")
         if node.peer_addresses:
             pairs = ", ".join(
                 f"{_toml_str(k)} = {_toml_str(v)}" for k, v in sorted(node.peer_addresses.items())
