@@ -4,6 +4,8 @@ then `/metrics` scraped over HTTP and parsed with prometheus-client's parser."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -145,6 +147,22 @@ def test_metrics_match_a_known_workload(metered: tuple[LocalCluster, dict[str, i
         assert value(found, "quorumq_raft_fsync_seconds_count") >= 1
         assert value(found, "quorumq_raft_apply_seconds_count") > 10
         assert value(found, "quorumq_raft_has_quorum") == 1
+
+
+def test_dashboard_queries_only_exposed_metrics(
+    metered: tuple[LocalCluster, dict[str, int]],
+) -> None:
+    cluster, ports = metered
+    with Client([cluster.config.nodes[0].client_address], cluster.client_key) as client:
+        client.declare_queue("d-any")  # a queue, so per-queue series exist
+        client.publish("d-any", b"x")
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports['n1']}/metrics", timeout=5) as answer:
+        families = {f.name for f in text_string_to_metric_families(answer.read().decode())}
+    dashboard = json.loads((ROOT / "docs" / "grafana-quorumq.json").read_text(encoding="utf-8"))
+    queried = set(re.findall(r"quorumq_[a-z_]+", json.dumps(dashboard)))
+    assert len(queried) > 15
+    missing = {q for q in queried if re.sub(r"_(total|bucket|sum|count)$", "", q) not in families}
+    assert not missing, sorted(missing)
 
 
 def test_metrics_port_taken_is_a_clear_error(tmp_path: Path) -> None:
