@@ -63,12 +63,14 @@ from cluster.client import (
 )
 from cluster.client import Message as Delivered
 from cluster.errors import ConfigError
+from fifo import limits as fifo_limits
 from fifo.commands import QueueConfig
 
 log = structlog.get_logger("quorumq.kombu")
 
 SCHEME = "quorumq"
 UNLIMITED_PREFETCH_DEFAULT = 1000  # credit for prefetch_count=0 (quorumq credit is finite)
+PREFETCH_MAX = fifo_limits.prefetch_max  # what a checkout accepts
 PUBLISHERS_PER_CHANNEL_MAX = 256  # confirmed publishers kept per channel (one per queue)
 HEALTH_CHECK_S = 1.0  # while drain_events waits, check the client this often
 PLAIN_CONTENT_TYPE = "application/data"
@@ -332,7 +334,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     # --- consuming --------------------------------------------------------------------------
 
     def _credit(self) -> int:
-        return self._prefetch or self.connection.unlimited_prefetch
+        return min(self._prefetch or self.connection.unlimited_prefetch, PREFETCH_MAX)
 
     def basic_qos(
         self, prefetch_size: int = 0, prefetch_count: int = 0, apply_global: bool = False

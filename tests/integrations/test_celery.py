@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,6 +104,15 @@ def test_celery_worker_killed_mid_run_loses_no_task(
         senders = [threading.Thread(target=send, args=(i,)) for i in range(SENDERS)]
         for sender in senders:
             sender.start()
+        with Client(endpoints.split(","), cluster3.client_key) as client:
+            # the worker's credit is its prefetch: concurrency 2 x multiplier 1
+            def attached() -> list[dict[str, Any]]:
+                found = client.consumers("celery").get("celery", [])
+                return [c for c in found if c["status"] == "up"]
+
+            (consumer,) = wait_until(attached, 30, "the worker's consumer")
+            assert consumer["prefetch"] == 2, consumer
+            assert consumer["num_checked_out"] <= 2, consumer
         wait_until(lambda: len(_ran(ran_path)) >= KILL_AFTER, 45, f"{KILL_AFTER} task runs")
         _kill_group(workers[0])
         killed_pids = {pid for pid, _ in _ran(ran_path)}
@@ -135,3 +145,8 @@ def test_celery_worker_killed_mid_run_loses_no_task(
     assert survivors, "the second worker ran nothing"
     by_second = sum(1 for pid, _ in ran if pid in survivors)
     assert by_second >= TASKS - len({n for pid, n in ran if pid in killed_pids})
+    twice = len(ran) - len(numbers)
+    print(
+        f"runs {len(ran)}, by the second worker {by_second}, run twice {twice}, "
+        f"returned at the kill {overview['returned']}"
+    )
