@@ -64,7 +64,7 @@ from cluster.client import (
 from cluster.client import Message as Delivered
 from cluster.errors import ConfigError
 from fifo import limits as fifo_limits
-from fifo.commands import QueueConfig
+from fifo.commands import Checkout, ConsumerId, QueueConfig, SimplePrefetch
 
 log = structlog.get_logger("quorumq.kombu")
 
@@ -147,12 +147,8 @@ class _Subscription:
         self.callback = callback
         self.cancelled = False
         self.prefetch = prefetch
-        self.consumer: Consumer = self._attach(prefetch)
-        self.retired: list[Consumer] = []  # replaced by a new prefetch; may still settle
-
-    def _attach(self, prefetch: int) -> Consumer:
-        return self.channel.qq.consume(
-            self.queue, prefetch=prefetch, auto_ack=self.no_ack, on_message=self._push
+        self.consumer: Consumer = self.channel.qq.consume(
+            queue, prefetch=prefetch, auto_ack=no_ack, on_message=self._push
         )
 
     def _push(self, message: Delivered) -> None:
@@ -168,22 +164,21 @@ class _Subscription:
                 message.nack(requeue=True)
 
     def set_prefetch(self, prefetch: int) -> None:
-        """A new credit: attach anew (soft-cancelling the old consumer, whose messages still
-        settle), since a checkout's prefetch is fixed."""
+        """A new credit: the same consumer checks out again with the new prefetch (the
+        machine updates it in place: credit = prefetch - checked out)."""
         if prefetch == self.prefetch or self.cancelled:
             return
-        old, self.prefetch = self.consumer, prefetch
-        self.consumer = self._attach(prefetch)
-        self.retired.append(old)
-        with contextlib.suppress(ClusterError):
-            old.cancel()
+        self.prefetch = prefetch
+        self.consumer.prefetch = prefetch  # what a reconnect attaches with
+        client = self.channel.qq
+        consumer_id = ConsumerId(self.consumer.tag, client.connection_id)
+        client.command(Checkout(self.queue, consumer_id, SimplePrefetch(prefetch)))
 
     def cancel(self) -> None:
         self.cancelled = True
-        for consumer in (self.consumer, *self.retired):
-            with contextlib.suppress(ClusterError):
-                consumer.cancel()
-            consumer.close()
+        with contextlib.suppress(ClusterError):
+            self.consumer.cancel()
+        self.consumer.close()
 
 
 class Channel(virtual.Channel):  # type: ignore[misc]
@@ -428,9 +423,12 @@ class Channel(virtual.Channel):  # type: ignore[misc]
     def basic_ack(self, delivery_tag: str, multiple: bool = False) -> None:
         """Settle: the message is done."""
         taken = self._take(delivery_tag, multiple)
+        owners: dict[int, Consumer] = {}
         for _, found in taken:
             found.ack()
-        for consumer in {id(s.consumer): s.consumer for s, _ in taken if s is not None}.values():
+            if isinstance(found.consumer, Consumer):
+                owners[id(found.consumer)] = found.consumer
+        for consumer in owners.values():
             consumer.flush_acks()  # acks are batched by the client: send them now
 
     def basic_reject(self, delivery_tag: str, requeue: bool = False) -> None:

@@ -218,3 +218,32 @@ def test_channel_close_returns_unacked(cluster: LocalCluster) -> None:
             channel.close()
             overview = client.overview("k-close")
             assert (overview["checked_out"], overview["returned"]) == (0, 1)
+
+
+def test_prefetch_change_updates_the_same_consumer(cluster: LocalCluster) -> None:
+    queue = Queue("k-qos")
+    with Connection(_url(cluster)) as connection:
+        channel = connection.channel()
+        producer = Producer(channel)
+        for number in range(10):
+            producer.publish({"n": number}, routing_key="k-qos", declare=[queue])
+        channel.basic_qos(0, 2, False)
+        held: list[Any] = []
+        with Consumer(channel, [queue], callbacks=[lambda body, m: held.append(m)]):
+            _drain(connection, held, 2)
+            with pytest.raises(TimeoutError):
+                connection.drain_events(timeout=0.5)
+            channel.basic_qos(0, 5, False)  # as Celery does for ETA tasks
+            _drain(connection, held, 5)
+            with pytest.raises(TimeoutError):
+                connection.drain_events(timeout=0.5)
+            with _client(cluster) as client:
+                (consumer,) = client.consumers("k-qos")["k-qos"]
+                assert (consumer["prefetch"], consumer["num_checked_out"]) == (5, 5)
+            for message in held:
+                message.ack()
+            _drain(connection, held, 10)
+            for message in held[5:]:
+                message.ack()
+    with _client(cluster) as client:
+        wait_until(lambda: client.overview("k-qos")["total"] == 0, 10, "k-qos settled")
