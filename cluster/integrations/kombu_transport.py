@@ -51,7 +51,6 @@ from kombu.utils.json import dumps, loads
 
 from cluster import config as cluster_config
 from cluster.client import (
-    AuthError,
     Client,
     ClientClosed,
     ClusterError,
@@ -481,9 +480,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         Unavailable,
         ClientClosed,
         RequestTimeout,
-        AuthError,
-        ConfigError,
-    )
+    )  # not AuthError nor ConfigError: retrying cannot fix a wrong key or URL
     channel_errors = (*virtual.Transport.channel_errors, CommandRefused)
 
     def __init__(self, client: Any, **kwargs: Any) -> None:

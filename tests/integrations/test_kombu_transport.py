@@ -18,7 +18,8 @@ pytest.importorskip("kombu")
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.exceptions import ChannelError
 
-from cluster.client import Client
+from cluster.client import AuthError, Client
+from cluster.errors import ConfigError
 from cluster.integrations import kombu_transport
 from cluster.testing import ROOT, LocalCluster, start_cluster, wait_until
 
@@ -82,11 +83,19 @@ def test_queue_arguments_map_to_queue_config() -> None:
         kombu_transport.queue_config({"x-overflow": "reject-publish-dlx"})
 
 
-def test_missing_credentials_is_a_clear_error(cluster: LocalCluster) -> None:
+def test_bad_credentials_fail_at_once(cluster: LocalCluster, tmp_path: Path) -> None:
     endpoints = cluster.config.nodes[0].client_address
     with (
         Connection(f"quorumq://{endpoints}/") as connection,
-        pytest.raises(Exception, match="credentials"),
+        pytest.raises(ConfigError, match=r"needs \?credentials=PATH"),
+    ):
+        connection.connect()
+    wrong = tmp_path / "wrong.key"
+    wrong.write_text("00" * 32 + "\n")
+    wrong.chmod(0o600)
+    with (
+        Connection(f"quorumq://{endpoints}/?credentials={wrong}") as connection,
+        pytest.raises(AuthError),
     ):
         connection.connect()
 
