@@ -195,6 +195,7 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         self._subscriptions: dict[str, _Subscription] = {}
         self._publishers: OrderedDict[str, Publisher] = OrderedDict()
         self._prefetch = 0
+        self._auto_delete: set[str] = set()  # auto_delete queues declared on this channel
 
     @property
     def qq(self) -> Client:
@@ -232,9 +233,15 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         queue: str | None = None,
         passive: bool = False,
         arguments: dict[str, Any] | None = None,
+        auto_delete: bool = False,
         **kwargs: Any,
     ) -> Any:
-        """Declare (create if missing) a quorumq queue; `passive` only checks it exists."""
+        """Declare (create if missing) a quorumq queue; `passive` only checks it exists.
+
+        An `auto_delete` queue is deleted when this channel closes if no consumer is left on
+        it (AMQP deletes it as its last consumer leaves; Celery's RPC result backend cancels
+        and consumes its reply queue again around every result, so the channel's end is the
+        safe point); e.g. the RPC backend's reply queues go with their client."""
         queue = queue or f"amq.gen-{uuid.uuid4()}"
         if passive:
             if not self._has_queue(queue):
@@ -246,6 +253,8 @@ class Channel(virtual.Channel):  # type: ignore[misc]
             if config.dead_letter_queue:
                 self._ensure_declared(config.dead_letter_queue)
             self._declare(queue, config, explicit=True)
+            if auto_delete:
+                self._auto_delete.add(queue)
         overview = self.qq.overview(queue)
         ready = _field(overview, "ready") + _field(overview, "returned")
         return queue_declare_ok_t(queue, ready, _field(overview, "consumers"))
@@ -357,6 +366,14 @@ class Channel(virtual.Channel):  # type: ignore[misc]
         if subscription is not None:
             subscription.cancel()
 
+    def _delete_if_unused(self, queue: str) -> None:
+        try:
+            overview = self.qq.overview(queue)
+            if overview is not None and not _field(overview, "consumers"):
+                self.queue_delete(queue)
+        except ClusterError as err:  # best effort: the queue stays
+            log.info("auto_delete_failed", queue=queue, error=str(err))
+
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
         """Take one ready message (None when the queue is empty)."""
         try:
@@ -460,6 +477,8 @@ class Channel(virtual.Channel):  # type: ignore[misc]
                 self.basic_cancel(tag)
         if self.connection is not None and self.connection.client_alive():
             self._return_unacked()
+            for queue in sorted(self._auto_delete):
+                self._delete_if_unused(queue)
         for queue in list(self._publishers):
             self._drop_publisher(queue)
         super().close()

@@ -256,3 +256,20 @@ def test_prefetch_change_updates_the_same_consumer(cluster: LocalCluster) -> Non
                 message.ack()
     with _client(cluster) as client:
         wait_until(lambda: client.overview("k-qos")["total"] == 0, 10, "k-qos settled")
+
+
+def test_auto_delete_queue_goes_with_its_channel(cluster: LocalCluster) -> None:
+    queue = Queue("k-reply", auto_delete=True)
+    with Connection(_url(cluster)) as connection, _client(cluster) as client:
+        channel = connection.channel()
+        Producer(channel).publish({"n": 1}, routing_key="k-reply", declare=[queue])
+        Producer(channel).publish({"n": 2}, routing_key="k-durable", declare=[Queue("k-durable")])
+        received: list[Any] = []
+        with Consumer(channel, [queue], callbacks=[lambda b, m: received.append(m)], no_ack=True):
+            _drain(connection, received, 1)
+        assert "k-reply" in client.queues()  # cancelled, but the channel still lives
+        with Consumer(channel, [Queue("k-durable")], callbacks=[lambda b, m: m.ack()]):
+            connection.drain_events(timeout=10)
+        channel.close()
+        assert "k-reply" not in client.queues()
+        assert "k-durable" in client.queues()
