@@ -25,13 +25,15 @@ app needs two lines (see docs/celery.md):
   pushed by the node into a queue that `drain_events` blocks on (no polling).
 - `basic_ack` settles, `basic_reject(requeue=True)` returns the message, `requeue=False`
   discards it (dead-lettered when the queue has a dead-letter queue). Closing a channel returns
-  its unacked messages; when the connection goes down (the worker died), the cluster returns
-  every message the connection had checked out.
+  its unacked messages (and deletes the `auto_delete` queues it declared, if no consumer is
+  left); when the connection goes down (the worker died), the cluster returns every message the
+  connection had checked out.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import itertools
 import queue as queue_lib
 import threading
@@ -598,8 +600,11 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         return uri
 
     def driver_version(self) -> str:
-        """The quorumq client version."""
-        return "0.1.0"
+        """The installed quorumq version."""
+        try:
+            return importlib.metadata.version("quorumq")
+        except importlib.metadata.PackageNotFoundError:
+            return "unknown"
 
 
 TRANSPORT_ALIASES.setdefault(SCHEME, f"{__name__}:Transport")
