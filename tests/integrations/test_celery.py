@@ -1,6 +1,6 @@
 """Celery on quorumq: a real worker process, SIGKILLed in the middle of 1,000 late-acked tasks.
 
-A 3-node cluster, a `celery -A celery_app worker` (prefork, 2 processes, task_acks_late,
+A 3-node cluster, a `celery -A celery_app worker` (prefork, 4 processes, task_acks_late,
 worker_prefetch_multiplier=1) and results over Celery's RPC backend (also on quorumq). Once a
 third of the tasks ran, the worker's whole process group gets SIGKILL; the messages it had
 checked out must come back (its connection went down), and a second worker must finish the
@@ -57,7 +57,7 @@ def _ran(path: Path) -> list[tuple[int, int]]:
 def _worker(tmp_path: Path, env: dict[str, str], name: str) -> subprocess.Popen[bytes]:
     log = (tmp_path / f"{name}.log").open("wb")
     command = [sys.executable, "-m", "celery", "-A", "celery_app", "worker"]
-    command += ["--pool", "prefork", "--concurrency", "2", "--loglevel", "info"]
+    command += ["--pool", "prefork", "--concurrency", "4", "--loglevel", "info"]
     command += ["--hostname", f"{name}@%h", "--without-gossip", "--without-mingle"]
     process = subprocess.Popen(
         command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=HERE
@@ -105,14 +105,14 @@ def test_celery_worker_killed_mid_run_loses_no_task(
         for sender in senders:
             sender.start()
         with Client(endpoints.split(","), cluster3.client_key) as client:
-            # the worker's credit is its prefetch: concurrency 2 x multiplier 1
+            # the worker's credit is its prefetch: concurrency 4 x multiplier 1
             def attached() -> list[dict[str, Any]]:
                 found = client.consumers("celery").get("celery", [])
                 return [c for c in found if c["status"] == "up"]
 
             (consumer,) = wait_until(attached, 30, "the worker's consumer")
-            assert consumer["prefetch"] == 2, consumer
-            assert consumer["num_checked_out"] <= 2, consumer
+            assert consumer["prefetch"] == 4, consumer
+            assert consumer["num_checked_out"] <= 4, consumer
         wait_until(lambda: len(_ran(ran_path)) >= KILL_AFTER, 45, f"{KILL_AFTER} task runs")
         _kill_group(workers[0])
         killed_pids = {pid for pid, _ in _ran(ran_path)}
