@@ -13,8 +13,9 @@ app needs two lines (see docs/celery.md):
   the queue arguments can express: `x-dead-letter-routing-key` (or the one queue bound to
   `x-dead-letter-exchange`) as the dead-letter queue, `x-max-length`, `x-max-length-bytes`,
   `x-overflow`, `x-message-ttl`, `x-delivery-limit`, `x-single-active-consumer`,
-  `x-consumer-timeout`. Others (`x-expires`, `x-max-priority`, ...) are not expressible and are
-  ignored. Declaring an existing queue with another configuration raises PRECONDITION_FAILED.
+  `x-consumer-timeout`, and quorumq's `x-disconnected-timeout` (ms). Others (`x-expires`,
+  `x-max-priority`, ...) are not expressible and are ignored. Declaring an existing queue
+  with another configuration raises PRECONDITION_FAILED.
 - exchanges and bindings are kombu's in-process (virtual) ones, as with kombu's other virtual
   transports: direct and topic exchanges route to the queues bound in this process; the
   default exchange ("") routes to the queue named by the routing key. No fanout.
@@ -113,6 +114,7 @@ def queue_config(arguments: dict[str, Any] | None, resolve_dlx: Any = None) -> Q
         ("x-message-ttl", "message_ttl_ms"),
         ("x-delivery-limit", "delivery_limit"),
         ("x-consumer-timeout", "consumer_timeout_ms"),
+        ("x-disconnected-timeout", "disconnected_timeout_ms"),  # quorumq's own
     ):
         if name in args:
             fields[field] = int(args.pop(name))

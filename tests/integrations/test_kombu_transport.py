@@ -72,8 +72,10 @@ def test_queue_arguments_map_to_queue_config() -> None:
             "x-message-ttl": 5000,
             "x-delivery-limit": 3,
             "x-expires": 1000,
+            "x-disconnected-timeout": 2000,
         }
     )
+    assert config.disconnected_timeout_ms == 2000
     assert config.dead_letter_queue == "dead"
     assert (config.max_length, config.max_bytes, config.overflow) == (10, 1000, "reject_publish")
     assert (config.message_ttl_ms, config.delivery_limit) == (5000, 3)
@@ -273,3 +275,37 @@ def test_auto_delete_queue_goes_with_its_channel(cluster: LocalCluster) -> None:
         channel.close()
         assert "k-reply" not in client.queues()
         assert "k-durable" in client.queues()
+
+
+def test_consumer_goes_on_when_its_node_dies(cluster: LocalCluster) -> None:
+    """The client moves to another node; what the dead node had checked out comes back after
+    the queue's disconnected timeout (2 s here), so every message is seen and settled."""
+    queue = Queue("k-failover", queue_arguments={"x-disconnected-timeout": 2000})
+    with Connection(_url(cluster)) as connection:
+        channel = connection.channel()
+        producer = Producer(channel)
+        for number in range(60):
+            producer.publish({"n": number}, routing_key="k-failover", declare=[queue])
+        channel.basic_qos(0, 10, False)
+        seen: set[int] = set()
+
+        def on_message(body: Any, message: Any) -> None:
+            seen.add(body["n"])
+            message.ack()
+
+        killed = None
+        with Consumer(channel, [queue], callbacks=[on_message]):
+            while len(seen) < 60:
+                connection.drain_events(timeout=20)
+                if len(seen) >= 20 and killed is None:
+                    killed = channel.qq.node  # the node this connection goes through
+                    assert killed is not None
+                    cluster.kill(killed)
+        assert channel.qq.node != killed
+    try:
+        with _client(cluster) as client:
+            wait_until(lambda: client.overview("k-failover")["total"] == 0, 10, "all settled")
+    finally:
+        assert killed is not None
+        cluster.restart(killed)
+        cluster.leader()
