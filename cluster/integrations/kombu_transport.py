@@ -150,6 +150,7 @@ class _Subscription:
         self.callback = callback
         self.cancelled = False
         self.prefetch = prefetch
+        self._inbox = channel.connection.inbox  # kept: the channel drops its transport on close
         self.consumer: Consumer = self.channel.qq.consume(
             queue, prefetch=prefetch, auto_ack=no_ack, on_message=self._push
         )
@@ -159,7 +160,7 @@ class _Subscription:
         if self.cancelled:
             self._give_back(message)
             return
-        self.channel.connection.inbox.put((self, message))
+        self._inbox.put((self, message))
 
     def _give_back(self, message: Delivered) -> None:
         if not self.no_ack:
@@ -432,6 +433,9 @@ class Channel(virtual.Channel):  # type: ignore[misc]
                 if item is None:
                     log.warning("unknown_delivery_tag", tag=delivery_tag)
                 return [] if item is None else [item]
+            if delivery_tag not in self._unacked:
+                log.warning("unknown_delivery_tag", tag=delivery_tag)
+                return []
             taken = []
             while self._unacked:
                 tag, item = self._unacked.popitem(last=False)

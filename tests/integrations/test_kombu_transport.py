@@ -309,3 +309,18 @@ def test_consumer_goes_on_when_its_node_dies(cluster: LocalCluster) -> None:
         assert killed is not None
         cluster.restart(killed)
         cluster.leader()
+
+
+def test_plain_quorumq_messages_reach_kombu_as_bytes(cluster: LocalCluster) -> None:
+    with _client(cluster) as client:
+        client.declare_queue("k-plain")
+        client.publish("k-plain", b"\xffraw bytes")
+    with Connection(_url(cluster)) as connection:
+        channel = connection.channel()
+        message = channel.basic_get("k-plain")
+        assert message is not None
+        assert message.body == b"\xffraw bytes"
+        assert message.content_type == "application/data"
+        assert message.decode() == b"\xffraw bytes"
+        message.ack()
+        assert channel.basic_get("k-plain") is None
