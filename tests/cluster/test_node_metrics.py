@@ -28,9 +28,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-@pytest.fixture
-def metered(tmp_path: Path) -> Iterator[tuple[LocalCluster, dict[str, int]]]:
-    data_dir = tmp_path / "D"
+@pytest.fixture(scope="module")
+def metered(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LocalCluster, dict[str, int]]]:
+    """A 3-node cluster whose nodes serve metrics (shared: tests use their own queues)."""
+    data_dir = tmp_path_factory.mktemp("metered") / "D"
     cfg = write_cluster(data_dir, 3)
     ports = dict(zip(cfg.node_ids(), free_ports(3), strict=True))
     nodes = tuple(dataclasses.replace(n, metrics_port=ports[n.id]) for n in cfg.nodes)
@@ -130,7 +133,7 @@ def test_metrics_match_a_known_workload(metered: tuple[LocalCluster, dict[str, i
             assert value(found, "quorumq_queue_messages_unacked", queue="m-held") == 3
             assert value(found, "quorumq_queue_messages", queue="m-held") == 3
             assert value(found, "quorumq_queue_consumers", queue="m-held") == 1
-            assert value(found, "quorumq_queues") == 3
+            assert value(found, "quorumq_queues") >= 3
             if other != node:  # node-local counters: nothing went through the others
                 assert value(found, "quorumq_queue_messages_published_total", queue="m-jobs") == 0
 
