@@ -43,6 +43,7 @@ class NodeConfig:
     # peer id -> "host:port" this node dials instead of the peer's raft address (a proxy, for
     # chaos partitions); the peer keeps its raft address as its identity
     peer_addresses: dict[str, str] = field(default_factory=dict)
+    metrics_port: int | None = None  # Prometheus /metrics (off when None)
 
     @property
     def raft_address(self) -> str:
@@ -66,6 +67,7 @@ class ClusterConfig:
     bind: str = "127.0.0.1"
     # compact the Raft log into a snapshot once it holds this many entries
     snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES_DEFAULT
+    metrics_bind: str = "127.0.0.1"  # where nodes with a metrics_port serve /metrics
 
     def node(self, node_id: str) -> NodeConfig:
         """The node called `node_id`; ConfigError if there is none."""
@@ -122,6 +124,7 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         fsync=fsync,
         bind=_typed(section, "bind", str, path, "127.0.0.1"),
         snapshot_every_entries=every,
+        metrics_bind=_typed(section, "metrics_bind", str, path, "127.0.0.1"),
     )
 
 
@@ -146,6 +149,7 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
         data_dir=Path(data_dir) if data_dir else path.parent / node_id,
         max_machine_version=cap,
         peer_addresses=dict(peers),
+        metrics_port=_port(item, "metrics_port", path) if "metrics_port" in item else None,
     )
 
 
@@ -174,6 +178,8 @@ def dumps(config: ClusterConfig) -> str:
     ]
     if config.snapshot_every_entries != SNAPSHOT_EVERY_ENTRIES_DEFAULT:
         lines.append(f"snapshot_every_entries = {config.snapshot_every_entries}")
+    if config.metrics_bind != "127.0.0.1":
+        lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
     for node in config.nodes:
         lines += [
             "",
@@ -186,6 +192,8 @@ def dumps(config: ClusterConfig) -> str:
         ]
         if node.max_machine_version is not None:
             lines.append(f"max_machine_version = {node.max_machine_version}")
+        if node.metrics_port is not None:
+            lines.append(f"metrics_port = {node.metrics_port}")
         if node.peer_addresses:
             pairs = ", ".join(
                 f"{_toml_str(k)} = {_toml_str(v)}" for k, v in sorted(node.peer_addresses.items())

@@ -67,8 +67,10 @@ def init_cluster(
     fsync: FsyncPolicy = "batch",
     host: str = "127.0.0.1",
     snapshot_every_entries: int = cluster_config.SNAPSHOT_EVERY_ENTRIES_DEFAULT,
+    metrics_base_port: int | None = None,
 ) -> ClusterConfig:
-    """Write `D/cluster.toml`, `D/secret` and `D/client.key` for a new local cluster."""
+    """Write `D/cluster.toml`, `D/secret` and `D/client.key` for a new local cluster
+    (node i serves Prometheus metrics on `metrics_base_port + i` when that is given)."""
     if nodes < 1:
         raise LauncherError("a cluster needs at least one node", exits.USAGE)
     ports = (
@@ -80,6 +82,11 @@ def init_cluster(
         raise LauncherError(
             f"--base-port {base_port} leaves no room for {nodes} nodes", exits.USAGE
         )
+    if metrics_base_port is not None and metrics_base_port + nodes - 1 > 65535:
+        raise LauncherError(
+            f"--metrics-base-port {metrics_base_port} leaves no room for {nodes} nodes",
+            exits.USAGE,
+        )
     data_dir = data_dir.resolve()
     members = tuple(
         NodeConfig(
@@ -89,6 +96,7 @@ def init_cluster(
             client_port=ports[2 * i + 1],
             data_dir=data_dir / f"n{i + 1}",
             max_machine_version=max_machine_version,
+            metrics_port=None if metrics_base_port is None else metrics_base_port + i,
         )
         for i in range(nodes)
     )
@@ -303,6 +311,7 @@ def start_cluster(
     max_machine_version: int | None = None,
     fsync: FsyncPolicy | None = None,
     timeout_s: float = LEADER_TIMEOUT_S,
+    metrics_base_port: int | None = None,
 ) -> tuple[ClusterConfig, str]:
     """Create (or reuse a stopped) cluster in `data_dir`, start every node, wait for a leader."""
     data_dir = data_dir.resolve()
@@ -326,6 +335,7 @@ def start_cluster(
             base_port=base_port,
             max_machine_version=max_machine_version,
             fsync=fsync or "batch",
+            metrics_base_port=metrics_base_port,
         )
     if max_machine_version is not None:  # a restart with a new cap keeps it for later starts
         for node in config.nodes:

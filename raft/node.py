@@ -131,6 +131,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self._on_outcome = on_outcome
         self._on_snapshot_loaded = on_snapshot_loaded
+        # optional observers (the node's metrics): seconds per journal fsync, per entry applied
+        self.observe_fsync: Callable[[float], None] | None = None
+        self.observe_apply: Callable[[float], None] | None = None
         self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
         self._address_to_id[settings.address] = settings.node_id
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
@@ -155,7 +158,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         with self.lock:
             if self.stopped_reason is not None:
                 raise SyncObjExceptionWrongVer(self.replicated_state.meta.effective_version)
+            started = time.perf_counter()
             outcome = self._apply_locked(index, blob)
+            if self.observe_apply is not None:
+                self.observe_apply(time.perf_counter() - started)
         self.sync_journal()  # the reply must not leave before the entry is durable here
         try:
             self._on_outcome(outcome)
@@ -214,7 +220,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """fsync the journal if it has unsynced records (no-op under `never`)."""
         journal = self._journal()
         if isinstance(journal, DurableFileJournal):
-            journal.sync()
+            started = time.perf_counter()
+            if journal.sync() and self.observe_fsync is not None:
+                self.observe_fsync(time.perf_counter() - started)
 
     def _SyncObj__sendNextNodeIdx(self, *args: Any, **kwargs: Any) -> None:
         if self._defer_acks:

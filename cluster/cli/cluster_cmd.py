@@ -80,6 +80,13 @@ def cluster_group() -> None:
     default=None,
     help="Journal fsync policy of a new cluster (default: batch, safe).",
 )
+@click.option(
+    "--metrics-base-port",
+    type=click.IntRange(1024, 65535),
+    default=None,
+    help="Prometheus metrics of a new cluster: node i serves 127.0.0.1:(base+i)/metrics "
+    "(metrics_port in cluster.toml). Default: off.",
+)
 @wait_timeout_option("Seconds to wait for a leader.")
 @output_option
 @click.pass_context
@@ -91,6 +98,7 @@ def start(
     base_port: int | None,
     max_machine_version: int | None,
     fsync: str | None,
+    metrics_base_port: int | None,
     timeout_s: float,
 ) -> None:
     """Start the nodes of a cluster in the background and wait until a leader is elected.
@@ -101,6 +109,7 @@ def start(
     \b
     Example:
       quorumq cluster start --nodes 3 --data-dir /tmp/qq
+      quorumq cluster start --nodes 3 --data-dir /tmp/qq --metrics-base-port 9419
     """
     data_dir = resolve_data_dir(ctx, local_data_dir)
     config, leader = start_cluster(
@@ -110,6 +119,7 @@ def start(
         max_machine_version=max_machine_version,
         fsync=cast(FsyncPolicy | None, fsync),
         timeout_s=timeout_s,
+        metrics_base_port=metrics_base_port,
     )
     rows = [
         {"id": n.id, "endpoint": n.client_address, "raft": n.raft_address, "leader": n.id == leader}
@@ -121,6 +131,11 @@ def start(
         endpoints = ",".join(n.client_address for n in config.nodes)
         click.echo(f"\nendpoints: {endpoints}")
         click.echo(f"credentials: {data_dir.resolve() / 'client.key'}")
+        bind = config.metrics_bind
+        ports = [n.metrics_port for n in config.nodes if n.metrics_port]
+        metrics = [f"http://{bind}:{port}/metrics" for port in ports]
+        if metrics:
+            click.echo(f"metrics: {', '.join(metrics)}")
     else:
         emit(ctx, {"data_dir": str(data_dir.resolve()), "leader": leader, "nodes": rows})
 

@@ -45,17 +45,36 @@ def node_group() -> None:
 @data_dir_option
 @click.option("--node-id", required=True, help="The node to run, as named in cluster.toml.")
 @max_machine_version_option("Cap the machine version this node supports (emulates older code).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics at http://BIND:PORT/metrics (default: the node's "
+    "metrics_port in cluster.toml; off when neither is set).",
+)
+@click.option(
+    "--metrics-bind",
+    default=None,
+    help="Address the metrics endpoint listens on (default: [cluster] metrics_bind, 127.0.0.1).",
+)
 @output_option
 @click.pass_context
 @translate_errors
 def start(
-    ctx: click.Context, local_data_dir: Path | None, node_id: str, max_machine_version: int | None
+    ctx: click.Context,
+    local_data_dir: Path | None,
+    node_id: str,
+    max_machine_version: int | None,
+    metrics_port: int | None,
+    metrics_bind: str | None,
 ) -> None:
     """Run one node in the foreground (what `cluster start` runs for each node).
 
     \b
     Example:
       quorumq node start --data-dir /tmp/qq --node-id n1
+      quorumq node start --data-dir /tmp/qq --node-id n1 --metrics-port 9419
+      curl -s 127.0.0.1:9419/metrics | grep quorumq_queue_messages_ready
     """
     data_dir = resolve_data_dir(ctx, local_data_dir)
     config = load_config(data_dir)
@@ -63,7 +82,7 @@ def start(
         raise CliError(f"no node {node_id!r} in {data_dir} (have {config.node_ids()})", USAGE)
     from cluster.node.server import run_node  # the node server is heavy; import it only here
 
-    sys.exit(run_node(data_dir.resolve(), node_id, max_machine_version))
+    sys.exit(run_node(data_dir.resolve(), node_id, max_machine_version, metrics_port, metrics_bind))
 
 
 @node_group.command("stop")

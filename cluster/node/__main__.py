@@ -1,4 +1,5 @@
-"""`python -m cluster.node --data-dir D --node-id ID [--max-machine-version N]` (foreground)."""
+"""`python -m cluster.node --data-dir D --node-id ID [--max-machine-version N]
+[--metrics-port P [--metrics-bind ADDR]]` (foreground)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", required=True, type=Path)
     parser.add_argument("--node-id", required=True)
     parser.add_argument("--max-machine-version", type=int, default=None)
+    parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--metrics-bind", default=None)
     args = parser.parse_args(argv)
-    return run_node(args.data_dir, args.node_id, args.max_machine_version)
+    return run_node(
+        args.data_dir, args.node_id, args.max_machine_version, args.metrics_port, args.metrics_bind
+    )
 
 
 if __name__ == "__main__":

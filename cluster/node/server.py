@@ -26,6 +26,7 @@ from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.effects import EffectRouter
 from cluster.node.logs import setup_logging
+from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
 from fifo.commands import ConnectionDown, ConnectionId
@@ -61,6 +62,8 @@ class NodeServer:
         supported: int,
         incarnation: int,
         node_dir: Path,
+        metrics_port: int | None = None,
+        metrics_bind: str = "127.0.0.1",
     ) -> None:
         self.cluster = cluster
         self.node = node
@@ -94,6 +97,11 @@ class NodeServer:
         self.raft: RaftNode
         self.committer: GroupCommitter
         self.timers: LeaderTimers
+        self.metrics: NoMetrics = NoMetrics()
+        if metrics_port is not None:
+            self.metrics = NodeMetrics(
+                node.id, lambda: self.raft, lambda: len(self._sessions), metrics_port, metrics_bind
+            )
 
     def new_connection(self) -> ConnectionId:
         """A fresh connection id owned by this node incarnation."""
@@ -119,6 +127,7 @@ class NodeServer:
         loop = self._loop
         origin = outcome.origin
         mine = origin is not None and origin[0] == self.node_id and origin[1] == self.incarnation
+        self.metrics.on_outcome(outcome, mine)
         effects = [
             e
             for e in outcome.effects
@@ -165,7 +174,8 @@ class NodeServer:
             server = await asyncio.start_server(
                 self._on_client, host=self.cluster.bind, port=self.node.client_port
             )
-        except OSError:
+            self.metrics.start()
+        except (OSError, MetricsUnavailable):
             self.raft.destroy_synchronous()
             raise
         log.info(
@@ -195,6 +205,7 @@ class NodeServer:
         await asyncio.sleep(0)
         self.raft.sync_journal()
         self.raft.destroy_synchronous()
+        self.metrics.stop()
         log.info("node_stopped")
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -324,8 +335,18 @@ def supported_version(cap: int | None) -> int:
     return cap
 
 
-def run_node(data_dir: Path, node_id: str, max_machine_version: int | None) -> int:
-    """Run one node in the foreground until SIGTERM/SIGINT; returns the process exit code."""
+def run_node(
+    data_dir: Path,
+    node_id: str,
+    max_machine_version: int | None,
+    metrics_port: int | None = None,
+    metrics_bind: str | None = None,
+) -> int:
+    """Run one node in the foreground until SIGTERM/SIGINT; returns the process exit code.
+
+    `metrics_port`/`metrics_bind` override the node's `metrics_port` and the cluster's
+    `metrics_bind` in cluster.toml (metrics are off when neither names a port).
+    """
     data_dir = Path(data_dir)
     try:
         cluster = config.load(data_dir)
@@ -333,6 +354,8 @@ def run_node(data_dir: Path, node_id: str, max_machine_version: int | None) -> i
         secret = config.read_secret(data_dir)
         cap = max_machine_version if max_machine_version is not None else node.max_machine_version
         supported = supported_version(cap)
+        if metrics_port is not None and not 1 <= metrics_port <= 65535:
+            raise ConfigError(f"--metrics-port {metrics_port} is not a TCP port")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EX_CONFIG
@@ -345,9 +368,27 @@ def run_node(data_dir: Path, node_id: str, max_machine_version: int | None) -> i
     incarnation = next_incarnation(node_dir)
     pid_file = node_dir / "node.pid"
     pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
-    server = NodeServer(cluster, node, secret, supported, incarnation, node_dir)
+    try:
+        server = NodeServer(
+            cluster,
+            node,
+            secret,
+            supported,
+            incarnation,
+            node_dir,
+            metrics_port if metrics_port is not None else node.metrics_port,
+            metrics_bind or cluster.metrics_bind,
+        )
+    except MetricsUnavailable as err:
+        pid_file.unlink(missing_ok=True)
+        print(f"error: {err}", file=sys.stderr)
+        return EX_CONFIG
     try:
         asyncio.run(_serve_until_signal(server))
+    except MetricsUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        log.error("node_failed", error=str(err))
+        return EX_UNAVAILABLE
     except OSError as err:
         log.error("node_failed", error=str(err))
         return EX_SOFTWARE

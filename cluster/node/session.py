@@ -211,6 +211,7 @@ class ClientSession:
             return False
         self.connection = self.server.new_connection()
         self.server.router.register(self.connection, self.send)
+        self.server.metrics.connection_opened()
         self.send(
             protocol.welcome(
                 self.server.node_id,
@@ -273,7 +274,8 @@ class ClientSession:
         if bound is not command:  # re-encode only what changed (the codec is the hot path)
             blob = self._rebound_blob(blob, command, bound)
         self.used = True
-        self.server.committer.submit(blob, self._reply_sink(request_id), bound)
+        sink = self.server.metrics.count(bound, self._reply_sink(request_id))
+        self.server.committer.submit(blob, sink, bound)
 
     def _rebound_blob(self, blob: bytes, command: Any, bound: Any) -> bytes:
         # a publish arrives without its connection: splicing ours in is far cheaper than

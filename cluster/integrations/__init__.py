@@ -1,0 +1,1 @@
+"""Integrations with the Python ecosystem: a kombu transport (hence Celery)."""
