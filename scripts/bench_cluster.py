@@ -1,12 +1,15 @@
 """Cluster benchmark: confirmed publish throughput and latency, consume + ack, leader-kill recovery.
 
 Runs against a fresh local 3-node cluster (100-byte bodies), prints JSON and writes
-`results/bench_cluster.json`. Example: `python scripts/bench_cluster.py --json`.
+`results/bench_cluster.json`. The publish and consume phases run with the threaded `Client` and
+again with `AsyncClient` (under "asyncio"), on the same cluster, one after the other.
+Example: `python scripts/bench_cluster.py --json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -15,13 +18,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from cluster.client import Client, ClusterError
+from cluster.client import AsyncClient, Client, ClusterError
 from cluster.launcher import LocalCluster, local_cluster
 
 BODY = b"x" * 100
@@ -116,6 +119,108 @@ def leader_kill_recovery(cluster: LocalCluster, queue: str) -> dict[str, Any]:
     return {"killed": leader, "new_leader": new_leader, "recovery_s": recovery}
 
 
+async def async_publish_rate(
+    client: AsyncClient, queue: str, count: int, window: int
+) -> dict[str, Any]:
+    """`publish_rate` with the asyncio client."""
+    await client.declare_queue(queue)
+    started = time.perf_counter()
+    async with client.publisher(queue, window=window) as publisher:
+        await publisher.publish_many((BODY for _ in range(count)), timeout_s=120.0)
+        await publisher.wait_for_confirms(timeout_s=120.0)
+    seconds = time.perf_counter() - started
+    return {
+        "messages": publisher.confirmed,
+        "seconds": round(seconds, 3),
+        "msg_per_s": round(publisher.confirmed / seconds, 1),
+    }
+
+
+async def async_publish_latency(client: AsyncClient, queue: str, count: int) -> dict[str, Any]:
+    """`publish_latency` with the asyncio client."""
+    await client.declare_queue(queue)
+    samples: list[float] = []
+    async with client.publisher(queue, window=1) as publisher:
+        for _ in range(count):
+            started = time.perf_counter()
+            await publisher.publish(BODY)
+            await publisher.wait_for_confirms(timeout_s=30.0)
+            samples.append((time.perf_counter() - started) * 1000)
+    samples.sort()
+    return {
+        "messages": count,
+        "p50_ms": round(statistics.median(samples), 3),
+        "p99_ms": round(samples[int(len(samples) * 0.99) - 1], 3),
+        "mean_ms": round(statistics.fmean(samples), 3),
+    }
+
+
+async def async_consume_rate(
+    client: AsyncClient, queue: str, backlog: int, prefetch: int
+) -> dict[str, Any]:
+    """`consume_rate` with the asyncio client."""
+    await async_publish_rate(client, queue, backlog, 1000)
+    started = time.perf_counter()
+    consumer = await client.consume(queue, prefetch=prefetch)
+    received = 0
+    while received < backlog:
+        message = await consumer.get(timeout_s=30.0)
+        if message is None:
+            break
+        await consumer.ack([message])
+        received += 1
+    await consumer.wait_settled(timeout_s=30.0)
+    seconds = time.perf_counter() - started
+    await consumer.cancel()
+    return {
+        "messages": received,
+        "prefetch": prefetch,
+        "seconds": round(seconds, 3),
+        "msg_per_s": round(received / seconds, 1),
+    }
+
+
+def asyncio_phases(cluster: LocalCluster, leader: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The publish and consume phases again, with one AsyncClient on the leader."""
+    first = cluster.endpoint(leader)
+    endpoints = [first] + [e for e in cluster.config.endpoints().values() if e != first]
+
+    async def run_all() -> dict[str, Any]:
+        results: dict[str, Any] = {}
+        async with AsyncClient(endpoints, cluster.key, prefer_leader=False) as client:
+            phases: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+                "publish_window_100": lambda: async_publish_rate(
+                    client, "aio-w100", args.messages, 100
+                ),
+                "publish_window_1000": lambda: async_publish_rate(
+                    client, "aio-w1000", args.messages * 2, 1000
+                ),
+                "publish_latency": lambda: async_publish_latency(
+                    client, "aio-latency", args.latency_messages
+                ),
+                "consume_ack_prefetch_100": lambda: async_consume_rate(
+                    client, "aio-consume", args.backlog, 100
+                ),
+            }
+            for name, phase in phases.items():
+                try:
+                    results[name] = await phase()
+                except ClusterError as err:
+                    results[name] = {"error": f"{type(err).__name__}: {err}"}
+        return results
+
+    return asyncio.run(run_all())
+
+
+def _ratio(results: dict[str, Any], phase: str) -> float | None:
+    """asyncio msg/s over threaded msg/s for one phase (None if either failed)."""
+    threaded = results.get(phase, {}).get("msg_per_s")
+    in_asyncio = results.get("asyncio", {}).get(phase, {}).get("msg_per_s")
+    if not threaded or not in_asyncio:
+        return None
+    return round(float(in_asyncio) / float(threaded), 3)
+
+
 def _guarded(phase: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run one phase; a failure is reported in the results instead of ending the run."""
     try:
@@ -147,6 +252,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             for name, phase in phases.items():
                 results[name] = _guarded(phase)
+        results["asyncio"] = asyncio_phases(cluster, leader, args)
+        results["asyncio_over_threaded"] = {
+            phase: _ratio(results, phase)
+            for phase in ("publish_window_100", "publish_window_1000", "consume_ack_prefetch_100")
+        }
         results["leader_kill"] = _guarded(lambda: leader_kill_recovery(cluster, "kill"))
     results["config"] = {
         "nodes": 3,
