@@ -212,6 +212,43 @@ def asyncio_phases(cluster: LocalCluster, leader: str, args: argparse.Namespace)
     return asyncio.run(run_all())
 
 
+def interleaved_window_1000(
+    cluster: LocalCluster, client: Client, leader: str, count: int, repeat: int
+) -> dict[str, Any]:
+    """Threaded and asyncio publishes at window 1000, alternately (who goes first alternates
+    too), so a noisy machine weighs on both alike; each queue is purged after its run."""
+    first = cluster.endpoint(leader)
+    endpoints = [first] + [e for e in cluster.config.endpoints().values() if e != first]
+
+    async def in_asyncio(queue: str) -> dict[str, Any]:
+        async with AsyncClient(endpoints, cluster.key, prefer_leader=False) as aclient:
+            figures = await async_publish_rate(aclient, queue, count, 1000)
+            await aclient.purge_queue(queue)
+            return figures
+
+    def threaded(queue: str) -> dict[str, Any]:
+        figures = publish_rate(client, queue, count, 1000)
+        client.purge_queue(queue)
+        return figures
+
+    runs: dict[str, list[float]] = {"threaded": [], "asyncio": []}
+    for run in range(repeat):
+        order = ["threaded", "asyncio"] if run % 2 == 0 else ["asyncio", "threaded"]
+        for shell in order:
+            queue = f"cmp-{shell}-{run}"
+            figures = threaded(queue) if shell == "threaded" else asyncio.run(in_asyncio(queue))
+            runs[shell].append(figures["msg_per_s"])
+    medians = {shell: statistics.median(rates) for shell, rates in runs.items()}
+    return {
+        "messages_per_run": count,
+        "threaded_msg_per_s": runs["threaded"],
+        "asyncio_msg_per_s": runs["asyncio"],
+        "threaded_median": medians["threaded"],
+        "asyncio_median": medians["asyncio"],
+        "asyncio_over_threaded": round(medians["asyncio"] / medians["threaded"], 3),
+    }
+
+
 def _ratio(results: dict[str, Any], phase: str) -> float | None:
     """asyncio msg/s over threaded msg/s for one phase (None if either failed)."""
     threaded = results.get(phase, {}).get("msg_per_s")
@@ -252,6 +289,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             for name, phase in phases.items():
                 results[name] = _guarded(phase)
+            results["publish_window_1000_interleaved"] = _guarded(
+                lambda: interleaved_window_1000(
+                    cluster, client, leader, args.messages * 2, args.repeat
+                )
+            )
         results["asyncio"] = asyncio_phases(cluster, leader, args)
         results["asyncio_over_threaded"] = {
             phase: _ratio(results, phase)
@@ -283,6 +325,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000, help="Messages at window 100.")
     parser.add_argument("--latency-messages", type=int, default=1000)
     parser.add_argument("--backlog", type=int, default=20_000)
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="Alternating threaded/asyncio window-1000 runs."
+    )
     parser.add_argument("--fsync", choices=["always", "batch", "never"], default="batch")
     parser.add_argument("--out", type=Path, default=Path("results/bench_cluster.json"))
     args = parser.parse_args()

@@ -862,7 +862,11 @@ class AsyncConsumer:
 
     async def get(self, timeout_s: float | None = None) -> AsyncMessage | None:
         """The next message, waiting up to `timeout_s` (None: until cancelled or closed)."""
-        await self.start()
+        attach = self._attach
+        if attach is None or not attach.done():
+            await self.start()
+        else:
+            attach.result()  # raises if the checkout failed
         client, core, state = self.client, self.client._core, self._state
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
