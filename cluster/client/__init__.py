@@ -18,7 +18,9 @@ Example:
             await message.ack()
 """
 
-from cluster.client.aio import AsyncClient, AsyncConsumer, AsyncMessage, AsyncPublisher
+from cluster.client.aio import AsyncClient
+from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
+from cluster.client.aio_publisher import AsyncPublisher
 from cluster.client.client import Client
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import (

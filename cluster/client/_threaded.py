@@ -11,7 +11,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 
@@ -264,8 +264,8 @@ class ThreadedShell:
 
     def submit(
         self,
-        frames: Sequence[Frame],
-        callbacks: Sequence[Callback],
+        frames: Iterable[Frame],
+        callbacks: Iterable[Callback],
         timeout_s: float | None = None,
     ) -> list[int]:
         """Send frames (ids set here) in one write; each callback gets its answer frame once."""
@@ -278,8 +278,9 @@ class ThreadedShell:
         self._flush()
         return ids
 
-    def forget(self, request_ids: Sequence[int]) -> None:
+    def forget(self, request_ids: Iterable[int]) -> None:
         """Stop tracking requests (a resend supersedes them); their late answers are ignored."""
+        request_ids = list(request_ids)
         with self._lock:
             self._core.forget(request_ids)
             for request_id in request_ids:
