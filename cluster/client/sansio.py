@@ -253,7 +253,7 @@ class ClientProtocol:
         pending = list(self._inflight.values())
         for request in pending:
             self._write(request)
-        if self.reconnects and pending:
+        if self.reconnects:
             log.info("reconnected", node=welcome.node, resend=len(pending))
         for consumer in list(self._consumers.values()):
             self._reattach(consumer)

@@ -26,7 +26,7 @@ from cluster.client.sansio import (
 from fifo.codec import decode, encode
 from fifo.commands import Checkout, ConnectionId, ConsumerId, Enqueue, Settle
 from fifo.effects import Deliver, Delivery, QueueStatus
-from fifo.replies import CheckoutOk, NotEnqueued, Ok
+from fifo.replies import CheckoutOk, Error, NotEnqueued, Ok
 
 A, B = "127.0.0.1:1001", "127.0.0.1:1002"
 
@@ -209,3 +209,18 @@ def test_the_handshake_reports_a_refused_key_as_an_auth_error() -> None:
     handshake.receive_data(answer(protocol.challenge(b"n" * 32, "n1")))
     with pytest.raises(AuthError):
         handshake.receive_data(answer(protocol.error(protocol.AUTH_FAILED, "bad proof")))
+
+
+def test_a_settle_retried_after_an_unknown_outcome_reports_the_retrys_answer() -> None:
+    """Pins today's semantics (see issue 17): `not_leader_timeout` leaves the first attempt's
+    outcome unknown, the same frame is resent, and the caller gets the retry's answer only: an
+    error reply if the consumer left meanwhile, even when the first attempt did settle."""
+    core = connected(now=0.0)
+    request_id = core.submit(core.command_frame(Settle("q", 7, (1,))))
+    (first,) = sent(core)
+    core.receive_data(answer(protocol.error(protocol.NOT_LEADER_TIMEOUT, "t", request_id)))
+    core.tick(RETRY_DELAY_S)
+    assert sent(core) == [first]
+    refused = protocol.reply(request_id, encode(Error("unknown_consumer", "7")))
+    (event,) = core.receive_data(answer(refused))
+    assert event == Answered(request_id, refused, None)
