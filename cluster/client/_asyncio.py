@@ -1,7 +1,7 @@
 """The asyncio shell around `ClientProtocol`: an asyncio.Protocol feeds it bytes, a task ticks it.
 
 Everything runs on the event loop that connected the client; nothing here is thread-safe.
-Waiters wait on one future that every event resolves (then re-check their condition).
+Waiters wait on a future that the next event resolves, then re-check their condition.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class AsyncShell:
         self.prefer_leader = prefer_leader
         self._link: _Link | None = None
         self._waiters: dict[int, asyncio.Future[_Answer]] = {}
-        self._change: asyncio.Future[None] | None = None
+        self._waiting: list[asyncio.Future[None]] = []  # woken by the next event
         self._write_paused: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._connected = False
@@ -314,20 +314,25 @@ class AsyncShell:
         self._notify()
 
     def _notify(self) -> None:
-        change, self._change = self._change, None
-        if change is not None and not change.done():
-            change.set_result(None)
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            _wake(waiter)
 
     async def _wait_until(self, ready: Callable[[], bool], timeout_s: float | None) -> bool:
         """Wait until `ready()` holds (checked after every event) or the timeout; False then."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        loop = asyncio.get_running_loop()
         while not ready():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
-            if self._change is None:
-                self._change = asyncio.get_running_loop().create_future()
-            await asyncio.wait([self._change], timeout=1.0 if left is None else min(left, 1.0))
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiting.append(waiter)
+            timer = loop.call_later(1.0 if left is None else min(left, 1.0), _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
         return True
 
     def _pause_writing(self) -> None:
@@ -370,6 +375,11 @@ def reply_of(answer: AnyFrame) -> Reply:
     if isinstance(reply, Error):
         raise CommandRefused(reply.code, reply.message)
     return reply
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _unusable(core: ClientProtocol) -> bool:

@@ -14,6 +14,14 @@ Obligations of a shell:
 - report every connection end once with `connection_lost`, before the next `connection_made`;
 - call `tick(now)` every `TICK_S` or so with a monotonic clock; on `CloseConnection` close the
   socket (and report it), on `ReconnectNeeded` connect to the endpoints in the order given.
+
+Example (one blocking query; `Handshake` in `_wire` does the authentication the same way):
+    core = ClientProtocol(["127.0.0.1:7001"])
+    core.connection_made(welcome)                  # after the handshake on `sock`
+    request_id = core.submit(protocol.query(0, "status"))
+    sock.sendall(core.data_to_send())
+    while not any(isinstance(e, Answered) for e in core.receive_data(sock.recv(65536))):
+        pass
 """
 
 from __future__ import annotations
