@@ -250,3 +250,32 @@ def test_a_publisher_blocked_by_reject_publish_resumes_when_the_queue_drains(
         producer.join(30.0)
         assert done.is_set()
         assert sorted(drained) == sorted(b"b%d" % i for i in range(10))
+
+
+def test_the_asyncio_idioms_publish_consume_and_ack_in_one_coroutine(cluster: LocalCluster) -> None:
+    """`async with`, `await publisher.publish`, `async for ... in client.consume`, `await ack()`."""
+    import asyncio
+
+    from cluster.client import AsyncClient
+
+    async def scenario() -> tuple[list[bytes], int]:
+        endpoints = list(cluster.config.endpoints().values())
+        async with AsyncClient(endpoints, cluster.key) as client:
+            await client.declare_queue("idioms")
+            async with client.publisher("idioms", window=20) as publisher:
+                for i in range(30):
+                    await publisher.publish(b"i%d" % i)
+            got: list[bytes] = []
+            consumer = client.consume("idioms", prefetch=10)
+            async for message in consumer:
+                got.append(message.body)
+                await message.ack()
+                if len(got) == 30:
+                    break
+            assert await consumer.wait_settled()
+            overview = await client.overview("idioms")
+            return got, overview.total if overview else -1
+
+    got, left = asyncio.run(asyncio.wait_for(scenario(), 30.0))
+    assert got == [b"i%d" % i for i in range(30)]
+    assert left == 0
