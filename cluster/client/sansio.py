@@ -62,13 +62,8 @@ from fifo.commands import (
     SimplePrefetch,
 )
 from fifo.effects import (
-    ConsumerCancelled,
-    ConsumerUpdate,
-    CreditReply,
-    Deliver,
     Effect,
     QueueStatus,
-    Released,
 )
 from fifo.replies import CheckoutOk, Error, NotEnqueued, Ok
 
@@ -80,7 +75,6 @@ SWITCH_NODE_AFTER_S = 3.0  # only "unavailable" answers for this long: reconnect
 TICK_S = 0.05
 SCAN_S = 0.5  # request deadlines and the silence check
 BATCH_MAX = 512  # enqueue frames per write: bounds the latency a write adds to the first one
-SERIAL_MASK = 0xFFFFFFFF  # AMQP 1.0 delivery counts are 32-bit serial numbers
 _OK_BYTES = encode(Ok())  # nearly every confirm: compared instead of decoded
 
 # what a request's answer is for
@@ -511,17 +505,7 @@ class ClientProtocol:
         publisher = item.publisher
         if publisher.pending.get(item.seq) is not item:
             return
-        earlier = [p for p in publisher.pending.values() if expected <= p.seq < item.seq]
-        if not earlier and expected < item.seq:
-            publisher.renumber(expected)  # the queue forgot this enqueuer: start again there
-            resend = sorted(publisher.pending.values(), key=lambda p: p.seq)
-        else:
-            resend = [
-                *sorted(
-                    (p for p in earlier if p.request_id <= item.request_id), key=lambda p: p.seq
-                ),
-                item,
-            ]
+        resend = publisher.gap_to_resend(item, expected)
         publisher.resent += len(resend)
         self.forget(p.request_id for p in resend)
         self._send_publishes(resend)
@@ -640,25 +624,7 @@ class ClientProtocol:
         if consumer is None:
             return
         self._touch(consumer)
-        if isinstance(effect, Deliver):
-            key = effect.consumer_key
-            consumer.buffer.extend((key, delivery) for delivery in effect.messages)
-            consumer.delivered += len(effect.messages)
-            consumer.delivery_count = (consumer.delivery_count + len(effect.messages)) & SERIAL_MASK
-        elif isinstance(effect, Released):
-            consumer.released.update(effect.msg_ids)
-            consumer.status = "timeout"  # until it names the released ids (design, v2)
-            dropped = set(effect.msg_ids)
-            consumer.buffer = deque(m for m in consumer.buffer if m[1].msg_id not in dropped)
-        elif isinstance(effect, ConsumerUpdate):
-            consumer.active, consumer.status = effect.active, effect.status
-        elif isinstance(effect, CreditReply):
-            consumer.last_credit_reply = effect
-            consumer.delivery_count = effect.delivery_count
-        elif isinstance(effect, ConsumerCancelled) and (
-            effect.consumer_key == consumer.consumer_key or consumer.consumer_key is None
-        ):
-            consumer.cancelled = True
+        consumer.apply(effect)
 
     def next_delivery(self, consumer: ConsumerState) -> Buffered | None:
         """The next buffered delivery (key, fifo Delivery); None when empty (acks are flushed,
@@ -680,7 +646,7 @@ class ClientProtocol:
 
     def ack(self, consumer: ConsumerState, pairs: Iterable[tuple[ConsumerKey | None, int]]) -> None:
         """Buffer acks (sent once `ack_batch` wait, or on `flush_acks`)."""
-        for key, msg_id in self._keyed(consumer, pairs):
+        for key, msg_id in consumer.keyed(pairs):
             consumer.acks.setdefault(key, []).append(msg_id)
             consumer.ack_count += 1
         if consumer.ack_count >= consumer.ack_batch:
@@ -703,7 +669,7 @@ class ClientProtocol:
         """Send `build(key, ids)` (a return, discard, modify or renew) per consumer key, after
         the buffered acks (so settles go out in the order the caller made them)."""
         groups: dict[ConsumerKey, list[int]] = {}
-        for key, msg_id in self._keyed(consumer, pairs):
+        for key, msg_id in consumer.keyed(pairs):
             groups.setdefault(key, []).append(msg_id)
         self.flush_acks(consumer)
         self._send_settles(consumer, [build(key, tuple(ids)) for key, ids in groups.items()])
@@ -713,17 +679,6 @@ class ClientProtocol:
         key = consumer.require_key()
         command = Credit(consumer.queue, key, credit, consumer.delivery_count, drain)
         self._send_settles(consumer, [command])
-
-    def _keyed(
-        self, consumer: ConsumerState, pairs: Iterable[tuple[ConsumerKey | None, int]]
-    ) -> list[tuple[ConsumerKey, int]]:
-        keyed = [(consumer.require_key() if k is None else k, msg_id) for k, msg_id in pairs]
-        if consumer.released:
-            # naming timed-out ids clears them; with none left the consumer is back to normal
-            consumer.released -= {msg_id for _, msg_id in keyed}
-            if not consumer.released and consumer.status == "timeout":
-                consumer.status = "up"
-        return keyed
 
     def _send_settles(self, consumer: ConsumerState, commands: list[Command]) -> None:
         if not commands or self.closed or self.failure is not None:
