@@ -33,7 +33,10 @@ class Welcome:
     @property
     def connection_id(self) -> ConnectionId:
         """Our ConnectionId on that node."""
-        value = decode(self.connection)
+        try:
+            value = decode(self.connection)
+        except Exception as err:  # the codec raises several types for garbage
+            raise ProtocolError(protocol.BAD_FRAME, "welcome has a bad connection id") from err
         if not isinstance(value, ConnectionId):
             raise ProtocolError(protocol.BAD_FRAME, f"welcome names no connection: {value!r}")
         return value
@@ -111,14 +114,18 @@ class Handshake:
         if frame.get("op") != protocol.WELCOME or not isinstance(connection, bytes):
             raise ProtocolError(protocol.BAD_FRAME, f"expected welcome, got {frame!r}")
         leader = frame.get("leader")
-        endpoints = frame.get("endpoints") or {}
-        return Welcome(
+        endpoints = frame.get("endpoints")
+        if not isinstance(endpoints, dict):
+            endpoints = {}
+        welcome = Welcome(
             address=self.address,
             node=str(frame.get("node")),
             connection=connection,
             leader=leader if isinstance(leader, str) else None,
-            endpoints={str(k): str(v) for k, v in dict(endpoints).items()},
+            endpoints={str(k): str(v) for k, v in endpoints.items()},
         )
+        welcome.connection_id  # noqa: B018 (validated here, where a refusal is expected)
+        return welcome
 
 
 def _take_frame(buffer: bytes, frame_bytes_max: int) -> tuple[AnyFrame | None, bytes]:
