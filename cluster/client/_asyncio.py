@@ -241,7 +241,7 @@ class AsyncShell:
         if link.lost:
             raise ConnectionError("the connection closed right after its handshake")
         self._link, link.attached = link, True
-        events = self._core.connection_made(link.ready.result())
+        events = self._core.connection_made(link.ready.result(), now=time.monotonic())
         events += self._core.receive_data(link.early)
         link.early = b""
         self._flush()

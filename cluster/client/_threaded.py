@@ -162,7 +162,7 @@ class ThreadedShell:
                 _shut(sock)
                 return
             self._sock = sock
-            events = self._core.connection_made(welcome)
+            events = self._core.connection_made(welcome, now=time.monotonic())
             events += self._core.receive_data(leftover)
             self._changed.notify_all()
         threading.Thread(
@@ -272,7 +272,7 @@ class ThreadedShell:
         ids: list[int] = []
         with self._lock:
             for frame, callback in zip(frames, callbacks, strict=True):
-                request_id = self._core.submit(frame, timeout_s)
+                request_id = self._core.submit(frame, timeout_s, now=time.monotonic())
                 self._callbacks[request_id] = callback
                 ids.append(request_id)
         self._flush()

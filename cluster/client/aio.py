@@ -14,6 +14,7 @@ Everything runs on the event loop that connected the client; no call is thread-s
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TypeVar, overload
 
@@ -107,7 +108,7 @@ class AsyncClient(AsyncShell):
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
         core = self._core
         answer = await self._request(
-            lambda: core.submit(frame, timeout), timeout, str(frame.get("op"))
+            lambda: core.submit(frame, timeout, now=time.monotonic()), timeout, str(frame.get("op"))
         )
         return dict(answer)
 

@@ -171,7 +171,7 @@ class AsyncConsumer:
         core, timeout = self.client._core, self.client.request_timeout_s
         try:
             answer = await self.client._request(
-                lambda: core.attach(self._state, timeout), timeout, "checkout"
+                lambda: core.attach(self._state, timeout, now=time.monotonic()), timeout, "checkout"
             )
             reply_of(answer)
         except BaseException:
@@ -310,7 +310,7 @@ class AsyncConsumer:
     async def _leave(self, spec: Cancel | Remove) -> CancelOk | None:
         core, timeout = self.client._core, self.client.request_timeout_s
         answer = await self.client._request(
-            lambda: core.leave(self._state, spec, timeout), timeout, "cancel"
+            lambda: core.leave(self._state, spec, timeout, now=time.monotonic()), timeout, "cancel"
         )
         reply = reply_of(answer)
         core.left(self._state)

@@ -168,7 +168,9 @@ class Client(ThreadedShell):
         """Send one request and wait for its answer frame (`reply` or `result`)."""
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
         core = self._core
-        return self._request(lambda: core.submit(frame, timeout), timeout, str(frame.get("op")))
+        return self._request(
+            lambda: core.submit(frame, timeout, now=time.monotonic()), timeout, str(frame.get("op"))
+        )
 
     def command(self, command: Command, timeout_s: float | None = None) -> Reply:
         """Run one command through the log; CommandRefused for an error reply."""

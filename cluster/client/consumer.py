@@ -211,7 +211,7 @@ class Consumer:
         core, timeout = self.client._core, self.client.request_timeout_s
         try:
             answer = self.client._request(
-                lambda: core.attach(self._state, timeout), timeout, "checkout"
+                lambda: core.attach(self._state, timeout, now=time.monotonic()), timeout, "checkout"
             )
             reply = decode(answer["reply"])
             if isinstance(reply, Error):
@@ -368,7 +368,7 @@ class Consumer:
     def _leave(self, spec: Cancel | Remove) -> CancelOk | None:
         core, timeout = self.client._core, self.client.request_timeout_s
         answer = self.client._request(
-            lambda: core.leave(self._state, spec, timeout), timeout, "cancel"
+            lambda: core.leave(self._state, spec, timeout, now=time.monotonic()), timeout, "cancel"
         )
         reply = decode(answer["reply"])
         if isinstance(reply, Error):

@@ -220,7 +220,8 @@ class ClientProtocol:
 
     def tick(self, now: float) -> list[Event]:
         """Advance time: resend due retries, expire requests, leave a silent node."""
-        self._now = now
+        self._advance(now)
+        now = self._now
         if self._received:
             self._received, self._last_recv = False, now
         if self._retries:
@@ -238,8 +239,9 @@ class ClientProtocol:
 
     # --- connections ----------------------------------------------------------------------------
 
-    def connection_made(self, welcome: Welcome) -> list[Event]:
+    def connection_made(self, welcome: Welcome, *, now: float | None = None) -> list[Event]:
         """A new connection passed its handshake: resend everything unanswered, re-attach."""
+        self._advance(now)
         if self.closed:
             raise ClientClosed("the client was closed")
         for address in welcome.endpoints.values():
@@ -315,9 +317,19 @@ class ClientProtocol:
 
     # --- requests -------------------------------------------------------------------------------
 
-    def submit(self, frame: Frame, timeout_s: float | None = None) -> int:
-        """Send one request frame (its "id" is set here); its answer comes as `Answered`."""
+    def submit(
+        self, frame: Frame, timeout_s: float | None = None, *, now: float | None = None
+    ) -> int:
+        """Send one request frame (its "id" is set here); its answer comes as `Answered`.
+
+        `timeout_s` counts from `now` (default: the time of the last `tick`).
+        """
+        self._advance(now)
         return self._submit(frame, _CALL, None, timeout_s)
+
+    def _advance(self, now: float | None) -> None:
+        if now is not None and now > self._now:
+            self._now = now
 
     def command_frame(self, command: Command) -> Frame:
         """The request frame of one command."""
@@ -552,8 +564,11 @@ class ClientProtocol:
         if self._consumers.get((consumer.queue, consumer.tag)) is consumer:
             del self._consumers[(consumer.queue, consumer.tag)]
 
-    def attach(self, consumer: ConsumerState, timeout_s: float | None = None) -> int:
+    def attach(
+        self, consumer: ConsumerState, timeout_s: float | None = None, *, now: float | None = None
+    ) -> int:
         """Send the consumer's checkout; its answer comes as `Answered` with this id."""
+        self._advance(now)
         command = self._checkout(consumer, self._spec(consumer))
         return self._submit(self.command_frame(command), _ATTACH, consumer, timeout_s)
 
@@ -596,8 +611,16 @@ class ClientProtocol:
             consumer.status = "up" if reply.is_active else "waiting"
             self._touch(consumer)
 
-    def leave(self, consumer: ConsumerState, spec: Cancel | Remove, timeout_s: float | None) -> int:
+    def leave(
+        self,
+        consumer: ConsumerState,
+        spec: Cancel | Remove,
+        timeout_s: float | None,
+        *,
+        now: float | None = None,
+    ) -> int:
         """Send a cancel or remove checkout; `Answered` comes with this id (then `left`)."""
+        self._advance(now)
         if isinstance(spec, Remove):
             self.flush_acks(consumer)  # a removed consumer's late settles are ignored
         return self.submit(self.command_frame(self._checkout(consumer, spec)), timeout_s)

@@ -224,3 +224,12 @@ def test_a_settle_retried_after_an_unknown_outcome_reports_the_retrys_answer() -
     refused = protocol.reply(request_id, encode(Error("unknown_consumer", "7")))
     (event,) = core.receive_data(answer(refused))
     assert event == Answered(request_id, refused, None)
+
+
+def test_a_request_timeout_counts_from_the_time_it_was_submitted_at() -> None:
+    core = connected(now=0.0)  # no tick since: the shell's connect took 10 s, say
+    request_id = core.submit(protocol.query(0, "status"), timeout_s=2.0, now=10.0)
+    assert core.tick(11.0) == []
+    (event,) = core.tick(12.1)
+    assert isinstance(event, Answered) and event.request_id == request_id
+    assert isinstance(event.error, RequestTimeout)
