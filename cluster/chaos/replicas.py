@@ -115,7 +115,10 @@ def _snapshot(
                 request_timeout_s=5.0,
             ) as client:
                 status = dict(client.status())
-                totals = {queue: queue_total(client.overview(queue)) for queue in queues}
+                totals = {
+                    queue: queue_total(client.query("overview", {"queue": queue}))
+                    for queue in queues
+                }
         except (ClusterError, OSError) as err:
             if len(result.errors) < 20:
                 result.errors.append(f"{node_id}: {type(err).__name__}: {err}")

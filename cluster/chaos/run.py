@@ -310,7 +310,9 @@ def _queues_empty(cluster: LauncherCluster, queues: tuple[str, ...]) -> bool:
             name="chaos-drain-check",
             request_timeout_s=5.0,
         ) as client:
-            return all(queue_total(client.overview(queue)) == 0 for queue in queues)
+            return all(
+                queue_total(client.query("overview", {"queue": queue})) == 0 for queue in queues
+            )
     except (ClusterError, OSError):
         return False
 

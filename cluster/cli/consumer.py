@@ -33,7 +33,7 @@ def list_consumers(ctx: click.Context, queue: str | None) -> None:
     if queue is not None:
         validate_queue_name(queue)
     with connect(ctx) as client:
-        result = untyped(plain(client.consumers(queue)))
+        result = untyped(plain(client.query("consumers", {"queue": queue} if queue else {})))
     if isinstance(result, dict):
         rows = [dict(row, queue=name) for name, items in result.items() for row in items or []]
     else:

@@ -63,7 +63,7 @@ def demo(ctx: click.Context, local_data_dir: Path | None, keep: bool, messages: 
             rows = cluster_status(config, client_key(data_dir))
             click.echo(table([_short(row) for row in rows], STATUS_COLUMNS))
             click.echo("\nqueue overview:")
-            overview = untyped(plain(client.overview(DEMO_QUEUE)) or {})
+            overview = untyped(plain(client.query("overview", {"queue": DEMO_QUEUE})) or {})
             click.echo(
                 table([{"field": k, "value": v} for k, v in overview.items()], ["field", "value"])
             )

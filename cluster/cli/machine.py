@@ -48,7 +48,7 @@ def status(ctx: click.Context) -> None:
       quorumq --data-dir /tmp/qq -o json machine status
     """
     with connect(ctx) as client:
-        machine = dict(client.machine())
+        machine: dict[str, Any] = dict(client.machine())
     if output_format(ctx) != "table":
         emit(ctx, machine)
         return

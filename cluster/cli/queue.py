@@ -144,7 +144,7 @@ def list_queues(ctx: click.Context) -> None:
       quorumq --data-dir /tmp/qq -o json queue list
     """
     with connect(ctx) as client:
-        rows = _rows(client.overview())
+        rows = _rows(client.query("overview"))
     emit(ctx, rows, LIST_COLUMNS if output_format(ctx) == "table" else None)
 
 
@@ -162,7 +162,7 @@ def info(ctx: click.Context, name: str) -> None:
     """
     validate_queue_name(name)
     with connect(ctx) as client:
-        overview = client.overview(name)
+        overview = client.query("overview", {"queue": name})
     if not overview:
         raise CliError(f"no queue {name!r}", USAGE)
     emit(ctx, untyped(plain(overview)))

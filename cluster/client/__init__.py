@@ -1,5 +1,8 @@
 """The quorumq client library: connect, declare queues, publish with confirms, consume and settle.
 
+Two shells share one sans-IO core (`cluster.client.sansio.ClientProtocol`): the threaded
+`Client` and the asyncio `AsyncClient`, with the same features.
+
 Example:
     with Client.from_data_dir(Path("D")) as client:
         client.declare_queue("jobs")
@@ -7,8 +10,17 @@ Example:
             publisher.publish_many(b"job %d" % i for i in range(1000))
         for message in client.consume("jobs", prefetch=100):
             message.ack()
+
+    async with AsyncClient.from_data_dir(Path("D")) as client:
+        async with client.publisher("jobs", window=1000) as publisher:
+            await publisher.publish_many(b"job %d" % i for i in range(1000))
+        async for message in client.consume("jobs", prefetch=100):
+            await message.ack()
 """
 
+from cluster.client.aio import AsyncClient
+from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
+from cluster.client.aio_publisher import AsyncPublisher
 from cluster.client.client import Client
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import (
@@ -22,11 +34,17 @@ from cluster.client.errors import (
     Unavailable,
 )
 from cluster.client.publisher import Publisher
+from cluster.client.sansio import ClientProtocol
 
 __all__ = [
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncMessage",
+    "AsyncPublisher",
     "AuthError",
     "Client",
     "ClientClosed",
+    "ClientProtocol",
     "ClusterError",
     "CommandRefused",
     "ConfigError",

@@ -3,57 +3,38 @@
 `ack` is buffered and sent in batches (when `ack_batch` acks are waiting, before the consumer
 blocks for more messages, and on `flush_acks`/`cancel`/close); `nack`, `reject`, `modify` and
 `renew` are sent at once. Settles are asynchronous: a refused one is counted in
-`settle_errors`, since the message it named comes back to some consumer anyway.
+`settle_errors`, since the message it named comes back to some consumer anyway. The state lives
+in `ClientProtocol`; this is the blocking face of it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
 import structlog
 
-from cluster import protocol
-from cluster.client._connection import Message as Frame
-from cluster.client.errors import ClientClosed, CommandRefused
-from fifo.codec import decode, encode
+from cluster.client._state import Buffered, ConsumerState
+from cluster.client._threaded import ThreadedShell
+from cluster.client.errors import CommandRefused
+from fifo.codec import decode
 from fifo.commands import (
     Cancel,
-    Checkout,
-    CheckoutSpec,
     Command,
-    ConnectionId,
-    ConsumerId,
     ConsumerKey,
-    Credit,
-    Credited,
     Discard,
     Modify,
     Remove,
     RenewLocks,
     Return,
-    Settle,
-    SimplePrefetch,
 )
-from fifo.effects import (
-    ConsumerCancelled,
-    ConsumerUpdate,
-    CreditReply,
-    Deliver,
-    Effect,
-    Released,
-)
-from fifo.replies import CancelOk, CheckoutOk, Error
-
-if TYPE_CHECKING:
-    from cluster.client.client import Client
+from fifo.effects import CreditReply
+from fifo.replies import CancelOk, Error
 
 log = structlog.get_logger("quorumq.client")
-SERIAL_MASK = 0xFFFFFFFF  # AMQP 1.0 delivery counts are 32-bit serial numbers
 
 
 class Settles(Protocol):
@@ -97,12 +78,23 @@ class Message:
         return self.consumer
 
 
+Pairs = list[tuple[ConsumerKey | None, int]]
+
+
+def pairs_of(messages: Iterable[Message | int]) -> Pairs:
+    """(consumer key, id) per message; None for a bare id (the consumer's current key)."""
+    return [
+        (item.consumer_key, item.msg_id) if isinstance(item, Message) else (None, item)
+        for item in messages
+    ]
+
+
 class Consumer:
     """A consumer of one queue, with prefetch (default) or AMQP 1.0 credit."""
 
     def __init__(
         self,
-        client: Client,
+        client: ThreadedShell,
         queue: str,
         *,
         prefetch: int = 100,
@@ -112,61 +104,122 @@ class Consumer:
         auto_ack: bool = False,
         ack_batch: int | None = None,
     ) -> None:
-        if prefetch < 1 and not credited:
-            raise ValueError("prefetch must be at least 1")
         self.client = client
-        self.queue = queue
-        self.tag = client._next_tag()
-        self.prefetch = prefetch
-        self.credited = credited
-        self.priority = priority
-        self.timeout_ms = timeout_ms
-        self.auto_ack = auto_ack
-        self.ack_batch = ack_batch or max(1, min(prefetch, 200) // 2)
-        self.consumer_key: ConsumerKey | None = None
-        self.active = True
-        self.status = "up"
-        self.cancelled = False
-        self.released: set[int] = set()
-        self.settle_errors = 0
-        self.delivered = 0
-        self.delivery_count = 0  # receiver's serial delivery count (credited mode)
-        self.last_credit_reply: CreditReply | None = None
-        self._buffer: deque[Message] = deque()
-        self._acks: dict[ConsumerKey, list[int]] = {}
-        self._ack_count = 0
-        self._cond = threading.Condition()
-        self._ack_lock = threading.Lock()
+        with client._lock:
+            self._state: ConsumerState = client._core.add_consumer(
+                queue,
+                prefetch=prefetch,
+                credited=credited,
+                priority=priority,
+                timeout_ms=timeout_ms,
+                auto_ack=auto_ack,
+                ack_batch=ack_batch,
+            )
         self._thread: threading.Thread | None = None
-        self._closed = False
-        self._outstanding = 0  # settle commands sent and not yet answered
+
+    # --- the state, read-only ---------------------------------------------------------------
+
+    @property
+    def queue(self) -> str:
+        """The queue consumed from."""
+        return self._state.queue
+
+    @property
+    def tag(self) -> str:
+        """This consumer's tag, unique to the client."""
+        return self._state.tag
+
+    @property
+    def prefetch(self) -> int:
+        """Unsettled messages it may hold (prefetch mode)."""
+        return self._state.prefetch
+
+    @property
+    def credited(self) -> bool:
+        """True in AMQP 1.0 credit mode."""
+        return self._state.credited
+
+    @property
+    def priority(self) -> int:
+        """Its consumer priority."""
+        return self._state.priority
+
+    @property
+    def timeout_ms(self) -> int | None:
+        """Its consumer timeout (None: the queue's)."""
+        return self._state.timeout_ms
+
+    @property
+    def auto_ack(self) -> bool:
+        """True when messages are acked as they are handed out."""
+        return self._state.auto_ack
+
+    @property
+    def ack_batch(self) -> int:
+        """Acks sent per batch."""
+        return self._state.ack_batch
+
+    @property
+    def consumer_key(self) -> ConsumerKey | None:
+        """The key of the current checkout (a new one after every reconnect)."""
+        return self._state.consumer_key
+
+    @property
+    def active(self) -> bool:
+        """SAC: this is the active consumer; competing: it can receive."""
+        return self._state.active
+
+    @property
+    def status(self) -> str:
+        """up | waiting | timeout | suspected_down | single_active, as the queue last said."""
+        return self._state.status
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled (by us or the queue): nothing new comes."""
+        return self._state.cancelled
+
+    @property
+    def released(self) -> set[int]:
+        """Ids taken back on a consumer timeout and not yet named in a settle."""
+        return self._state.released
+
+    @property
+    def settle_errors(self) -> int:
+        """Settles the queue refused."""
+        return self._state.settle_errors
+
+    @property
+    def delivered(self) -> int:
+        """Messages received."""
+        return self._state.delivered
+
+    @property
+    def delivery_count(self) -> int:
+        """The receiver's serial delivery count (credited mode)."""
+        return self._state.delivery_count
+
+    @property
+    def last_credit_reply(self) -> CreditReply | None:
+        """The last AMQP 1.0 flow the queue sent back."""
+        return self._state.last_credit_reply
 
     # --- attach ---------------------------------------------------------------------------
 
-    def _spec(self) -> CheckoutSpec:
-        return Credited(self.delivery_count) if self.credited else SimplePrefetch(self.prefetch)
-
-    def _checkout(self, spec: CheckoutSpec) -> Checkout:
-        connection = self._connection_id()
-        return Checkout(
-            self.queue, ConsumerId(self.tag, connection), spec, self.priority, self.timeout_ms
-        )
-
-    def _connection_id(self) -> ConnectionId:
-        try:
-            return self.client.connection_id
-        except Exception:  # the node overwrites it anyway; any placeholder is fine
-            return ConnectionId("", 0, 0)
-
     def start(self, on_message: Callable[[Message], None] | None = None) -> None:
         """Attach to the queue (waits for the checkout); with `on_message`, start a thread."""
-        self.client._register_consumer(self)
+        core, timeout = self.client._core, self.client.request_timeout_s
         try:
-            reply = self.client.command(self._checkout(self._spec()))
+            answer = self.client._request(
+                lambda: core.attach(self._state, timeout, now=time.monotonic()), timeout, "checkout"
+            )
+            reply = decode(answer["reply"])
+            if isinstance(reply, Error):
+                raise CommandRefused(reply.code, reply.message)
         except BaseException:
-            self.client._unregister_consumer(self)
+            with self.client._lock:
+                core.remove_consumer(self._state)
             raise
-        self._on_checkout_reply(reply)
         if on_message is not None:
             self._thread = threading.Thread(
                 target=self._run_callback,
@@ -175,28 +228,6 @@ class Consumer:
                 daemon=True,
             )
             self._thread.start()
-
-    def _on_checkout_reply(self, reply: object) -> None:
-        if isinstance(reply, CheckoutOk):
-            with self._cond:
-                self.consumer_key = reply.consumer_key
-                self.active = reply.is_active
-                self.status = "up" if reply.is_active else "waiting"
-                self._cond.notify_all()
-
-    def _on_reconnected(self) -> None:
-        """Attach again through the new connection (a new consumer; old messages still settle)."""
-        if self.cancelled or self._closed:
-            return
-
-        def on_answer(answer: Frame | None, error: BaseException | None) -> None:
-            if answer is not None:
-                self._on_checkout_reply(decode(answer["reply"]))
-            elif error is not None:
-                log.warning("resubscribe_failed", queue=self.queue, tag=self.tag, error=str(error))
-
-        frame = protocol.command(0, encode(self._checkout(self._spec())))
-        self.client.submit([frame], [on_answer])
 
     # --- receiving ------------------------------------------------------------------------
 
@@ -212,61 +243,35 @@ class Consumer:
     def get(self, timeout_s: float | None = None) -> Message | None:
         """The next message, waiting up to `timeout_s` (None: until cancelled or closed)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._cond:
-            if not self._buffer:
-                self._cond.release()
-                try:
-                    self.flush_acks()  # the server refills credit only once we settle
-                finally:
-                    self._cond.acquire()
-            while not self._buffer:
-                if self._closed or self.cancelled:
+        client, core, state = self.client, self.client._core, self._state
+        while True:
+            with client._lock:
+                item = core.next_delivery(state)
+            client._flush()
+            if item is not None:
+                return self._wrap(item)
+            with client._changed:
+                if state.buffer:
+                    continue
+                if state.finished:
                     return None
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                self._cond.wait(left if left is not None else 1.0)
-            message = self._buffer.popleft()
-        if self.auto_ack:
-            self.ack([message])
-        return message
+                client._changed.wait(1.0 if left is None else min(left, 1.0))
 
-    def _on_effect(self, effect: Effect) -> None:
-        with self._cond:
-            if isinstance(effect, Deliver):
-                self._on_deliver(effect)
-            elif isinstance(effect, Released):
-                self.released.update(effect.msg_ids)
-                self.status = "timeout"  # until it names the released ids (design, v2)
-                dropped = set(effect.msg_ids)
-                self._buffer = deque(m for m in self._buffer if m.msg_id not in dropped)
-            elif isinstance(effect, ConsumerUpdate):
-                self.active, self.status = effect.active, effect.status
-            elif isinstance(effect, CreditReply):
-                self.last_credit_reply = effect
-                self.delivery_count = effect.delivery_count
-            elif isinstance(effect, ConsumerCancelled) and (
-                effect.consumer_key == self.consumer_key or self.consumer_key is None
-            ):
-                self.cancelled = True
-            self._cond.notify_all()
-
-    def _on_deliver(self, effect: Deliver) -> None:
-        for delivery in effect.messages:
-            self._buffer.append(
-                Message(
-                    effect.queue,
-                    delivery.msg_id,
-                    delivery.body,
-                    delivery.redelivered,
-                    delivery.delivery_count,
-                    effect.consumer_key,
-                    delivery.annotations,
-                    self,
-                )
-            )
-        self.delivered += len(effect.messages)
-        self.delivery_count = (self.delivery_count + len(effect.messages)) & SERIAL_MASK
+    def _wrap(self, item: Buffered) -> Message:
+        key, delivery = item
+        return Message(
+            self._state.queue,
+            delivery.msg_id,
+            delivery.body,
+            delivery.redelivered,
+            delivery.delivery_count,
+            key,
+            delivery.annotations,
+            self,
+        )
 
     def _run_callback(self, on_message: Callable[[Message], None]) -> None:
         while True:
@@ -282,29 +287,25 @@ class Consumer:
 
     def ack(self, messages: Iterable[Message | int]) -> None:
         """Settle messages (batched: sent once `ack_batch` are waiting or on `flush_acks`)."""
-        with self._ack_lock:
-            for key, msg_id in self._keyed(messages):
-                self._acks.setdefault(key, []).append(msg_id)
-                self._ack_count += 1
-            full = self._ack_count >= self.ack_batch
-        if full:
-            self.flush_acks()
+        pairs = pairs_of(messages)
+        with self.client._lock:
+            self.client._core.ack(self._state, pairs)
+        self.client._flush()
 
     def flush_acks(self) -> None:
         """Send every buffered ack now."""
-        with self._ack_lock:
-            acks, self._acks, self._ack_count = self._acks, {}, 0
-        if acks:
-            self._send_async([Settle(self.queue, key, tuple(ids)) for key, ids in acks.items()])
+        with self.client._lock:
+            self.client._core.flush_acks(self._state)
+        self.client._flush()
 
     def nack(self, messages: Iterable[Message | int], requeue: bool = True) -> None:
         """Return messages (`requeue`, no failed delivery) or reject them."""
         kind = Return if requeue else Discard
-        self._send_grouped(messages, lambda key, ids: kind(self.queue, key, ids))
+        self._settle(messages, lambda key, ids: kind(self._state.queue, key, ids))
 
     def reject(self, messages: Iterable[Message | int]) -> None:
         """Discard messages: a failed delivery; dead-lettered when the queue has a target."""
-        self._send_grouped(messages, lambda key, ids: Discard(self.queue, key, ids))
+        self._settle(messages, lambda key, ids: Discard(self._state.queue, key, ids))
 
     def modify(
         self,
@@ -315,99 +316,44 @@ class Consumer:
         annotations: tuple[tuple[str, str | int], ...] = (),
     ) -> None:
         """AMQP 1.0 modified outcome (machine v2): return or dead-letter with annotations."""
-        self._send_grouped(
+        self._settle(
             messages,
             lambda key, ids: Modify(
-                self.queue, key, ids, delivery_failed, undeliverable_here, annotations
+                self._state.queue, key, ids, delivery_failed, undeliverable_here, annotations
             ),
         )
 
     def renew(self, messages: Iterable[Message | int]) -> None:
         """Extend the consumer-timeout locks of checked-out messages (machine v2)."""
-        self._send_grouped(messages, lambda key, ids: RenewLocks(self.queue, key, ids))
+        self._settle(messages, lambda key, ids: RenewLocks(self._state.queue, key, ids))
 
     def grant(self, credit: int, drain: bool = False) -> None:
         """Credited mode: grant `credit` more deliveries (AMQP 1.0 flow)."""
-        key = self._require_key()
-        self._send_async([Credit(self.queue, key, credit, self.delivery_count, drain)])
+        with self.client._lock:
+            self.client._core.grant(self._state, credit, drain)
+        self.client._flush()
 
-    def _keyed(self, messages: Iterable[Message | int]) -> list[tuple[ConsumerKey, int]]:
-        pairs: list[tuple[ConsumerKey, int]] = []
-        for item in messages:
-            if isinstance(item, Message):
-                pairs.append((item.consumer_key, item.msg_id))
-            else:
-                pairs.append((self._require_key(), item))
-        if self.released:
-            self._clear_released({msg_id for _, msg_id in pairs})
-        return pairs
-
-    def _clear_released(self, msg_ids: set[int]) -> None:
-        """Naming timed-out ids clears them; with none left the consumer is back to normal."""
-        with self._cond:
-            self.released -= msg_ids
-            if not self.released and self.status == "timeout":
-                self.status = "up"
-
-    def _send_grouped(
+    def _settle(
         self,
         messages: Iterable[Message | int],
         build: Callable[[ConsumerKey, tuple[int, ...]], Command],
     ) -> None:
-        groups: dict[ConsumerKey, list[int]] = {}
-        for key, msg_id in self._keyed(messages):
-            groups.setdefault(key, []).append(msg_id)
-        self.flush_acks()  # keep settles in the order the caller made them
-        self._send_async([build(key, tuple(ids)) for key, ids in groups.items()])
-
-    def _send_async(self, commands: list[Command]) -> None:
-        if not commands:
-            return
-        frames = [protocol.command(0, encode(command)) for command in commands]
-        with self._cond:
-            self._outstanding += len(frames)
-        try:
-            self.client.submit(frames, [self._on_settle_answer] * len(frames))
-        except ClientClosed:
-            with self._cond:
-                self._outstanding -= len(frames)
-                self._cond.notify_all()
+        pairs = pairs_of(messages)
+        with self.client._lock:
+            self.client._core.settle(self._state, pairs, build)
+        self.client._flush()
 
     def wait_settled(self, timeout_s: float = 10.0) -> bool:
         """Flush acks and wait until every settle sent so far is answered; False on timeout."""
         self.flush_acks()
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._outstanding > 0:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
+        state = self._state
+        return self.client._wait_until(lambda: state.outstanding <= 0, time.monotonic() + timeout_s)
 
     def take_buffered(self) -> list[Message]:
         """Remove and return the messages received but not yet handed out (not acked)."""
-        with self._cond:
-            items, self._buffer = list(self._buffer), deque()
-        return items
-
-    def _on_settle_answer(self, answer: Frame | None, error: BaseException | None) -> None:
-        refused = error is not None
-        if answer is not None:
-            reply = decode(answer["reply"])
-            refused = isinstance(reply, Error)
-            if refused:
-                log.info("settle_refused", queue=self.queue, reply=repr(reply))
-        with self._cond:
-            self._outstanding -= 1
-            if refused:
-                self.settle_errors += 1
-            self._cond.notify_all()
-
-    def _require_key(self) -> ConsumerKey:
-        if self.consumer_key is None:
-            raise CommandRefused("unknown_consumer", "the consumer is not attached")
-        return self.consumer_key
+        with self.client._lock:
+            items = self.client._core.take_buffered(self._state)
+        return [self._wrap(item) for item in items]
 
     # --- leaving ----------------------------------------------------------------------------
 
@@ -419,37 +365,28 @@ class Consumer:
         """Hard cancel (machine v2): pending messages return to the queue at once."""
         return self._leave(Remove())
 
-    def _leave(self, spec: CheckoutSpec) -> CancelOk | None:
-        if isinstance(spec, Remove):
-            self.flush_acks()  # a removed consumer's late settles are ignored
-        reply = self.client.command(self._checkout(spec))
-        with self._cond:
-            self.cancelled = True
-            self._cond.notify_all()
+    def _leave(self, spec: Cancel | Remove) -> CancelOk | None:
+        core, timeout = self.client._core, self.client.request_timeout_s
+        answer = self.client._request(
+            lambda: core.leave(self._state, spec, timeout, now=time.monotonic()), timeout, "cancel"
+        )
+        reply = decode(answer["reply"])
+        if isinstance(reply, Error):
+            raise CommandRefused(reply.code, reply.message)
+        with self.client._changed:
+            core.left(self._state)
+            self.client._changed.notify_all()
         return reply if isinstance(reply, CancelOk) else None
 
     def close(self) -> None:
         """Flush acks and stop iterating (the consumer stays attached until its connection ends)."""
-        self.flush_acks()
-        self._on_client_closed()
-
-    def _on_client_closed(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+        with self.client._changed:
+            self.client._core.close_consumer(self._state)
+            self.client._changed.notify_all()
+        self.client._flush()
 
     def __enter__(self) -> Consumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def summarize(messages: Iterable[Message]) -> dict[str, Any]:
-    """A small summary of a batch of messages (count, redelivered, bytes)."""
-    items = list(messages)
-    return {
-        "count": len(items),
-        "redelivered": sum(1 for m in items if m.redelivered),
-        "bytes": sum(len(m.body) for m in items),
-    }

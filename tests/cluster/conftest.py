@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cluster.testing import LocalCluster, start_cluster
+from tests.cluster.shells import Shells
 
 
 @pytest.fixture
@@ -28,3 +29,13 @@ def shared_cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(params=["threaded", "asyncio"])
+def shells(request: pytest.FixtureRequest) -> Iterator[Shells]:
+    """Client factories of one shell kind: each client test runs against both shells."""
+    opened = Shells(request.param)
+    try:
+        yield opened
+    finally:
+        opened.close()

@@ -1,16 +1,23 @@
-"""The client library against a real 3-node cluster: publish, consume, settle, dedup, queries."""
+"""The client library against a real 3-node cluster: publish, consume, settle, dedup, queries.
+
+Every test runs against both shells (threaded `Client`, `AsyncClient`; see `shells.py`), with
+queue names suffixed by the shell so the two runs share the cluster without sharing queues.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cluster.client import AuthError, Client, CommandRefused
 from cluster.launcher import LocalCluster, local_cluster
 from fifo.commands import QueueConfig
+from fifo.queries import QueueOverview
+from tests.cluster.shells import Shells
 
 pytestmark = pytest.mark.cluster
 
@@ -21,7 +28,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
-def drain(client: Client, queue: str, count: int, prefetch: int = 100) -> list[bytes]:
+def drain(client: Any, queue: str, count: int, prefetch: int = 100) -> list[bytes]:
     """Consume and ack `count` messages (fails the test if they do not all come)."""
     consumer = client.consume(queue, prefetch=prefetch)
     bodies: list[bytes] = []
@@ -35,37 +42,43 @@ def drain(client: Client, queue: str, count: int, prefetch: int = 100) -> list[b
     return bodies
 
 
-def test_published_messages_are_consumed_once_each_through_any_node(cluster: LocalCluster) -> None:
+def test_published_messages_are_consumed_once_each_through_any_node(
+    cluster: LocalCluster, shells: Shells
+) -> None:
+    queue = f"basic-{shells.kind}"
     follower = cluster.followers()[0]
-    with cluster.client(follower, only=True) as client:
-        client.declare_queue("basic")
-        with client.publisher("basic", window=100) as publisher:
+    with shells.client(cluster, follower, only=True) as client:
+        client.declare_queue(queue)
+        with client.publisher(queue, window=100) as publisher:
             publisher.publish_many(b"m%d" % i for i in range(500))
         assert publisher.confirmed == 500
-    with cluster.client(cluster.leader(), only=True) as client:
-        bodies = drain(client, "basic", 500)
+    with shells.client(cluster, cluster.leader(), only=True) as client:
+        bodies = drain(client, queue, 500)
         assert sorted(bodies) == sorted(b"m%d" % i for i in range(500))
-        overview = client.overview("basic")
-        assert overview["total"] == 0
-        assert overview["checked_out"] == 0
+        overview = client.overview(queue)
+        assert isinstance(overview, QueueOverview)
+        assert (overview.total, overview.checked_out, overview.name) == (0, 0, queue)
+        assert queue in [row.name for row in client.overview()]
 
 
 def test_a_duplicate_publish_with_the_same_enqueuer_and_seq_is_not_stored(
-    cluster: LocalCluster,
+    cluster: LocalCluster, shells: Shells
 ) -> None:
-    with cluster.client() as client:
-        client.declare_queue("dedup")
+    queue = f"dedup-{shells.kind}"
+    with shells.client(cluster) as client:
+        client.declare_queue(queue)
         for _ in range(2):  # the second publisher resends seqs 1..3 of the same enqueuer
-            with client.publisher("dedup", window=10, enqueuer="producer-1") as publisher:
+            with client.publisher(queue, window=10, enqueuer="producer-1") as publisher:
                 publisher.publish_many([b"a", b"b", b"c"])
-        assert client.overview("dedup")["total"] == 3
+        assert client.overview(queue).total == 3
 
 
-def test_nack_requeues_with_the_redelivered_flag(cluster: LocalCluster) -> None:
-    with cluster.client() as client:
-        client.declare_queue("nack")
-        client.publish("nack", b"once")
-        consumer = client.consume("nack", prefetch=1)
+def test_nack_requeues_with_the_redelivered_flag(cluster: LocalCluster, shells: Shells) -> None:
+    queue = f"nack-{shells.kind}"
+    with shells.client(cluster) as client:
+        client.declare_queue(queue)
+        client.publish(queue, b"once")
+        consumer = client.consume(queue, prefetch=1)
         first = consumer.get(timeout_s=10.0)
         assert first is not None and not first.redelivered
         first.nack(requeue=True)
@@ -76,26 +89,30 @@ def test_nack_requeues_with_the_redelivered_flag(cluster: LocalCluster) -> None:
         consumer.cancel()
 
 
-def test_reject_dead_letters_into_the_target_queue(cluster: LocalCluster) -> None:
-    with cluster.client() as client:
-        client.declare_queue("dlq")
-        client.declare_queue("work", QueueConfig(dead_letter_queue="dlq"))
-        client.publish("work", b"poison")
-        consumer = client.consume("work", prefetch=1)
+def test_reject_dead_letters_into_the_target_queue(cluster: LocalCluster, shells: Shells) -> None:
+    dlq, work = f"dlq-{shells.kind}", f"work-{shells.kind}"
+    with shells.client(cluster) as client:
+        client.declare_queue(dlq)
+        client.declare_queue(work, QueueConfig(dead_letter_queue=dlq))
+        client.publish(work, b"poison")
+        consumer = client.consume(work, prefetch=1)
         message = consumer.get(timeout_s=10.0)
         assert message is not None
         message.reject()
         consumer.cancel()
         assert consumer.wait_settled()
-        assert drain(client, "dlq", 1) == [b"poison"]
+        assert drain(client, dlq, 1) == [b"poison"]
 
 
-def test_a_credited_consumer_gets_only_what_it_was_granted(cluster: LocalCluster) -> None:
-    with cluster.client() as client:
-        client.declare_queue("credit")
-        with client.publisher("credit", window=50) as publisher:
+def test_a_credited_consumer_gets_only_what_it_was_granted(
+    cluster: LocalCluster, shells: Shells
+) -> None:
+    queue = f"credit-{shells.kind}"
+    with shells.client(cluster) as client:
+        client.declare_queue(queue)
+        with client.publisher(queue, window=50) as publisher:
             publisher.publish_many(b"c%d" % i for i in range(10))
-        consumer = client.consume("credit", credited=True)
+        consumer = client.consume(queue, credited=True)
         assert consumer.get(timeout_s=0.5) is None
         consumer.grant(3)
         got = [consumer.get(timeout_s=10.0) for _ in range(3)]
@@ -105,20 +122,25 @@ def test_a_credited_consumer_gets_only_what_it_was_granted(cluster: LocalCluster
         consumer.cancel()
 
 
-def test_errors_are_typed_and_the_state_is_unchanged(cluster: LocalCluster) -> None:
-    with cluster.client() as client:
-        client.declare_queue("typed", QueueConfig(max_length=10))
+def test_errors_are_typed_and_the_state_is_unchanged(cluster: LocalCluster, shells: Shells) -> None:
+    queue = f"typed-{shells.kind}"
+    with shells.client(cluster) as client:
+        client.declare_queue(queue, QueueConfig(max_length=10))
         with pytest.raises(CommandRefused) as refused:
-            client.declare_queue("typed", QueueConfig(max_length=20))
+            client.declare_queue(queue, QueueConfig(max_length=20))
         assert refused.value.code == "queue_exists"
         with pytest.raises(CommandRefused) as unknown:
             client.purge_queue("no-such-queue")
         assert unknown.value.code == "unknown_queue"
+        assert client.overview(queue).config == QueueConfig(max_length=10)
+        assert client.overview("no-such-queue") is None
 
 
-def test_wrong_credentials_are_refused_with_an_auth_error(cluster: LocalCluster) -> None:
+def test_wrong_credentials_are_refused_with_an_auth_error(
+    cluster: LocalCluster, shells: Shells
+) -> None:
     with pytest.raises(AuthError):
-        Client([cluster.endpoint("n1")], b"00" * 32, connect_timeout_s=2.0)
+        shells.connect([cluster.endpoint("n1")], b"00" * 32, connect_timeout_s=2.0)
 
 
 def test_cluster_status_lists_every_node_with_one_leader(cluster: LocalCluster) -> None:
@@ -133,10 +155,11 @@ def test_cluster_status_lists_every_node_with_one_leader(cluster: LocalCluster) 
 def test_data_dir_client_reads_the_endpoints_and_key(cluster: LocalCluster) -> None:
     with Client.from_data_dir(Path(cluster.data_dir)) as client:
         assert client.node in {"n1", "n2", "n3"}
-        assert "basic" in client.queues()
+        assert "basic-threaded" in client.queues()
 
 
 def test_callback_style_consumer_gets_every_message_on_its_thread(cluster: LocalCluster) -> None:
+    """Threaded shell only: asyncio code iterates with `async for` instead of callbacks."""
     import threading
 
     with cluster.client() as client:
@@ -162,23 +185,29 @@ def test_callback_style_consumer_gets_every_message_on_its_thread(cluster: Local
         assert consumer.wait_settled()
 
 
-def test_get_takes_one_message_and_its_ack_settles_it(cluster: LocalCluster) -> None:
-    with cluster.client() as client:
-        client.declare_queue("dequeue")
-        assert client.get("dequeue") is None
-        client.publish("dequeue", b"one")
-        message = client.get("dequeue")
+def test_get_takes_one_message_and_its_ack_settles_it(
+    cluster: LocalCluster, shells: Shells
+) -> None:
+    queue = f"dequeue-{shells.kind}"
+    with shells.client(cluster) as client:
+        client.declare_queue(queue)
+        assert client.get(queue) is None
+        client.publish(queue, b"one")
+        message = client.get(queue)
         assert message is not None and message.body == b"one"
-        assert client.overview("dequeue")["checked_out"] == 1
+        assert client.overview(queue).checked_out == 1
         message.ack()
-        assert client.overview("dequeue")["total"] == 0
+        assert client.overview(queue).total == 0
 
 
-def test_renew_and_modify_are_accepted_for_held_messages(cluster: LocalCluster) -> None:
-    with cluster.client() as client:
-        client.declare_queue("modify")
-        client.publish("modify", b"m")
-        consumer = client.consume("modify", prefetch=1, timeout_ms=60_000)
+def test_renew_and_modify_are_accepted_for_held_messages(
+    cluster: LocalCluster, shells: Shells
+) -> None:
+    queue = f"modify-{shells.kind}"
+    with shells.client(cluster) as client:
+        client.declare_queue(queue)
+        client.publish(queue, b"m")
+        consumer = client.consume(queue, prefetch=1, timeout_ms=60_000)
         message = consumer.get(timeout_s=10.0)
         assert message is not None
         consumer.renew([message])
@@ -194,13 +223,14 @@ def test_renew_and_modify_are_accepted_for_held_messages(cluster: LocalCluster) 
 
 
 def test_a_publisher_blocked_by_reject_publish_resumes_when_the_queue_drains(
-    cluster: LocalCluster,
+    cluster: LocalCluster, shells: Shells
 ) -> None:
     import threading
 
-    with cluster.client() as client:
-        client.declare_queue("bounded", QueueConfig(max_length=5, overflow="reject_publish"))
-        publisher = client.publisher("bounded", window=1)
+    queue = f"bounded-{shells.kind}"
+    with shells.client(cluster) as client:
+        client.declare_queue(queue, QueueConfig(max_length=5, overflow="reject_publish"))
+        publisher = client.publisher(queue, window=1)
         done = threading.Event()
 
         def publish_ten() -> None:
@@ -216,7 +246,36 @@ def test_a_publisher_blocked_by_reject_publish_resumes_when_the_queue_drains(
             time.sleep(0.02)
         assert publisher.blocked, "crossing max_length with reject_publish must block"
         assert not done.is_set()
-        drained = drain(client, "bounded", 10)
+        drained = drain(client, queue, 10)
         producer.join(30.0)
         assert done.is_set()
         assert sorted(drained) == sorted(b"b%d" % i for i in range(10))
+
+
+def test_the_asyncio_idioms_publish_consume_and_ack_in_one_coroutine(cluster: LocalCluster) -> None:
+    """`async with`, `await publisher.publish`, `async for ... in client.consume`, `await ack()`."""
+    import asyncio
+
+    from cluster.client import AsyncClient
+
+    async def scenario() -> tuple[list[bytes], int]:
+        endpoints = list(cluster.config.endpoints().values())
+        async with AsyncClient(endpoints, cluster.key) as client:
+            await client.declare_queue("idioms")
+            async with client.publisher("idioms", window=20) as publisher:
+                for i in range(30):
+                    await publisher.publish(b"i%d" % i)
+            got: list[bytes] = []
+            consumer = client.consume("idioms", prefetch=10)
+            async for message in consumer:
+                got.append(message.body)
+                await message.ack()
+                if len(got) == 30:
+                    break
+            assert await consumer.wait_settled()
+            overview = await client.overview("idioms")
+            return got, overview.total if overview else -1
+
+    got, left = asyncio.run(asyncio.wait_for(scenario(), 30.0))
+    assert got == [b"i%d" % i for i in range(30)]
+    assert left == 0

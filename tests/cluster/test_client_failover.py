@@ -1,15 +1,19 @@
-"""Failover: kill -9 the leader mid-stream; nothing confirmed is lost, resends are deduplicated."""
+"""Failover: kill -9 the leader mid-stream; nothing confirmed is lost, resends are deduplicated.
+
+Every test runs against both shells (threaded `Client`, `AsyncClient`; see `shells.py`).
+"""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from cluster.client import Client
 from cluster.launcher import LocalCluster, local_cluster
+from tests.cluster.shells import Shells
 
 pytestmark = pytest.mark.cluster
 
@@ -20,7 +24,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
-def consume_all(client: Client, queue: str, expected: int) -> list[bytes]:
+def consume_all(client: Any, queue: str, expected: int) -> list[bytes]:
     """Consume and ack until `expected` messages came, then until the queue stays quiet."""
     consumer = client.consume(queue, prefetch=200)
     bodies: list[bytes] = []
@@ -36,11 +40,11 @@ def consume_all(client: Client, queue: str, expected: int) -> list[bytes]:
 
 
 def test_leader_kill_mid_stream_loses_no_confirmed_message_and_stores_no_duplicate(
-    cluster: LocalCluster,
+    cluster: LocalCluster, shells: Shells
 ) -> None:
     leader = cluster.leader()
     total = 3000
-    with cluster.client(leader, reconnect_timeout_s=20.0) as client:
+    with shells.client(cluster, leader, reconnect_timeout_s=20.0) as client:
         client.declare_queue("failover")
         publisher = client.publisher("failover", window=200)
         killed = threading.Event()
@@ -70,11 +74,11 @@ def test_leader_kill_mid_stream_loses_no_confirmed_message_and_stores_no_duplica
 
 
 def test_a_client_on_a_follower_keeps_publishing_through_a_leader_change(
-    cluster: LocalCluster,
+    cluster: LocalCluster, shells: Shells
 ) -> None:
     leader = cluster.leader()
     follower = next(n for n in cluster.config.node_ids() if n != leader)
-    with cluster.client(follower) as client:
+    with shells.client(cluster, follower) as client:
         client.declare_queue("follower-side")
         with client.publisher("follower-side", window=100) as publisher:
             publisher.publish_many(b"a%d" % i for i in range(500))
@@ -89,13 +93,13 @@ def test_a_client_on_a_follower_keeps_publishing_through_a_leader_change(
 
 
 def test_a_client_on_a_paused_node_moves_to_another_and_its_publishes_complete(
-    cluster: LocalCluster,
+    cluster: LocalCluster, shells: Shells
 ) -> None:
     import signal
 
     leader = cluster.leader()
     follower = next(n for n in cluster.config.node_ids() if n != leader)
-    with cluster.client(follower, silence_timeout_s=1.5) as client:
+    with shells.client(cluster, follower, silence_timeout_s=1.5) as client:
         client.declare_queue("paused")
         cluster.kill(follower, signal.SIGSTOP)
         try:

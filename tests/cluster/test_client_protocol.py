@@ -3,6 +3,7 @@
 These paths are rare on a real cluster (a lost forward, an evicted enqueuer, a silent node), so a
 stub node that speaks the real wire protocol (`cluster.protocol`, `fifo` codec) makes them happen
 on purpose. The cluster-level behaviour is tested against real nodes in the other test files.
+Every test runs against both shells (threaded `Client`, `AsyncClient`; see `shells.py`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import Any
 import pytest
 
 from cluster import protocol
-from cluster.client import AuthError, Client
+from cluster.client import AuthError
 from fifo.codec import decode, encode
 from fifo.commands import ConnectionId, Enqueue
 from fifo.replies import NotEnqueued, Ok
+from tests.cluster.shells import Shells
 
 KEY = b"ab" * 32
 Handler = Callable[["StubNode", dict[str, Any], Any], list[dict[str, Any]] | None]
@@ -91,13 +93,15 @@ def stubs() -> Iterator[list[StubNode]]:
         node.stop()
 
 
-def test_wrong_key_is_an_auth_error(stubs: list[StubNode]) -> None:
+def test_wrong_key_is_an_auth_error(stubs: list[StubNode], shells: Shells) -> None:
     stubs.append(StubNode(lambda node, frame, cmd: [ok(frame)]))
     with pytest.raises(AuthError):
-        Client([stubs[0].address], b"cd" * 32, connect_timeout_s=1.0)
+        shells.connect([stubs[0].address], b"cd" * 32, connect_timeout_s=1.0)
 
 
-def test_a_lost_enqueue_is_resent_with_the_gap_in_order(stubs: list[StubNode]) -> None:
+def test_a_lost_enqueue_is_resent_with_the_gap_in_order(
+    stubs: list[StubNode], shells: Shells
+) -> None:
     applied: list[int] = []
 
     def queue_with_a_lost_first_message(node: StubNode, frame: dict[str, Any], cmd: Any) -> Any:
@@ -112,7 +116,7 @@ def test_a_lost_enqueue_is_resent_with_the_gap_in_order(stubs: list[StubNode]) -
         return [ok(frame)]
 
     stubs.append(StubNode(queue_with_a_lost_first_message))
-    with Client([stubs[0].address], KEY) as client:
+    with shells.connect([stubs[0].address], KEY) as client:
         with client.publisher("q", window=10, enqueuer="e1") as publisher:
             publisher.publish_many([b"1", b"2", b"3", b"4"])
         assert publisher.confirmed == 4
@@ -121,7 +125,7 @@ def test_a_lost_enqueue_is_resent_with_the_gap_in_order(stubs: list[StubNode]) -
 
 
 def test_an_enqueuer_the_queue_forgot_is_renumbered_from_the_expected_seq(
-    stubs: list[StubNode],
+    stubs: list[StubNode], shells: Shells
 ) -> None:
     applied: list[bytes] = []
     state = {"next": 1, "forgotten": False}
@@ -136,7 +140,7 @@ def test_an_enqueuer_the_queue_forgot_is_renumbered_from_the_expected_seq(
         return [ok(frame)]
 
     stubs.append(StubNode(forgetful))
-    with Client([stubs[0].address], KEY) as client:
+    with shells.connect([stubs[0].address], KEY) as client:
         with client.publisher("q", window=1) as publisher:
             for body in (b"a", b"b", b"c", b"d"):
                 publisher.publish(body)
@@ -145,12 +149,12 @@ def test_an_enqueuer_the_queue_forgot_is_renumbered_from_the_expected_seq(
 
 
 def test_unanswered_publishes_are_resent_to_another_node_with_the_same_enqueuer_and_seqs(
-    stubs: list[StubNode],
+    stubs: list[StubNode], shells: Shells
 ) -> None:
     first = StubNode(lambda node, frame, cmd: [], node_id="s1")  # takes them, answers nothing
     second = StubNode(lambda node, frame, cmd: [ok(frame)], node_id="s2")
     stubs += [first, second]
-    with Client([first.address, second.address], KEY) as client:
+    with shells.connect([first.address, second.address], KEY) as client:
         publisher = client.publisher("q", window=10, enqueuer="e-same")
         publisher.publish_many([b"x", b"y", b"z"])
         assert _wait(lambda: len(first.seen) == 3)
@@ -162,18 +166,20 @@ def test_unanswered_publishes_are_resent_to_another_node_with_the_same_enqueuer_
     ]
 
 
-def test_a_silent_node_is_left_for_another_one(stubs: list[StubNode]) -> None:
+def test_a_silent_node_is_left_for_another_one(stubs: list[StubNode], shells: Shells) -> None:
     silent = StubNode(lambda node, frame, cmd: [], node_id="s1")
     healthy = StubNode(lambda node, frame, cmd: [ok(frame)], node_id="s2")
     stubs += [silent, healthy]
-    with Client([silent.address, healthy.address], KEY, silence_timeout_s=0.5) as client:
+    with shells.connect([silent.address, healthy.address], KEY, silence_timeout_s=0.5) as client:
         with client.publisher("q", window=5) as publisher:
             publisher.publish_many([b"1", b"2"])
             publisher.wait_for_confirms(timeout_s=10.0)
         assert client.node == "s2"
 
 
-def test_not_leader_errors_are_retried_until_the_command_commits(stubs: list[StubNode]) -> None:
+def test_not_leader_errors_are_retried_until_the_command_commits(
+    stubs: list[StubNode], shells: Shells
+) -> None:
     attempts: list[int] = []
 
     def no_leader_twice(node: StubNode, frame: dict[str, Any], cmd: Any) -> Any:
@@ -183,7 +189,7 @@ def test_not_leader_errors_are_retried_until_the_command_commits(stubs: list[Stu
         return [ok(frame)]
 
     stubs.append(StubNode(no_leader_twice))
-    with Client([stubs[0].address], KEY) as client:
+    with shells.connect([stubs[0].address], KEY) as client:
         client.publish("q", b"once")
     assert len(attempts) == 3
 

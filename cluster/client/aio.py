@@ -1,0 +1,270 @@
+"""The asyncio client: `ClientProtocol` driven on an event loop, with the threaded API's
+features as coroutines.
+
+Example:
+    async with AsyncClient.from_data_dir(Path("D")) as client:
+        await client.declare_queue("jobs")
+        async with client.publisher("jobs", window=1000) as publisher:
+            await publisher.publish_many(b"job %d" % i for i in range(10_000))
+        async for message in client.consume("jobs", prefetch=100):
+            await message.ack()
+
+Everything runs on the event loop that connected the client; no call is thread-safe.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TypeVar, overload
+
+from cluster import config as cluster_config
+from cluster import protocol
+from cluster.client import results
+from cluster.client._asyncio import AsyncShell, reply_of
+from cluster.client._wire import Frame
+from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
+from cluster.client.aio_publisher import AsyncPublisher
+from cluster.client.errors import CommandRefused
+from fifo.codec import encode
+from fifo.commands import (
+    Checkout,
+    Command,
+    ConsumerId,
+    DeclareQueue,
+    DeleteQueue,
+    Dequeue,
+    Discard,
+    Purge,
+    QueueConfig,
+    Return,
+    Settle,
+    UpdateConfig,
+)
+from fifo.queries import ConsumerInfo, MessageInfo, QueueOverview
+from fifo.replies import DeclareOk, DeleteOk, DequeueOk, PurgeOk, Reply
+
+_T = TypeVar("_T")
+QueryArgs = dict[str, str | int]
+
+
+class AsyncClient(AsyncShell):
+    """An asyncio connection to a quorumq cluster; `async with AsyncClient(...) as client`.
+
+    The options are those of `Client`. Nothing connects until `connect()` (or `async with`).
+    """
+
+    @classmethod
+    def from_data_dir(
+        cls,
+        data_dir: Path,
+        *,
+        name: str = "quorumq-client",
+        connect_timeout_s: float = 2.0,
+        request_timeout_s: float = 30.0,
+        reconnect_timeout_s: float = 30.0,
+        reconnect: bool = True,
+        silence_timeout_s: float = 5.0,
+        connect_retry_s: float | None = None,
+        prefer_leader: bool = True,
+    ) -> AsyncClient:
+        """A client for the endpoints of `D/cluster.toml` and the key in `D/client.key`."""
+        config = cluster_config.load(Path(data_dir))
+        key = cluster_config.read_client_key(Path(data_dir) / cluster_config.CLIENT_KEY_FILE)
+        return cls(
+            list(config.endpoints().values()),
+            key,
+            name=name,
+            connect_timeout_s=connect_timeout_s,
+            request_timeout_s=request_timeout_s,
+            reconnect_timeout_s=reconnect_timeout_s,
+            reconnect=reconnect,
+            silence_timeout_s=silence_timeout_s,
+            connect_retry_s=connect_retry_s,
+            prefer_leader=prefer_leader,
+        )
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def connect(self) -> AsyncClient:
+        """Connect (once) to the first node that answers, then to the leader it names."""
+        await self._connect()
+        return self
+
+    async def __aenter__(self) -> AsyncClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Flush pending acks, close the connection and fail every request still in flight."""
+        await self._shutdown()
+
+    # --- requests --------------------------------------------------------------------------
+
+    async def call(self, frame: Frame, timeout_s: float | None = None) -> Frame:
+        """Send one request and wait for its answer frame (`reply` or `result`)."""
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        core = self._core
+        answer = await self._request(
+            lambda: core.submit(frame, timeout, now=time.monotonic()), timeout, str(frame.get("op"))
+        )
+        return dict(answer)
+
+    async def command(self, command: Command, timeout_s: float | None = None) -> Reply:
+        """Run one command through the log; CommandRefused for an error reply."""
+        answer = await self.call(protocol.command(0, encode(command)), timeout_s)
+        return reply_of(answer)
+
+    async def query(
+        self, name: str, args: QueryArgs | None = None, timeout_s: float | None = None
+    ) -> object:
+        """A read-only query answered from the connected node's state, as plain data."""
+        return (await self.call(protocol.query(0, name, dict(args or {})), timeout_s))["result"]
+
+    async def admin(
+        self, action: str, args: QueryArgs | None = None, timeout_s: float | None = None
+    ) -> dict[str, object]:
+        """An admin action (machine_upgrade, snapshot, ...); its result map."""
+        answer = await self.call(protocol.admin(0, action, dict(args or {})), timeout_s)
+        return results.mapping(answer["result"], action)
+
+    # --- queue management ------------------------------------------------------------------
+
+    async def declare_queue(self, queue: str, config: QueueConfig | None = None) -> DeclareOk:
+        """Create `queue` (a no-op when it exists with an equal config)."""
+        return _expect(await self.command(DeclareQueue(queue, config or QueueConfig())), DeclareOk)
+
+    async def delete_queue(self, queue: str) -> DeleteOk:
+        """Delete `queue` and everything in it."""
+        return _expect(await self.command(DeleteQueue(queue)), DeleteOk)
+
+    async def purge_queue(self, queue: str) -> PurgeOk:
+        """Drop every ready message of `queue`."""
+        return _expect(await self.command(Purge(queue)), PurgeOk)
+
+    async def update_config(self, queue: str, config: QueueConfig) -> Reply:
+        """Replace the config of `queue`."""
+        return await self.command(UpdateConfig(queue, config))
+
+    # --- publishing and consuming ----------------------------------------------------------
+
+    def publisher(
+        self, queue: str, *, window: int = 100, enqueuer: str | None = None
+    ) -> AsyncPublisher:
+        """A confirmed, pipelined publisher for `queue` with up to `window` unconfirmed messages."""
+        return AsyncPublisher(self, queue, window=window, enqueuer=enqueuer)
+
+    async def publish(
+        self, queue: str, body: bytes, *, ttl_ms: int | None = None, timeout_s: float | None = None
+    ) -> None:
+        """Publish one message and wait for its confirm (a tracked enqueue, deduplicated)."""
+        async with self.publisher(queue, window=1) as publisher:
+            await publisher.publish(body, ttl_ms=ttl_ms)
+            await publisher.wait_for_confirms(timeout_s or self.request_timeout_s)
+
+    def consume(
+        self,
+        queue: str,
+        *,
+        prefetch: int = 100,
+        credited: bool = False,
+        priority: int = 0,
+        timeout_ms: int | None = None,
+        auto_ack: bool = False,
+    ) -> AsyncConsumer:
+        """A consumer; `async for` over it, or `await` it to attach first (it attaches once)."""
+        return AsyncConsumer(
+            self,
+            queue,
+            prefetch=prefetch,
+            credited=credited,
+            priority=priority,
+            timeout_ms=timeout_ms,
+            auto_ack=auto_ack,
+        )
+
+    async def get(self, queue: str, *, settled: bool = False) -> AsyncMessage | None:
+        """Take one ready message (basic.get); unless `settled`, ack or nack it like a delivery."""
+        tag = self._core.next_tag()
+        conn_id = await self.connection_id()
+        reply = await self.command(Checkout(queue, ConsumerId(tag, conn_id), Dequeue(settled)))
+        if not isinstance(reply, DequeueOk):
+            raise CommandRefused("unexpected_reply", f"dequeue answered {reply!r}")
+        if reply.message is None:
+            return None
+        found = reply.message
+        key = reply.consumer_key if reply.consumer_key is not None else ConsumerId(tag, conn_id)
+        return AsyncMessage(
+            queue,
+            found.msg_id,
+            found.body,
+            found.redelivered,
+            found.delivery_count,
+            key,
+            (),
+            None if settled else _AsyncSettler(self, queue),
+        )
+
+    # --- queries ---------------------------------------------------------------------------
+
+    @overload
+    async def overview(self, queue: str) -> QueueOverview | None: ...
+
+    @overload
+    async def overview(self, queue: None = None) -> list[QueueOverview]: ...
+
+    async def overview(
+        self, queue: str | None = None
+    ) -> QueueOverview | list[QueueOverview] | None:
+        """The overview of one queue (None: no such queue), or of every queue when None."""
+        if queue is None:
+            return results.overviews(await self.query("overview"))
+        return results.overview(await self.query("overview", {"queue": queue}))
+
+    async def queues(self) -> list[str]:
+        """Every queue's name, sorted."""
+        return results.names(await self.query("queues"))
+
+    async def consumers(self, queue: str | None = None) -> dict[str, list[ConsumerInfo]]:
+        """The consumers of `queue` (of every queue when None), by queue name."""
+        return results.consumers(await self.query("consumers", {"queue": queue} if queue else {}))
+
+    async def messages(self, queue: str, limit: int = 100) -> list[MessageInfo]:
+        """Up to `limit` messages of `queue` (ids, sizes, delivery counts; not the bodies)."""
+        return results.messages(await self.query("messages", {"queue": queue, "limit": limit}))
+
+    async def status(self) -> dict[str, object]:
+        """The status map of the connected node (role, term, indexes, digest, versions, pid)."""
+        return results.mapping(await self.query("status"), "status")
+
+    async def machine(self) -> dict[str, object]:
+        """The machine-version status (effective version, per-node support, past switches)."""
+        return results.mapping(await self.query("machine"), "machine")
+
+
+class _AsyncSettler:
+    """Settles a message taken with `AsyncClient.get` (the owner `message.ack()` calls)."""
+
+    def __init__(self, client: AsyncClient, queue: str) -> None:
+        self.client = client
+        self.queue = queue
+
+    async def ack(self, messages: list[AsyncMessage]) -> None:
+        for message in messages:
+            await self.client.command(Settle(self.queue, message.consumer_key, (message.msg_id,)))
+
+    async def nack(self, messages: list[AsyncMessage], requeue: bool = True) -> None:
+        kind = Return if requeue else Discard
+        for message in messages:
+            await self.client.command(kind(self.queue, message.consumer_key, (message.msg_id,)))
+
+    async def reject(self, messages: list[AsyncMessage]) -> None:
+        await self.nack(messages, requeue=False)
+
+
+def _expect(reply: Reply, kind: type[_T]) -> _T:
+    if not isinstance(reply, kind):
+        raise CommandRefused("unexpected_reply", f"expected {kind.__name__}, got {reply!r}")
+    return reply

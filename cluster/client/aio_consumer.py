@@ -1,0 +1,324 @@
+"""Consuming with the asyncio client: `async for message in consumer`, `await message.ack()`.
+
+Settling works as in `cluster.client.consumer` (acks batched, the rest sent at once); the state
+lives in `ClientProtocol`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from cluster.client._asyncio import AsyncShell, reply_of
+from cluster.client._state import Buffered, ConsumerState
+from fifo.commands import (
+    Cancel,
+    Command,
+    ConsumerKey,
+    Discard,
+    Modify,
+    Remove,
+    RenewLocks,
+    Return,
+)
+from fifo.effects import CreditReply
+from fifo.replies import CancelOk
+
+
+class AsyncSettles(Protocol):
+    """What an async message is settled through: its consumer (or the client, for a get)."""
+
+    async def ack(self, messages: list[AsyncMessage]) -> None: ...
+
+    async def nack(self, messages: list[AsyncMessage], requeue: bool = True) -> None: ...
+
+    async def reject(self, messages: list[AsyncMessage]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncMessage:
+    """One delivered message; settle it with `await message.ack()` (or nack, reject)."""
+
+    queue: str
+    msg_id: int
+    body: bytes
+    redelivered: bool
+    delivery_count: int
+    consumer_key: ConsumerKey
+    annotations: tuple[tuple[str, str | int], ...] = ()
+    consumer: AsyncSettles | None = field(default=None, repr=False, compare=False)
+
+    async def ack(self) -> None:
+        """Settle: the message is done."""
+        await self._owner().ack([self])
+
+    async def nack(self, requeue: bool = True) -> None:
+        """Return it to the queue (`requeue`), or reject it (dead-letter / drop)."""
+        await self._owner().nack([self], requeue=requeue)
+
+    async def reject(self) -> None:
+        """Discard it: a failed delivery, dead-lettered if the queue has a target."""
+        await self._owner().reject([self])
+
+    def _owner(self) -> AsyncSettles:
+        if self.consumer is None:
+            raise ValueError("this message has no consumer to settle it with")
+        return self.consumer
+
+
+def _pairs(messages: Iterable[AsyncMessage | int]) -> list[tuple[ConsumerKey | None, int]]:
+    return [
+        (item.consumer_key, item.msg_id) if isinstance(item, AsyncMessage) else (None, item)
+        for item in messages
+    ]
+
+
+class AsyncConsumer:
+    """A consumer of one queue (prefetch or AMQP 1.0 credit); attaches on first use."""
+
+    def __init__(
+        self,
+        client: AsyncShell,
+        queue: str,
+        *,
+        prefetch: int = 100,
+        credited: bool = False,
+        priority: int = 0,
+        timeout_ms: int | None = None,
+        auto_ack: bool = False,
+        ack_batch: int | None = None,
+    ) -> None:
+        self.client = client
+        self._state: ConsumerState = client._core.add_consumer(
+            queue,
+            prefetch=prefetch,
+            credited=credited,
+            priority=priority,
+            timeout_ms=timeout_ms,
+            auto_ack=auto_ack,
+            ack_batch=ack_batch,
+        )
+        self._attach: asyncio.Future[None] | None = None
+
+    @property
+    def queue(self) -> str:
+        """The queue consumed from."""
+        return self._state.queue
+
+    @property
+    def tag(self) -> str:
+        """This consumer's tag, unique to the client."""
+        return self._state.tag
+
+    @property
+    def consumer_key(self) -> ConsumerKey | None:
+        """The key of the current checkout (a new one after every reconnect)."""
+        return self._state.consumer_key
+
+    @property
+    def active(self) -> bool:
+        """SAC: this is the active consumer; competing: it can receive."""
+        return self._state.active
+
+    @property
+    def status(self) -> str:
+        """up | waiting | timeout | suspected_down | single_active, as the queue last said."""
+        return self._state.status
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled (by us or the queue): nothing new comes."""
+        return self._state.cancelled
+
+    @property
+    def released(self) -> set[int]:
+        """Ids taken back on a consumer timeout and not yet named in a settle."""
+        return self._state.released
+
+    @property
+    def settle_errors(self) -> int:
+        """Settles the queue refused."""
+        return self._state.settle_errors
+
+    @property
+    def delivered(self) -> int:
+        """Messages received."""
+        return self._state.delivered
+
+    @property
+    def delivery_count(self) -> int:
+        """The receiver's serial delivery count (credited mode)."""
+        return self._state.delivery_count
+
+    @property
+    def last_credit_reply(self) -> CreditReply | None:
+        """The last AMQP 1.0 flow the queue sent back."""
+        return self._state.last_credit_reply
+
+    # --- attach ---------------------------------------------------------------------------
+
+    async def start(self) -> AsyncConsumer:
+        """Attach to the queue (once; later calls wait for the same checkout)."""
+        if self._attach is None:
+            self._attach = asyncio.ensure_future(self._checkout())
+        await asyncio.shield(self._attach)
+        return self
+
+    async def _checkout(self) -> None:
+        core, timeout = self.client._core, self.client.request_timeout_s
+        try:
+            answer = await self.client._request(
+                lambda: core.attach(self._state, timeout, now=time.monotonic()), timeout, "checkout"
+            )
+            reply_of(answer)
+        except BaseException:
+            core.remove_consumer(self._state)
+            raise
+
+    def __await__(self) -> Generator[object, None, AsyncConsumer]:
+        return self.start().__await__()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> AsyncMessage:
+        message = await self.get(timeout_s=None)
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+    # --- receiving ------------------------------------------------------------------------
+
+    async def get(self, timeout_s: float | None = None) -> AsyncMessage | None:
+        """The next message, waiting up to `timeout_s` (None: until cancelled or closed)."""
+        attach = self._attach
+        if attach is None or not attach.done():
+            await self.start()
+        else:
+            attach.result()  # raises if the checkout failed
+        client, core, state = self.client, self.client._core, self._state
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            item = core.next_delivery(state)
+            client._flush()
+            if item is not None:
+                return self._wrap(item)
+            if state.finished:
+                return None
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            await client._wait_until(lambda: bool(state.buffer) or state.finished, left)
+
+    def _wrap(self, item: Buffered) -> AsyncMessage:
+        key, delivery = item
+        return AsyncMessage(
+            self._state.queue,
+            delivery.msg_id,
+            delivery.body,
+            delivery.redelivered,
+            delivery.delivery_count,
+            key,
+            delivery.annotations,
+            self,
+        )
+
+    def take_buffered(self) -> list[AsyncMessage]:
+        """Remove and return the messages received but not yet handed out (not acked)."""
+        return [self._wrap(item) for item in self.client._core.take_buffered(self._state)]
+
+    # --- settling ---------------------------------------------------------------------------
+
+    async def ack(self, messages: Iterable[AsyncMessage | int]) -> None:
+        """Settle messages (batched: sent once `ack_batch` are waiting or on `flush_acks`)."""
+        self.client._core.ack(self._state, _pairs(messages))
+        self.client._flush()
+
+    async def flush_acks(self) -> None:
+        """Send every buffered ack now."""
+        self.client._core.flush_acks(self._state)
+        self.client._flush()
+
+    async def nack(self, messages: Iterable[AsyncMessage | int], requeue: bool = True) -> None:
+        """Return messages (`requeue`, no failed delivery) or reject them."""
+        kind = Return if requeue else Discard
+        self._settle(messages, lambda key, ids: kind(self._state.queue, key, ids))
+
+    async def reject(self, messages: Iterable[AsyncMessage | int]) -> None:
+        """Discard messages: a failed delivery; dead-lettered when the queue has a target."""
+        self._settle(messages, lambda key, ids: Discard(self._state.queue, key, ids))
+
+    async def modify(
+        self,
+        messages: Iterable[AsyncMessage | int],
+        *,
+        delivery_failed: bool = True,
+        undeliverable_here: bool = False,
+        annotations: tuple[tuple[str, str | int], ...] = (),
+    ) -> None:
+        """AMQP 1.0 modified outcome (machine v2): return or dead-letter with annotations."""
+        self._settle(
+            messages,
+            lambda key, ids: Modify(
+                self._state.queue, key, ids, delivery_failed, undeliverable_here, annotations
+            ),
+        )
+
+    async def renew(self, messages: Iterable[AsyncMessage | int]) -> None:
+        """Extend the consumer-timeout locks of checked-out messages (machine v2)."""
+        self._settle(messages, lambda key, ids: RenewLocks(self._state.queue, key, ids))
+
+    async def grant(self, credit: int, drain: bool = False) -> None:
+        """Credited mode: grant `credit` more deliveries (AMQP 1.0 flow)."""
+        await self.start()
+        self.client._core.grant(self._state, credit, drain)
+        self.client._flush()
+
+    def _settle(
+        self,
+        messages: Iterable[AsyncMessage | int],
+        build: Callable[[ConsumerKey, tuple[int, ...]], Command],
+    ) -> None:
+        self.client._core.settle(self._state, _pairs(messages), build)
+        self.client._flush()
+
+    async def wait_settled(self, timeout_s: float = 10.0) -> bool:
+        """Flush acks and wait until every settle sent so far is answered; False on timeout."""
+        await self.flush_acks()
+        state = self._state
+        return await self.client._wait_until(lambda: state.outstanding <= 0, timeout_s)
+
+    # --- leaving ----------------------------------------------------------------------------
+
+    async def cancel(self) -> CancelOk | None:
+        """Soft cancel: nothing new; pending messages can still be settled."""
+        return await self._leave(Cancel())
+
+    async def remove(self) -> CancelOk | None:
+        """Hard cancel (machine v2): pending messages return to the queue at once."""
+        return await self._leave(Remove())
+
+    async def _leave(self, spec: Cancel | Remove) -> CancelOk | None:
+        core, timeout = self.client._core, self.client.request_timeout_s
+        answer = await self.client._request(
+            lambda: core.leave(self._state, spec, timeout, now=time.monotonic()), timeout, "cancel"
+        )
+        reply = reply_of(answer)
+        core.left(self._state)
+        self.client._notify()
+        return reply if isinstance(reply, CancelOk) else None
+
+    def close(self) -> None:
+        """Flush acks and stop iterating (the consumer stays attached until its connection ends)."""
+        self.client._core.close_consumer(self._state)
+        self.client._flush()
+        self.client._notify()

@@ -1,0 +1,121 @@
+"""Confirmed, pipelined publishing with the asyncio client (see `cluster.client.publisher`).
+
+The bookkeeping lives in `ClientProtocol`; this is the awaitable face of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cluster.client._asyncio import AsyncShell
+from cluster.client.errors import RequestTimeout
+
+
+class AsyncPublisher:
+    """Publishes to one queue as one enqueuer; `async with` waits for confirms at the end."""
+
+    def __init__(
+        self, client: AsyncShell, queue: str, *, window: int = 100, enqueuer: str | None = None
+    ) -> None:
+        self.client = client
+        self._state = client._core.add_publisher(queue, window, enqueuer)
+
+    @property
+    def queue(self) -> str:
+        """The queue published to."""
+        return self._state.queue
+
+    @property
+    def window(self) -> int:
+        """The most unconfirmed messages at a time."""
+        return self._state.window
+
+    @property
+    def enqueuer(self) -> str:
+        """The enqueuer id the queue deduplicates on."""
+        return self._state.enqueuer
+
+    @property
+    def confirmed(self) -> int:
+        """Messages confirmed so far."""
+        return self._state.confirmed
+
+    @property
+    def resent(self) -> int:
+        """Messages sent again after a sequence gap."""
+        return self._state.resent
+
+    @property
+    def blocked(self) -> bool:
+        """True while the queue refuses publishes (overflow `reject_publish`)."""
+        return self._state.blocked
+
+    @property
+    def unconfirmed(self) -> int:
+        """Messages sent (or queued to send) and not yet confirmed."""
+        return len(self._state.pending)
+
+    async def __aenter__(self) -> AsyncPublisher:
+        return self
+
+    async def __aexit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                await self.wait_for_confirms()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop tracking this publisher (unconfirmed messages are no longer resent)."""
+        self.client._core.remove_publisher(self._state)
+
+    async def publish(
+        self, body: bytes, *, ttl_ms: int | None = None, timeout_s: float | None = None
+    ) -> int:
+        """Send one message (waits while the window is full); returns its sequence number."""
+        return (await self.publish_many([body], ttl_ms=ttl_ms, timeout_s=timeout_s))[0]
+
+    async def publish_many(
+        self, bodies: Iterable[bytes], *, ttl_ms: int | None = None, timeout_s: float | None = None
+    ) -> list[int]:
+        """Send many messages, as many per write as the window allows; returns their seqs."""
+        timeout = self.client.request_timeout_s if timeout_s is None else timeout_s
+        core, state = self.client._core, self._state
+        seqs: list[int] = []
+        batch: list[bytes] = []
+        room = 0
+        for body in bodies:
+            if not batch:
+                room = core.room(state)
+                if room <= 0:
+                    room = await self._wait_for_room(timeout)
+            batch.append(body)
+            if len(batch) >= room:
+                seqs += core.publish(state, batch, ttl_ms)
+                self.client._flush()
+                batch = []
+                await self.client._writable()
+        if batch:
+            seqs += core.publish(state, batch, ttl_ms)
+            self.client._flush()
+        return seqs
+
+    async def _wait_for_room(self, timeout_s: float) -> int:
+        core, state = self.client._core, self._state
+        if not await self.client._wait_until(lambda: core.room(state) > 0, timeout_s):
+            raise RequestTimeout(f"the publish window stayed full for {timeout_s:.1f}s")
+        return core.room(state)
+
+    async def wait_for_confirms(self, timeout_s: float | None = None) -> None:
+        """Wait until every message sent so far is confirmed; raises the first failure."""
+        timeout = self.client.request_timeout_s if timeout_s is None else timeout_s
+        state = self._state
+        done = await self.client._wait_until(
+            lambda: not state.pending or state.error is not None, timeout
+        )
+        if state.error is not None:
+            raise state.error
+        if not done:
+            raise RequestTimeout(
+                f"{len(state.pending)} messages still unconfirmed after {timeout:.1f}s"
+            )
