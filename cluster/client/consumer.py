@@ -134,6 +134,21 @@ class Consumer:
         """Unsettled messages it may hold (prefetch mode)."""
         return self._state.prefetch
 
+    def set_prefetch(self, prefetch: int) -> None:
+        """Change the prefetch: the same consumer checks out again and the queue updates it in
+        place (credit = prefetch - checked out); a reconnect attaches with the new value."""
+        if prefetch < 1:
+            raise ValueError("prefetch must be at least 1")
+        core, timeout = self.client._core, self.client.request_timeout_s
+        with self.client._lock:
+            self._state.prefetch = prefetch
+        answer = self.client._request(
+            lambda: core.attach(self._state, timeout, now=time.monotonic()), timeout, "checkout"
+        )
+        reply = decode(answer["reply"])
+        if isinstance(reply, Error):
+            raise CommandRefused(reply.code, reply.message)
+
     @property
     def credited(self) -> bool:
         """True in AMQP 1.0 credit mode."""

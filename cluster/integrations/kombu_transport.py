@@ -66,7 +66,7 @@ from cluster.client import (
 from cluster.client import Message as Delivered
 from cluster.errors import ConfigError
 from fifo import limits as fifo_limits
-from fifo.commands import Checkout, ConsumerId, QueueConfig, SimplePrefetch
+from fifo.commands import QueueConfig
 
 log = structlog.get_logger("quorumq.kombu")
 
@@ -173,10 +173,7 @@ class _Subscription:
         if prefetch == self.prefetch or self.cancelled:
             return
         self.prefetch = prefetch
-        self.consumer.prefetch = prefetch  # what a reconnect attaches with
-        client = self.channel.qq
-        consumer_id = ConsumerId(self.consumer.tag, client.connection_id)
-        client.command(Checkout(self.queue, consumer_id, SimplePrefetch(prefetch)))
+        self.consumer.set_prefetch(prefetch)
 
     def cancel(self) -> None:
         self.cancelled = True
