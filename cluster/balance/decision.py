@@ -9,6 +9,7 @@ time. App ids must sort in start order (the model assigns them from a counter).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -32,11 +33,8 @@ class View:
 
 def active_counts(view: View) -> dict[str, int]:
     """Active queues per started app (0 for an app active nowhere)."""
-    counts = dict.fromkeys(view.apps, 0)
-    for app in view.active:
-        if app is not None and app in counts:
-            counts[app] += 1
-    return counts
+    held = Counter(view.active)  # C-speed counting: the simulator calls this on every poll
+    return {app: held.get(app, 0) for app in view.apps}
 
 
 def position(counts: dict[str, int], app: str, rule: PositionRule = "strict") -> int:
@@ -114,3 +112,47 @@ def over_releasing_apps(view: View, rule: PositionRule = "strict") -> tuple[str,
 def is_balanced(counts: Sequence[int]) -> bool:
     """Counts differ by at most one (an empty group is balanced)."""
     return not counts or max(counts) - min(counts) <= 1
+
+
+# --- the view, from the machine's consumer lists ---------------------------------------------
+
+TAG_SEPARATOR = "/"
+LIVE_STATUSES = ("up", "waiting", "quiescing")  # suspected, timed-out, cancelled: not counted
+
+
+def consumer_tag(group: str, app_id: str, subscription: int) -> str:
+    """The tag a balancing consumer uses: `GROUP/APP_ID/N` (N counts its subscriptions)."""
+    if TAG_SEPARATOR in group or TAG_SEPARATOR in app_id or not group or not app_id:
+        raise ValueError(f"group and app id must be non-empty and without {TAG_SEPARATOR!r}")
+    return f"{group}{TAG_SEPARATOR}{app_id}{TAG_SEPARATOR}{subscription}"
+
+
+def app_of(group: str, tag: str) -> str | None:
+    """The app id in a balancing consumer's tag, or None for a consumer of another kind or group."""
+    parts = tag.split(TAG_SEPARATOR)
+    if len(parts) != 3 or parts[0] != group or not parts[1]:
+        return None
+    return parts[1]
+
+
+ConsumerRow = tuple[str, str, bool]  # (tag, status, active), as `consumers` queries give them
+
+
+def view_from_consumers(
+    group: str, queues: Sequence[str], consumers: dict[str, list[ConsumerRow]]
+) -> View:
+    """The view of a group: who is active on each queue, and the apps with a live consumer."""
+    apps: dict[str, None] = {}
+    active: list[str | None] = []
+    for q in queues:
+        holder: str | None = None
+        for tag, status, is_active in consumers.get(q, []):
+            app = app_of(group, tag)
+            if app is None:
+                continue
+            if status in LIVE_STATUSES:
+                apps[app] = None
+            if is_active and status != "cancelled":
+                holder = app
+        active.append(holder)
+    return View(tuple(queues), tuple(active), tuple(sorted(apps)))

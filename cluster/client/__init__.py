@@ -9,6 +9,7 @@ Example:
             message.ack()
 """
 
+from cluster.client.balancer import LeaderlessBalancer
 from cluster.client.client import Client
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import (
@@ -31,6 +32,7 @@ __all__ = [
     "CommandRefused",
     "ConfigError",
     "Consumer",
+    "LeaderlessBalancer",
     "Message",
     "ProtocolError",
     "Publisher",
