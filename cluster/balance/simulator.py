@@ -261,6 +261,8 @@ class Simulation:
 
     def converged(self) -> bool:
         live = {a.app_id for a in self.apps.values() if a.live}
+        if not live:
+            return True  # nobody left to balance over (the last app left or crashed)
         if any(self.active[q] not in live for q in self.queues):
             return False
         counts = dict.fromkeys(live, 0)
@@ -271,26 +273,33 @@ class Simulation:
     def run_until_quiet(self, deadline: int) -> bool:
         """Process events until balanced and unchanged long enough for every view to show it."""
         settle = self.config.view_delay_ms * 3 // 2 + self.config.poll_ms * 2
-        while self.events:
-            at, _, kind, name = heapq.heappop(self.events)
-            if self.timer_at is not None and self.timer_at < at:
+        while self.events or self.timer_at is not None:
+            if self.timer_at is not None and (not self.events or self.timer_at < self.events[0][0]):
                 self.now = max(self.now, self.timer_at)
+                if self.now > deadline:
+                    return False
                 self.fire_timers()
                 self.snapshot()
-            self.now = max(self.now, at)
-            if self.now > deadline:
-                return False
-            if kind == "poll":
-                self.poll(name)
-            elif kind == "join":
-                self.join(name)
             else:
-                self.leave(name, "normal" if kind == "leave" else "noconnection")
+                at, _, kind, name = heapq.heappop(self.events)
+                self.now = max(self.now, at)
+                if self.now > deadline:
+                    return False
+                self.handle(kind, name)
             if self.now - self.last_change <= settle or self.timer_at is not None:
-                continue
+                if self.events or self.timer_at is not None:
+                    continue
             if not any(k != "poll" for _, _, k, _ in self.events) and self.converged():
                 return True
-        return False
+        return self.converged()
+
+    def handle(self, kind: str, name: str) -> None:
+        if kind == "poll":
+            self.poll(name)
+        elif kind == "join":
+            self.join(name)
+        else:
+            self.leave(name, "normal" if kind == "leave" else "noconnection")
 
     def assignment(self) -> dict[str, str | None]:
         return dict(self.active)
