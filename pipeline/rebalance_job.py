@@ -66,7 +66,7 @@ class Grid:
     horizon_ms: int = 60_000
 
     @staticmethod
-    def full(seeds: int = 2) -> Grid:
+    def full(seeds: int = 1) -> Grid:
         return Grid((4, 16, 64, 256), (1, 4, 16, 64), CHURNS, (0, 250, 1000), seeds)
 
     @staticmethod
