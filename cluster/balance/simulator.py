@@ -286,9 +286,9 @@ class Simulation:
                 if self.now > deadline:
                     return False
                 self.handle(kind, name)
-            if self.now - self.last_change <= settle or self.timer_at is not None:
-                if self.events or self.timer_at is not None:
-                    continue
+            waiting = self.now - self.last_change <= settle or self.timer_at is not None
+            if waiting and (self.events or self.timer_at is not None):
+                continue
             if not any(k != "poll" for _, _, k, _ in self.events) and self.converged():
                 return True
         return self.converged()
