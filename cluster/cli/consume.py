@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import queue as queue_module
+import signal
+import threading
 import time
 
 import click
 
 from cluster.cli.common import connect, connection_options, output_format, translate_errors
+from cluster.cli.exits import USAGE, CliError
 from cluster.cli.queue import validate_queue_name
-from cluster.client import Client, Consumer, Message
+from cluster.client import Client, Consumer, LeaderlessBalancer, Message
 
 
 def message_row(message: Message) -> dict[str, object]:
@@ -29,7 +33,24 @@ def message_row(message: Message) -> dict[str, object]:
 
 
 @click.command("consume")
-@click.argument("queue")
+@click.argument("queues", metavar="QUEUE...", nargs=-1, required=True)
+@click.option(
+    "--balance",
+    "group",
+    default=None,
+    metavar="GROUP",
+    help="Balance the QUEUEs (single-active-consumer) with the other consumers of GROUP; "
+    "runs until interrupted unless --count or --timeout is given.",
+)
+@click.option(
+    "--balance-poll",
+    "poll_s",
+    type=click.FloatRange(0.05, 3600),
+    default=1.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --balance: how often to re-read the group and release a queue above the share.",
+)
 @click.option(
     "--count",
     type=click.IntRange(1, None),
@@ -71,7 +92,9 @@ def message_row(message: Message) -> dict[str, object]:
 @translate_errors
 def consume(
     ctx: click.Context,
-    queue: str,
+    queues: tuple[str, ...],
+    group: str | None,
+    poll_s: float,
     count: int | None,
     prefetch: int,
     ack: bool,
@@ -82,13 +105,25 @@ def consume(
     """Consume messages and print one line per message (JSON lines with -o jsonl).
 
     Messages received beyond --count are returned to the queue (not a failed delivery).
+    With --balance, every consumer of GROUP subscribes to every QUEUE and releases the queues
+    above its fair share (the leaderless balancer); progress goes to stderr.
 
     \b
     Example:
       quorumq --data-dir /tmp/qq -o jsonl consume jobs --count 10
+      quorumq --data-dir /tmp/qq -o jsonl consume --balance orders o1 o2 o3 o4 o5 o6
     """
-    validate_queue_name(queue)
+    for name in queues:
+        validate_queue_name(name)
     fmt = output_format(ctx)
+    if group is not None:
+        explicit = ctx.get_parameter_source("timeout_s") is not click.core.ParameterSource.DEFAULT
+        idle_s = timeout_s if explicit else None
+        _consume_balanced(ctx, group, queues, poll_s, count, prefetch, idle_s, fmt)
+        return
+    if len(queues) != 1:
+        raise CliError("give one QUEUE, or several with --balance GROUP", USAGE)
+    (queue,) = queues
     with connect(ctx) as client:
         received, seconds = _consume(
             client, queue, count, prefetch, ack, priority, consumer_timeout_ms, timeout_s, fmt
@@ -151,3 +186,66 @@ def _give_back(consumer: Consumer) -> None:
     if extra:
         consumer.nack(extra, requeue=True)
     consumer.wait_settled()
+
+
+def _consume_balanced(
+    ctx: click.Context,
+    group: str,
+    queues: tuple[str, ...],
+    poll_s: float,
+    count: int | None,
+    prefetch: int,
+    idle_s: float | None,
+    fmt: str,
+) -> None:
+    """Consume a group of queues through the leaderless balancer until count, idle or a signal."""
+    inbox: queue_module.Queue[Message] = queue_module.Queue(maxsize=prefetch * len(queues))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def changed(active: list[str]) -> None:
+        click.echo(f"balance {group}: active on {len(active)} of {len(queues)}: "
+                   f"{' '.join(active) or '-'}", err=True)  # fmt: skip
+
+    received = 0
+    with connect(ctx) as client:
+        try:
+            balancer = LeaderlessBalancer(
+                client,
+                group,
+                queues,
+                prefetch=prefetch,
+                poll_s=poll_s,
+                on_message=inbox.put,
+                on_change=changed,
+            )
+        except ValueError as error:
+            raise CliError(str(error), USAGE) from error
+        balancer.start()
+        click.echo(f"balance {group}: app {balancer.app_id} on {len(queues)} queues", err=True)
+        idle_since = time.monotonic()
+        try:
+            while not stop.is_set() and (count is None or received < count):
+                try:
+                    message = inbox.get(timeout=0.2)
+                except queue_module.Empty:
+                    if idle_s is not None and time.monotonic() - idle_since > idle_s:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                received += 1
+                _print(message, fmt)
+                message.ack()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            balancer.close()
+    click.echo(f"consumed {received} messages; released {balancer.releases} queues", err=True)
+
+
+def _print(message: Message, fmt: str) -> None:
+    row = message_row(message)
+    if fmt == "table":
+        click.echo(f"{row['queue']}\t{row['msg_id']}\t{row.get('body', row.get('body_hex'))}")
+    else:
+        click.echo(json.dumps(row))

@@ -205,3 +205,8 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
         click.echo(f"seed {failing['seed']}: {reason}\n  reproduce: {failing['reproduce']}")
     for name, path in summary["outputs"].items():
         click.echo(f"{name}: {path}")
+
+
+from cluster.cli.rebalance_eval import rebalance_eval  # noqa: E402 - its own module, added here
+
+pipeline.add_command(rebalance_eval)

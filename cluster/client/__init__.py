@@ -21,6 +21,7 @@ Example:
 from cluster.client.aio import AsyncClient
 from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
 from cluster.client.aio_publisher import AsyncPublisher
+from cluster.client.balancer import LeaderlessBalancer
 from cluster.client.client import Client
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import (
@@ -49,6 +50,7 @@ __all__ = [
     "CommandRefused",
     "ConfigError",
     "Consumer",
+    "LeaderlessBalancer",
     "Message",
     "ProtocolError",
     "Publisher",

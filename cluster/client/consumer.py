@@ -103,6 +103,7 @@ class Consumer:
         timeout_ms: int | None = None,
         auto_ack: bool = False,
         ack_batch: int | None = None,
+        tag: str | None = None,
     ) -> None:
         self.client = client
         with client._lock:
@@ -114,6 +115,7 @@ class Consumer:
                 timeout_ms=timeout_ms,
                 auto_ack=auto_ack,
                 ack_batch=ack_batch,
+                tag=tag,
             )
         self._thread: threading.Thread | None = None
 

@@ -544,13 +544,17 @@ class ClientProtocol:
         timeout_ms: int | None = None,
         auto_ack: bool = False,
         ack_batch: int | None = None,
+        tag: str | None = None,
     ) -> ConsumerState:
-        """Register a consumer (deliveries for its tag are buffered); `attach` checks it out."""
+        """Register a consumer (deliveries for its tag are buffered); `attach` checks it out.
+        `tag` names it (unique per queue in this client); by default a fresh one."""
         if prefetch < 1 and not credited:
             raise ValueError("prefetch must be at least 1")
+        if tag is not None and (queue, tag) in self._consumers:
+            raise ValueError(f"tag {tag!r} is already used on queue {queue!r} by this client")
         batch = ack_batch or max(1, min(prefetch, 200) // 2)
         consumer = ConsumerState(
-            queue, self.next_tag(), prefetch, credited, priority, timeout_ms, auto_ack, batch
+            queue, tag or self.next_tag(), prefetch, credited, priority, timeout_ms, auto_ack, batch
         )
         self._consumers[(queue, consumer.tag)] = consumer
         return consumer
