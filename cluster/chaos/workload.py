@@ -21,6 +21,7 @@ from cluster import protocol
 from cluster.chaos.history import EventType, Recorder
 from cluster.client import Client, Consumer, Message, Publisher
 from cluster.client.errors import ClusterError, CommandRefused
+from cluster.client.sansio import UNCERTAIN
 from fifo.codec import decode, encode
 from fifo.commands import Settle
 from fifo.replies import Error
@@ -256,10 +257,13 @@ class Acker:
 def _ack_outcome(
     answer: dict[str, object] | None, error: BaseException | None
 ) -> tuple[EventType, str | None]:
-    """ok for an Ok reply; fail for an error reply (nothing settled); info when unknown."""
+    """ok for an Ok reply; fail for an error reply (nothing settled); info when unknown (also
+    an error answering a resend whose earlier attempt may have settled it)."""
     if answer is not None:
         reply = decode(answer["reply"])  # type: ignore[arg-type]
-        return ("fail", repr(reply)) if isinstance(reply, Error) else ("ok", None)
+        if isinstance(reply, Error):
+            return ("info" if answer.get(UNCERTAIN) else "fail"), repr(reply)
+        return "ok", None
     if isinstance(error, CommandRefused):
         return "fail", str(error)
     return "info", f"{type(error).__name__}: {error}" if error is not None else None

@@ -70,6 +70,8 @@ from fifo.replies import CheckoutOk, Error, NotEnqueued, Ok
 log = structlog.get_logger("quorumq.client")
 
 RETRY_CODES = frozenset({protocol.NOT_LEADER_TIMEOUT, protocol.UNAVAILABLE})
+# set on an answer frame when an earlier attempt of the same request may have been applied
+UNCERTAIN = "uncertain"
 RETRY_DELAY_S = 0.1
 SWITCH_NODE_AFTER_S = 3.0  # only "unavailable" answers for this long: reconnect elsewhere
 TICK_S = 0.05
@@ -134,7 +136,16 @@ Event = Answered | PublisherUpdated | ConsumerUpdated | CloseConnection | Reconn
 class _Request:
     """A request in flight: its encoded frame (with id), what it is for and when it gives up."""
 
-    __slots__ = ("data", "deadline", "kind", "request_id", "retry_at", "sent_at", "target")
+    __slots__ = (
+        "data",
+        "deadline",
+        "kind",
+        "request_id",
+        "retry_at",
+        "sent_at",
+        "target",
+        "uncertain",
+    )
 
     def __init__(
         self, request_id: int, data: bytes, kind: int, target: Any, deadline: float | None
@@ -146,6 +157,8 @@ class _Request:
         self.deadline = deadline
         self.retry_at = 0.0
         self.sent_at = 0.0
+        # an earlier attempt may have been applied (its answer was lost or left it unknown)
+        self.uncertain = False
 
 
 class ClientProtocol:
@@ -256,6 +269,7 @@ class ClientProtocol:
         self._attached_once = True
         pending = list(self._inflight.values())
         for request in pending:
+            request.uncertain = request.uncertain or request.sent_at > 0.0
             self._write(request)
         if self.reconnects:
             log.info("reconnected", node=welcome.node, resend=len(pending))
@@ -374,6 +388,7 @@ class ClientProtocol:
         if op == protocol.ERROR:
             code = str(frame.get("code"))
             if code in RETRY_CODES and not self._expired(request):
+                request.uncertain = True
                 request.retry_at = self._now + RETRY_DELAY_S
                 self._inflight[request.request_id] = request
                 self._retries.append(request)
@@ -382,6 +397,10 @@ class ClientProtocol:
             self._finish(request, None, _frame_error(frame))
             return
         self._unavailable_since = 0.0
+        if request.uncertain:
+            # an error reply now may only mean an earlier attempt already did the work (a settle
+            # applied, then its consumer left): the caller must treat the outcome as unknown
+            frame = {**frame, UNCERTAIN: True}
         self._finish(request, frame, None)
 
     def _expired(self, request: _Request) -> bool:
@@ -720,7 +739,9 @@ class ClientProtocol:
         refused = error is not None
         if answer is not None:
             reply = decode(answer["reply"])
-            refused = isinstance(reply, Error)
+            # an error after an attempt with an unknown outcome is no refusal: that attempt may
+            # have settled the message (then it is gone), else it comes back (at least once)
+            refused = isinstance(reply, Error) and not answer.get(UNCERTAIN)
             if refused:
                 log.info("settle_refused", queue=consumer.queue, reply=repr(reply))
         consumer.outstanding -= 1

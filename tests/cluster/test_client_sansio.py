@@ -16,6 +16,7 @@ from cluster.client.errors import AuthError, CommandRefused
 from cluster.client.sansio import (
     RETRY_DELAY_S,
     SCAN_S,
+    UNCERTAIN,
     Answered,
     CloseConnection,
     ConsumerUpdated,
@@ -211,16 +212,24 @@ def test_the_handshake_reports_a_refused_key_as_an_auth_error() -> None:
         handshake.receive_data(answer(protocol.error(protocol.AUTH_FAILED, "bad proof")))
 
 
-def test_a_settle_retried_after_an_unknown_outcome_reports_the_retrys_answer() -> None:
-    """Pins today's semantics (see issue 17): `not_leader_timeout` leaves the first attempt's
-    outcome unknown, the same frame is resent, and the caller gets the retry's answer only: an
-    error reply if the consumer left meanwhile, even when the first attempt did settle."""
+def test_a_settle_retried_after_an_unknown_outcome_marks_an_error_answer_uncertain() -> None:
+    """Issue 17: `not_leader_timeout` leaves the first attempt's outcome unknown and the same
+    frame is resent. If the retry is refused (the consumer left meanwhile) the first attempt may
+    still have settled the message, so the answer is flagged uncertain, not a plain refusal."""
     core = connected(now=0.0)
     request_id = core.submit(core.command_frame(Settle("q", 7, (1,))))
     (first,) = sent(core)
     core.receive_data(answer(protocol.error(protocol.NOT_LEADER_TIMEOUT, "t", request_id)))
     core.tick(RETRY_DELAY_S)
     assert sent(core) == [first]
+    refused = protocol.reply(request_id, encode(Error("unknown_consumer", "7")))
+    (event,) = core.receive_data(answer(refused))
+    assert event == Answered(request_id, {**refused, UNCERTAIN: True}, None)
+
+
+def test_an_answer_to_a_request_sent_once_is_never_uncertain() -> None:
+    core = connected(now=0.0)
+    request_id = core.submit(core.command_frame(Settle("q", 7, (1,))))
     refused = protocol.reply(request_id, encode(Error("unknown_consumer", "7")))
     (event,) = core.receive_data(answer(refused))
     assert event == Answered(request_id, refused, None)
