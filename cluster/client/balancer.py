@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -114,11 +114,10 @@ class LeaderlessBalancer:
 
     def view(self) -> View:
         """Who is active on each queue of the group, and the apps with a live consumer."""
-        result: Any = self.client.consumers()
+        result = self.client.consumers()
         rows: dict[str, list[ConsumerRow]] = {}
         for q in self.queues:
-            items = result.get(q) if isinstance(result, dict) else None
-            rows[q] = [(str(r["tag"]), str(r["status"]), bool(r["active"])) for r in items or []]
+            rows[q] = [(r.tag, r.status, r.active) for r in result.get(q, [])]
         return view_from_consumers(self.group, self.queues, rows)
 
     def step(self) -> str | None:

@@ -31,8 +31,8 @@ def active_per_app(client: Client) -> Counter[str]:
     for q in QUEUES:
         holder = "-"
         for row in result.get(q) or []:
-            app = app_of(GROUP, str(row["tag"]))
-            if app is not None and row["active"] and row["status"] != "cancelled":
+            app = app_of(GROUP, row.tag)
+            if app is not None and row.active and row.status != "cancelled":
                 holder = app
         counts[holder] += 1
     return counts

@@ -108,11 +108,11 @@ def test_celery_worker_killed_mid_run_loses_no_task(
             # the worker's credit is its prefetch: concurrency 4 x multiplier 1
             def attached() -> list[dict[str, Any]]:
                 found = client.consumers("celery").get("celery", [])
-                return [c for c in found if c["status"] == "up"]
+                return [c for c in found if c.status == "up"]
 
             (consumer,) = wait_until(attached, 30, "the worker's consumer")
-            assert consumer["prefetch"] == 4, consumer
-            assert consumer["num_checked_out"] <= 4, consumer
+            assert consumer.prefetch == 4, consumer
+            assert consumer.num_checked_out <= 4, consumer
         wait_until(lambda: len(_ran(ran_path)) >= KILL_AFTER, 45, f"{KILL_AFTER} task runs")
         _kill_group(workers[0])
         killed_pids = {pid for pid, _ in _ran(ran_path)}
@@ -120,12 +120,12 @@ def test_celery_worker_killed_mid_run_loses_no_task(
         # the dead worker's connection is down: what it had checked out is back in the queue
         with Client(endpoints.split(","), cluster3.client_key) as client:
             overview = wait_until(
-                lambda: (o := client.overview("celery"))["checked_out"] == 0 and o,
+                lambda: (o := client.overview("celery")).checked_out == 0 and o,
                 15,
                 "the dead worker's messages returned",
             )
-        assert overview["consumers"] == 0
-        assert overview["returned"] >= 1, overview
+        assert overview.consumers == 0
+        assert overview.returned >= 1, overview
 
         workers.append(_worker(tmp_path, env, "w2"))
         for sender in senders:

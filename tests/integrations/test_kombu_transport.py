@@ -118,7 +118,7 @@ def test_publish_declares_with_arguments_and_is_confirmed(cluster: LocalCluster)
             )
     with _client(cluster) as client:  # every publish returned only once committed
         overview = client.overview("k-args")
-        assert overview["ready"] == 20
+        assert overview.ready == 20
         config = overview["config"]
         assert config["dead_letter_queue"] == "k-args-dead"
         assert (config["max_length"], config["message_ttl_ms"]) == (50, 60_000)
@@ -143,7 +143,7 @@ def test_credit_ack_reject_requeue(cluster: LocalCluster) -> None:
             with pytest.raises(TimeoutError):  # credit is 4: nothing more until we settle
                 connection.drain_events(timeout=1.0)
             with _client(cluster) as client:
-                assert client.overview("k-settle")["checked_out"] == 4
+                assert client.overview("k-settle").checked_out == 4
             outcomes: dict[int, int] = {}
             while len(outcomes) < 30:
                 body, message = held.pop(0)
@@ -159,8 +159,8 @@ def test_credit_ack_reject_requeue(cluster: LocalCluster) -> None:
                 if not held and len(outcomes) < 30:
                     _drain(connection, held, 1)
     with _client(cluster) as client:
-        wait_until(lambda: client.overview("k-settle")["total"] == 0, 10, "k-settle settled")
-        assert client.overview("k-settle-dead")["ready"] == 3
+        wait_until(lambda: client.overview("k-settle").total == 0, 10, "k-settle settled")
+        assert client.overview("k-settle-dead").ready == 3
 
 
 def _killed_consumer(cluster: LocalCluster, tmp_path: Path, queue: str) -> None:
@@ -205,9 +205,9 @@ def test_unacked_messages_come_back_after_the_consumer_dies(
     _killed_consumer(cluster, tmp_path, "k-dies")
     with _client(cluster) as client:
         overview = wait_until(
-            lambda: (o := client.overview("k-dies"))["checked_out"] == 0 and o, 10, "returned"
+            lambda: (o := client.overview("k-dies")).checked_out == 0 and o, 10, "returned"
         )
-        assert (overview["returned"], overview["ready"]) == (3, 2)
+        assert (overview.returned, overview.ready) == (3, 2)
     with Connection(_url(cluster)) as connection:
         received: list[Any] = []
         channel = connection.channel()
@@ -225,10 +225,10 @@ def test_channel_close_returns_unacked(cluster: LocalCluster) -> None:
         message = channel.basic_get("k-close")
         assert message is not None and message.payload == {"n": 1}
         with _client(cluster) as client:
-            assert client.overview("k-close")["checked_out"] == 1
+            assert client.overview("k-close").checked_out == 1
             channel.close()
             overview = client.overview("k-close")
-            assert (overview["checked_out"], overview["returned"]) == (0, 1)
+            assert (overview.checked_out, overview.returned) == (0, 1)
 
 
 def test_prefetch_change_updates_the_same_consumer(cluster: LocalCluster) -> None:
@@ -250,14 +250,14 @@ def test_prefetch_change_updates_the_same_consumer(cluster: LocalCluster) -> Non
                 connection.drain_events(timeout=0.5)
             with _client(cluster) as client:
                 (consumer,) = client.consumers("k-qos")["k-qos"]
-                assert (consumer["prefetch"], consumer["num_checked_out"]) == (5, 5)
+                assert (consumer.prefetch, consumer.num_checked_out) == (5, 5)
             for message in held:
                 message.ack()
             _drain(connection, held, 10)
             for message in held[5:]:
                 message.ack()
     with _client(cluster) as client:
-        wait_until(lambda: client.overview("k-qos")["total"] == 0, 10, "k-qos settled")
+        wait_until(lambda: client.overview("k-qos").total == 0, 10, "k-qos settled")
 
 
 def test_auto_delete_queue_goes_with_its_channel(cluster: LocalCluster) -> None:
@@ -304,7 +304,7 @@ def test_consumer_goes_on_when_its_node_dies(cluster: LocalCluster) -> None:
         assert channel.qq.node != killed
     try:
         with _client(cluster) as client:
-            wait_until(lambda: client.overview("k-failover")["total"] == 0, 10, "all settled")
+            wait_until(lambda: client.overview("k-failover").total == 0, 10, "all settled")
     finally:
         assert killed is not None
         cluster.restart(killed)
