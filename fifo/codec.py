@@ -184,3 +184,6 @@ def restore(data: bytes) -> State:
 def digest(state: State) -> str:
     """Hex SHA-256 of the canonical snapshot encoding; computed on demand only."""
     return hashlib.sha256(snapshot(state)).hexdigest()
+
+
+decode_unchecked = decode
