@@ -18,7 +18,7 @@ import fifo
 @cache
 def logs_of(version: int) -> tuple[int, list[rc.CorpusLog]]:
     """The decoded corpus of a version (decoded once per test session)."""
-    return logs_of(version)
+    return rc.decode_corpus(rc.corpus_path(version).read_bytes())
 
 
 def test_every_supported_version_has_a_shipped_corpus() -> None:
