@@ -28,8 +28,9 @@ from fifo.replies import (
     Error,
     Reply,
 )
+from fifo.shared import SERIAL, Ctx, invalid, unknown_consumer
 from fifo.state import Consumer, Queue
-from fifo.v1.core import SERIAL, Ctx, QueueCore, invalid, unknown_consumer
+from fifo.v1.core import QueueCore
 
 
 class QueueConsumers(QueueCore):
