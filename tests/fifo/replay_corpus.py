@@ -30,7 +30,6 @@ import cbor2
 import fifo
 from fifo.codec import decode_unchecked
 from fifo.fuzz.runner import Upgrade, run_with_log
-from fifo.meta import Meta
 
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 SHIPPED = CORPUS_DIR / "SHIPPED.txt"
