@@ -1,14 +1,22 @@
-"""CBOR codec: one explicit tag per class (never pickle), snapshots and the state digest.
+"""CBOR codec: one explicit tag per class (never pickle), a schema per tag, snapshots, digest.
 
 A tagged value is the array of the dataclass fields in declaration order. Tag numbers are
-frozen: never renumber, only append.
+frozen: never renumber, only append. Each tag has a schema (field names, wire types, defaults)
+derived from its dataclass: a decoder accepts an older, shorter array and fills the missing
+trailing fields from their declared defaults, and refuses a longer array or a field of the wrong
+wire type with a CodecError naming the class, the tag and the field. Encoding never changes:
+every field is written, so the bytes of a value stay what they were (tests/fifo/fixtures).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import types
+import typing
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import cbor2
@@ -22,7 +30,7 @@ from fifo.state import Consumer, Enqueuer, Message, Queue, State
 
 TAG_BASE = 71_000
 # Frozen table: tag = TAG_BASE + position. Append only.
-_CLASSES: tuple[type, ...] = (
+CLASSES: tuple[type, ...] = (
     c.ConnectionId, c.ConsumerId, c.QueueConfig, c.SimplePrefetch, c.Credited, c.Cancel,
     c.Remove, c.Dequeue, c.DeclareQueue, c.DeleteQueue, c.UpdateConfig, c.Enqueue,
     c.RegisterEnqueuer, c.Checkout, c.Settle, c.Return, c.Discard, c.Modify, c.Credit,
@@ -33,19 +41,88 @@ _CLASSES: tuple[type, ...] = (
     e.Delivery, e.Deliver, e.CreditReply, e.QueueStatus, e.Released, e.ConsumerUpdate,
     e.ConsumerCancelled, e.DeadLettered,
 )  # fmt: skip
-_TAG_BY_CLASS: dict[type, int] = {cls: TAG_BASE + i for i, cls in enumerate(_CLASSES)}
-_CLASS_BY_TAG: dict[int, type] = {tag: cls for cls, tag in _TAG_BY_CLASS.items()}
-_FIELDS: dict[type, tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _CLASSES
-}
 SNAPSHOT_FORMAT = 1
+_NO_DEFAULT = object()
+Check = Callable[[object], bool]
 
 
-def _default(encoder: Any, value: Any) -> None:
-    tag = _TAG_BY_CLASS.get(type(value))
-    if tag is None:
-        raise CodecError(f"cannot encode {type(value).__name__}")
-    encoder.encode(cbor2.CBORTag(tag, [getattr(value, n) for n in _FIELDS[type(value)]]))
+@dataclass(frozen=True, slots=True)
+class FieldSchema:
+    """One field of a tag: its name, wire-type check (and its text) and default, if any."""
+
+    name: str
+    check: Check
+    type_text: str
+    default: object = _NO_DEFAULT
+
+    @property
+    def has_default(self) -> bool:
+        """Whether an older encoding may omit this field."""
+        return self.default is not _NO_DEFAULT
+
+
+@dataclass(frozen=True, slots=True)
+class TagSchema:
+    """The schema of one tag: its class and fields; arrays of `required`..len(fields) decode."""
+
+    tag: int
+    cls: type
+    fields: tuple[FieldSchema, ...]
+    required: int  # leading fields without a default: the shortest array accepted
+
+
+def _check_for(hint: Any, text: str) -> Check:
+    """A wire-type check for a type hint (Literal values are checked by the machine, not here)."""
+    origin = typing.get_origin(hint)
+    if hint is type(None) or hint is None:
+        return lambda v: v is None
+    if origin is typing.Literal:
+        kinds = tuple({type(x) for x in typing.get_args(hint)})
+        return lambda v: type(v) in kinds
+    if origin is typing.Union or origin is types.UnionType:
+        checks = tuple(_check_for(arg, text) for arg in typing.get_args(hint))
+        return lambda v: any(check(v) for check in checks)
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            item = _check_for(args[0], text)
+            return lambda v: type(v) is tuple and all(item(x) for x in v)
+        items = tuple(_check_for(arg, text) for arg in args)
+        return lambda v: type(v) is tuple and len(v) == len(items) and all(
+            check(x) for check, x in zip(items, v, strict=True))  # fmt: skip
+    if hint in (str, bytes, bool, int) or dataclasses.is_dataclass(hint):
+        return lambda v: type(v) is hint
+    raise TypeError(f"no wire-type check for {text}")  # a programmer error at import
+
+
+def schema_of(cls: type, tag: int) -> TagSchema:
+    """Derive a tag's schema from its dataclass fields and type hints."""
+    hints = typing.get_type_hints(cls)
+    fields: list[FieldSchema] = []
+    for f in dataclasses.fields(cls):
+        text = str(f.type)
+        default: object = _NO_DEFAULT
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        fields.append(FieldSchema(f.name, _check_for(hints[f.name], text), text, default))
+    required = len(fields)
+    while required and fields[required - 1].has_default:
+        required -= 1
+    if any(not f.has_default for f in fields[required:]):
+        raise TypeError(f"{cls.__name__}: a field without default follows one with a default")
+    return TagSchema(tag, cls, tuple(fields), required)
+
+
+def _codec_error(exc: BaseException) -> CodecError:
+    """Our own error if cbor2 wrapped one raised in a tag hook, else one with cbor2's text."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, CodecError):
+            return CodecError(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    return CodecError(str(exc))
 
 
 def _tuples(value: Any) -> Any:
@@ -54,43 +131,125 @@ def _tuples(value: Any) -> Any:
     return value
 
 
-def _tag_hook(*args: Any) -> Any:
-    # cbor2 5.x passes (decoder, tag), 6.x passes (tag, immutable): find the tag
-    tag = next((a for a in args if isinstance(a, cbor2.CBORTag)), None)
-    if tag is None:
-        raise CodecError("tag hook called without a tag")
-    cls = _CLASS_BY_TAG.get(tag.tag)
-    if cls is None:
-        raise CodecError(f"unknown tag {tag.tag}")
-    names = _FIELDS[cls]
-    if not isinstance(tag.value, list | tuple) or len(tag.value) != len(names):
-        raise CodecError(f"bad field list for {cls.__name__}")
-    return cls(*(_tuples(v) for v in tag.value))
+class Codec:
+    """Encoder and decoder for a frozen table of tagged classes (the module uses `CODEC`)."""
+
+    def __init__(self, classes: tuple[type, ...], tag_base: int = TAG_BASE) -> None:
+        self.schemas: dict[int, TagSchema] = {
+            tag_base + i: schema_of(cls, tag_base + i) for i, cls in enumerate(classes)
+        }
+        self.tag_by_class: dict[type, int] = {s.cls: tag for tag, s in self.schemas.items()}
+        self.fields: dict[type, tuple[str, ...]] = {
+            s.cls: tuple(f.name for f in s.fields) for s in self.schemas.values()
+        }
+        self.checked_hook = self.hook(True)
+        self.unchecked_hook = self.hook(False)
+
+    def default(self, encoder: Any, value: Any) -> None:
+        """cbor2's hook for our classes: the tagged array of every field."""
+        tag = self.tag_by_class.get(type(value))
+        if tag is None:
+            raise CodecError(f"cannot encode {type(value).__name__}")
+        encoder.encode(cbor2.CBORTag(tag, [getattr(value, n) for n in self.fields[type(value)]]))
+
+    def build(self, tag: int, value: Any, check_types: bool) -> Any:
+        """The object of a decoded tag, after its schema's length and type checks."""
+        schema = self.schemas.get(tag)
+        if schema is None:
+            raise CodecError(f"unknown tag {tag}")
+        name = schema.cls.__name__
+        if not isinstance(value, list | tuple):
+            raise CodecError(f"{name} (tag {tag}): expected an array of fields")
+        fields = schema.fields
+        if not schema.required <= len(value) <= len(fields):
+            raise CodecError(f"{name} (tag {tag}): {len(value)} fields, the schema accepts "
+                             f"{schema.required}..{len(fields)}")  # fmt: skip
+        args = [_tuples(v) for v in value]
+        if check_types:
+            for f, arg in zip(fields, args, strict=False):
+                if not f.check(arg):
+                    raise CodecError(f"{name} (tag {tag}): field {f.name} must be "
+                                     f"{f.type_text}, got {type(arg).__name__}")  # fmt: skip
+        args += [f.default for f in fields[len(args):]]
+        return schema.cls(*args)
+
+    def hook(self, check_types: bool) -> Callable[..., Any]:
+        """A cbor2 tag hook building our objects."""
+
+        def tag_hook(*hook_args: Any) -> Any:
+            # cbor2 5.x passes (decoder, tag), 6.x passes (tag, immutable): find the tag
+            tag = next((a for a in hook_args if isinstance(a, cbor2.CBORTag)), None)
+            if tag is None:
+                raise CodecError("tag hook called without a tag")
+            return self.build(tag.tag, tag.value, check_types)
+
+        return tag_hook
+
+    def encode(self, obj: object) -> bytes:
+        """Canonical CBOR of an object (or a list of them)."""
+        try:
+            return bytes(cbor2.dumps(obj, default=self.default, canonical=True))
+        except CodecError:
+            raise
+        except Exception as exc:  # cbor2 raises several types for unencodable values
+            raise CodecError(str(exc)) from exc
+
+    def decode(self, data: bytes, check_types: bool = True) -> Any:
+        """Decode bytes made by `encode` (or by an older schema); bad input raises CodecError."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise CodecError("decode expects bytes")
+        hook = self.checked_hook if check_types else self.unchecked_hook
+        try:
+            return cbor2.loads(bytes(data), tag_hook=hook, max_depth=64)
+        except Exception as exc:  # cbor2 raises several types on malformed input
+            raise _codec_error(exc) from exc
+
+
+CODEC = Codec(CLASSES)
+_default = CODEC.default
+
+
+def schema(cls: type) -> TagSchema:
+    """The schema of a tagged class (what the fast paths in fifo/wire.py are derived from)."""
+    return CODEC.schemas[CODEC.tag_by_class[cls]]
 
 
 def encode(obj: object) -> bytes:
     """Encode a command, reply, effect, spec, config, id or Meta (or a list of them) to CBOR."""
-    try:
-        return bytes(cbor2.dumps(obj, default=_default, canonical=True))
-    except CodecError:
-        raise
-    except Exception as exc:  # cbor2 raises several types for unencodable values
-        raise CodecError(str(exc)) from exc
+    return CODEC.encode(obj)
 
 
 def decode(data: bytes) -> Any:
-    """Decode bytes made by `encode`; any malformed input raises CodecError."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise CodecError("decode expects bytes")
-    try:
-        return cbor2.loads(bytes(data), tag_hook=_tag_hook, max_depth=64)
-    except CodecError:
-        raise
-    except Exception as exc:  # cbor2 raises several types on malformed input
-        raise CodecError(str(exc)) from exc
+    """Decode bytes made by `encode`; malformed, longer or mistyped input raises CodecError."""
+    return CODEC.decode(data)
+
+
+def decode_unchecked(data: bytes) -> Any:
+    """`decode` without the wire-type checks (lengths are still checked).
+
+    For stored fuzzer logs only: they keep deliberately mistyped commands (bad input the machine
+    must refuse), which the wire decoder would refuse before the machine saw them.
+    """
+    return CODEC.decode(data, check_types=False)
 
 
 # --- snapshots ----------------------------------------------------------------------------------
+
+# Snapshot records are positional arrays as well. A field added to a state class is appended to
+# its record, with its default listed here, so older snapshots (shorter records) still restore.
+_RECORD_WIDTH = {"message": 6, "consumer": 19, "enqueuer": 6, "queue": 13}
+_RECORD_DEFAULTS: dict[str, tuple[Any, ...]] = {}  # kind -> defaults of appended trailing fields
+
+
+def _record(v: Any, kind: str) -> list[Any]:
+    """A snapshot record padded to today's width; a longer or malformed one is a CodecError."""
+    width = _RECORD_WIDTH[kind]
+    defaults = _RECORD_DEFAULTS.get(kind, ())
+    shortest = width - len(defaults)
+    if not isinstance(v, list) or not shortest <= len(v) <= width:
+        size = len(v) if isinstance(v, list) else type(v).__name__
+        raise CodecError(f"{kind} record of {size} fields, expected {shortest}..{width}")
+    return v + list(defaults[len(v) - shortest :])
 
 
 def _msg_out(m: Message) -> list[Any]:
@@ -98,6 +257,7 @@ def _msg_out(m: Message) -> list[Any]:
 
 
 def _msg_in(v: Any) -> Message:
+    v = _record(v, "message")
     m = Message(v[0], v[1])
     m.delivery_count, m.acquired_count, m.annotations, m.lock = v[2], v[3], _tuples(v[4]), v[5]
     return m
@@ -113,6 +273,7 @@ def _consumer_out(x: Consumer) -> list[Any]:
 
 
 def _consumer_in(v: Any) -> Consumer:
+    v = _record(v, "consumer")
     x = Consumer(v[0], v[1], v[2], v[3])
     (x.credited, x.prefetch, x.priority, x.timeout_ms, x.once, x.status, x.suspected_since,
      x.disconnected_fired) = v[4:12]  # fmt: skip
@@ -128,6 +289,7 @@ def _enqueuer_out(x: Enqueuer) -> list[Any]:
 
 
 def _enqueuer_in(v: Any) -> Enqueuer:
+    v = _record(v, "enqueuer")
     x = Enqueuer(v[0], v[1])
     x.next_seq, x.status, x.blocked, x.down_index = v[2:6]
     return x
@@ -144,6 +306,7 @@ def _queue_out(q: Queue) -> list[Any]:
 
 
 def _queue_in(v: Any) -> Queue:
+    v = _record(v, "queue")
     q = Queue(v[0], v[1], v[12])
     q.ready = deque(_msg_in(m) for m in v[2])
     q.returns = deque(_msg_in(m) for m in v[3])
@@ -168,22 +331,18 @@ def snapshot(state: State) -> bytes:
 def restore(data: bytes) -> State:
     """Rebuild a state from `snapshot` bytes; malformed input raises CodecError."""
     try:
-        v = cbor2.loads(bytes(data), tag_hook=_tag_hook)
+        v = cbor2.loads(bytes(data), tag_hook=CODEC.checked_hook)
         if not isinstance(v, list) or v[0] != SNAPSHOT_FORMAT:
             raise CodecError("not a fifo snapshot")
         state = State(v[1])
         state.last_time = v[2]
         state.queues = {q.name: q for q in (_queue_in(x) for x in v[3])}
         return state
-    except CodecError:
-        raise
     except Exception as exc:  # any shape error in the snapshot
-        raise CodecError(f"bad snapshot: {exc}") from exc
+        raise CodecError(f"bad snapshot: {_codec_error(exc)}") from exc
 
 
 def digest(state: State) -> str:
     """Hex SHA-256 of the canonical snapshot encoding; computed on demand only."""
     return hashlib.sha256(snapshot(state)).hexdigest()
 
-
-decode_unchecked = decode
