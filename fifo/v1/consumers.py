@@ -232,9 +232,10 @@ class QueueConsumers(QueueCore):
             return Error(
                 "unsupported", "dequeue is not supported on a single active consumer queue"
             )
+        if self.resolve(q, cmd.consumer) is not None:
+            # the id names a consumer already on the queue: `empty`, nothing changes (rabbit_fifo)
+            return DequeueOk(None, len(q.ready) + len(q.returns))
         if not cmd.spec.settled:
-            if self.resolve(q, cmd.consumer) is not None:
-                return DequeueOk(None, len(q.ready) + len(q.returns))
             if len(q.consumers) + len(q.waiting) >= limits.consumers_per_queue_max:
                 return Error("unsupported", "consumers_per_queue_max reached")
             key = self.new_key(ctx, cmd.consumer)

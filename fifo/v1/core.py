@@ -152,6 +152,9 @@ class QueueCore:
             return
         for m in msgs:
             new = Message(m.body, self.expiry(ctx, target, None))
+            # the copy keeps how often the message failed (rabbit_fifo's annotate_msg); the
+            # target's own delivery limit and `redelivered` flag count from these values on
+            new.delivery_count, new.acquired_count = m.delivery_count, m.acquired_count
             kept = tuple(a for a in m.annotations if a[0] not in DEATH_KEYS)
             anns = (*kept, ("x-death-reason", reason), ("x-death-queue", q.name))
             new.annotations = anns[-limits.annotations_per_message_max :]
