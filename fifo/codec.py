@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import operator
 import types
 import typing
 from collections import deque
@@ -54,6 +55,7 @@ class FieldSchema:
     check: Check
     type_text: str
     default: object = _NO_DEFAULT
+    deep: bool = False  # may hold a tagged value: the encoder converts it, cbor2 cannot
 
     @property
     def has_default(self) -> bool:
@@ -71,14 +73,35 @@ class TagSchema:
     required: int  # leading fields without a default: the shortest array accepted
 
 
-def _check_for(hint: Any, text: str) -> Check:
-    """A wire-type check for a type hint (Literal values are checked by the machine, not here)."""
+def _simple_kinds(hint: Any) -> frozenset[type] | None:
+    """The exact types a hint allows if it is a plain type, a Literal or a union of those."""
     origin = typing.get_origin(hint)
     if hint is type(None) or hint is None:
-        return lambda v: v is None
+        return frozenset({type(None)})
     if origin is typing.Literal:
-        kinds = tuple({type(x) for x in typing.get_args(hint)})
+        return frozenset(type(x) for x in typing.get_args(hint))
+    if origin is typing.Union or origin is types.UnionType:
+        kinds: set[type] = set()
+        for arg in typing.get_args(hint):
+            inner = _simple_kinds(arg)
+            if inner is None:
+                return None
+            kinds |= inner
+        return frozenset(kinds)
+    if hint in (str, bytes, bool, int) or dataclasses.is_dataclass(hint):
+        return frozenset({hint})
+    return None
+
+
+def _check_for(hint: Any, text: str) -> Check:
+    """A wire-type check for a type hint (Literal values are checked by the machine, not here)."""
+    kinds = _simple_kinds(hint)
+    if kinds is not None:  # exact types: a bool is not an int, a str is not a Literal's value
+        if len(kinds) == 1:
+            (kind,) = kinds
+            return lambda v: type(v) is kind
         return lambda v: type(v) in kinds
+    origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:
         checks = tuple(_check_for(arg, text) for arg in typing.get_args(hint))
         return lambda v: any(check(v) for check in checks)
@@ -90,9 +113,14 @@ def _check_for(hint: Any, text: str) -> Check:
         items = tuple(_check_for(arg, text) for arg in args)
         return lambda v: type(v) is tuple and len(v) == len(items) and all(
             check(x) for check, x in zip(items, v, strict=True))  # fmt: skip
-    if hint in (str, bytes, bool, int) or dataclasses.is_dataclass(hint):
-        return lambda v: type(v) is hint
     raise TypeError(f"no wire-type check for {text}")  # a programmer error at import
+
+
+def _may_hold_tagged(hint: Any) -> bool:
+    """Whether a value of this hint can contain a tagged class (else cbor2 encodes it as is)."""
+    if dataclasses.is_dataclass(hint):
+        return True
+    return any(_may_hold_tagged(arg) for arg in typing.get_args(hint) if arg is not Ellipsis)
 
 
 def schema_of(cls: type, tag: int) -> TagSchema:
@@ -106,7 +134,9 @@ def schema_of(cls: type, tag: int) -> TagSchema:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
-        fields.append(FieldSchema(f.name, _check_for(hints[f.name], text), text, default))
+        hint = hints[f.name]
+        fields.append(FieldSchema(f.name, _check_for(hint, text), text, default,
+                                  _may_hold_tagged(hint)))  # fmt: skip
     required = len(fields)
     while required and fields[required - 1].has_default:
         required -= 1
@@ -131,8 +161,19 @@ def _tuples(value: Any) -> Any:
     return value
 
 
+# the class cbor2's C decoder builds for unknown tags (not always the `cbor2.CBORTag` name)
+_DECODED_TAG = type(cbor2.loads(cbor2.dumps(cbor2.CBORTag(99_999, []))))
+Tree = Callable[[Any], Any]
+_NESTED = frozenset({_DECODED_TAG, list, tuple, dict})
+
+
 class Codec:
-    """Encoder and decoder for a frozen table of tagged classes (the module uses `CODEC`)."""
+    """Encoder and decoder for a frozen table of tagged classes (the module uses `CODEC`).
+
+    Both directions are one pass in Python over cbor2's C encoder and decoder: objects become
+    `CBORTag` trees (per-class, from the schema: only fields that may hold a tagged value are
+    visited), and decoded trees become objects through `build`. No hook runs inside cbor2.
+    """
 
     def __init__(self, classes: tuple[type, ...], tag_base: int = TAG_BASE) -> None:
         self.schemas: dict[int, TagSchema] = {
@@ -142,67 +183,117 @@ class Codec:
         self.fields: dict[type, tuple[str, ...]] = {
             s.cls: tuple(f.name for f in s.fields) for s in self.schemas.values()
         }
-        self.checked_hook = self.hook(True)
-        self.unchecked_hook = self.hook(False)
+        self.to_tree: dict[type, Tree] = {
+            s.cls: self.tree_encoder(s) for s in self.schemas.values()
+        }
+
+    def tree_encoder(self, schema: TagSchema) -> Tree:
+        """value -> CBORTag(tag, [fields]) for one class; the deep fields are converted too."""
+        tag = schema.tag
+        deep = tuple(i for i, f in enumerate(schema.fields) if f.deep)
+        names = tuple(f.name for f in schema.fields)
+        tree = self.tree
+        if not names:
+            return lambda value: cbor2.CBORTag(tag, [])
+        getter = operator.attrgetter(*names)
+        if len(names) == 1:
+            if deep:
+                return lambda value: cbor2.CBORTag(tag, [tree(getter(value))])
+            return lambda value: cbor2.CBORTag(tag, [getter(value)])
+        if not deep:
+            return lambda value: cbor2.CBORTag(tag, list(getter(value)))
+
+        def encode(value: Any) -> Any:
+            fields = list(getter(value))
+            for position in deep:
+                fields[position] = tree(fields[position])
+            return cbor2.CBORTag(tag, fields)
+
+        return encode
+
+    def tree(self, value: Any) -> Any:
+        """A value with our objects replaced by their CBORTag trees (lists, tuples walked)."""
+        encode = self.to_tree.get(type(value))
+        if encode is not None:
+            return encode(value)
+        if type(value) is tuple or type(value) is list:
+            return [self.tree(item) for item in value]
+        return value
 
     def default(self, encoder: Any, value: Any) -> None:
-        """cbor2's hook for our classes: the tagged array of every field."""
-        tag = self.tag_by_class.get(type(value))
-        if tag is None:
+        """cbor2's hook for what `tree` did not reach (a dict's values, say): same encoding."""
+        to_tree = self.to_tree.get(type(value))
+        if to_tree is None:
             raise CodecError(f"cannot encode {type(value).__name__}")
-        encoder.encode(cbor2.CBORTag(tag, [getattr(value, n) for n in self.fields[type(value)]]))
+        encoder.encode(to_tree(value))
 
     def build(self, tag: int, value: Any, check_types: bool) -> Any:
-        """The object of a decoded tag, after its schema's length and type checks."""
+        """The object of a decoded tag, after its schema's length and type checks.
+
+        `value` holds decoded fields: nested tags already built, arrays already tuples.
+        """
         schema = self.schemas.get(tag)
         if schema is None:
             raise CodecError(f"unknown tag {tag}")
-        name = schema.cls.__name__
-        if not isinstance(value, list | tuple):
-            raise CodecError(f"{name} (tag {tag}): expected an array of fields")
+        if type(value) is not list:
+            raise CodecError(f"{schema.cls.__name__} (tag {tag}): expected an array of fields")
         fields = schema.fields
         if not schema.required <= len(value) <= len(fields):
-            raise CodecError(f"{name} (tag {tag}): {len(value)} fields, the schema accepts "
-                             f"{schema.required}..{len(fields)}")  # fmt: skip
-        args = [_tuples(v) for v in value]
+            raise CodecError(f"{schema.cls.__name__} (tag {tag}): {len(value)} fields, the "
+                             f"schema accepts {schema.required}..{len(fields)}")  # fmt: skip
         if check_types:
-            for f, arg in zip(fields, args, strict=False):
+            for f, arg in zip(fields, value, strict=False):
                 if not f.check(arg):
-                    raise CodecError(f"{name} (tag {tag}): field {f.name} must be "
-                                     f"{f.type_text}, got {type(arg).__name__}")  # fmt: skip
-        args += [f.default for f in fields[len(args):]]
-        return schema.cls(*args)
+                    raise CodecError(f"{schema.cls.__name__} (tag {tag}): field {f.name} must "
+                                     f"be {f.type_text}, got {type(arg).__name__}")  # fmt: skip
+        if len(value) < len(fields):
+            value = value + [f.default for f in fields[len(value) :]]
+        return schema.cls(*value)
 
-    def hook(self, check_types: bool) -> Callable[..., Any]:
-        """A cbor2 tag hook building our objects."""
+    def objects(self, value: Any, check_types: bool, in_tag: bool = False) -> Any:
+        """A decoded tree with our tags built into objects; arrays inside a tag become tuples.
 
-        def tag_hook(*hook_args: Any) -> Any:
-            # cbor2 5.x passes (decoder, tag), 6.x passes (tag, immutable): find the tag
-            tag = next((a for a in hook_args if isinstance(a, cbor2.CBORTag)), None)
-            if tag is None:
-                raise CodecError("tag hook called without a tag")
-            return self.build(tag.tag, tag.value, check_types)
-
-        return tag_hook
+        (cbor2 6 already decodes a tag's value as tuples, cbor2 5 as lists: both end as tuples.)
+        """
+        kind = type(value)
+        if kind is _DECODED_TAG:
+            inner = value.value
+            if type(inner) is tuple or type(inner) is list:
+                objects = self.objects
+                inner = [objects(item, check_types, True) if type(item) in _NESTED else item
+                         for item in inner]  # fmt: skip
+            return self.build(value.tag, inner, check_types)
+        if kind is list or kind is tuple:
+            items = [self.objects(item, check_types, in_tag) for item in value]
+            return tuple(items) if in_tag or kind is tuple else items
+        if kind is dict:
+            return {self.objects(k, check_types, in_tag): self.objects(v, check_types, in_tag)
+                    for k, v in value.items()}  # fmt: skip
+        return value
 
     def encode(self, obj: object) -> bytes:
         """Canonical CBOR of an object (or a list of them)."""
         try:
-            return bytes(cbor2.dumps(obj, default=self.default, canonical=True))
+            return bytes(cbor2.dumps(self.tree(obj), default=self.default, canonical=True))
         except CodecError:
             raise
         except Exception as exc:  # cbor2 raises several types for unencodable values
-            raise CodecError(str(exc)) from exc
+            raise _codec_error(exc) from exc
 
     def decode(self, data: bytes, check_types: bool = True) -> Any:
         """Decode bytes made by `encode` (or by an older schema); bad input raises CodecError."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise CodecError("decode expects bytes")
-        hook = self.checked_hook if check_types else self.unchecked_hook
         try:
-            return cbor2.loads(bytes(data), tag_hook=hook, max_depth=64)
+            raw = cbor2.loads(bytes(data), max_depth=64)
         except Exception as exc:  # cbor2 raises several types on malformed input
             raise _codec_error(exc) from exc
+        try:
+            return self.objects(raw, check_types)
+        except CodecError:
+            raise
+        except Exception as exc:  # e.g. an unhashable map key
+            raise CodecError(f"{type(exc).__name__}: {exc}") from exc
 
 
 CODEC = Codec(CLASSES)
@@ -331,7 +422,7 @@ def snapshot(state: State) -> bytes:
 def restore(data: bytes) -> State:
     """Rebuild a state from `snapshot` bytes; malformed input raises CodecError."""
     try:
-        v = cbor2.loads(bytes(data), tag_hook=CODEC.checked_hook)
+        v = CODEC.objects(cbor2.loads(bytes(data)), check_types=True)
         if not isinstance(v, list) or v[0] != SNAPSHOT_FORMAT:
             raise CodecError("not a fifo snapshot")
         state = State(v[1])
