@@ -7,6 +7,9 @@ Regenerate only a version that was never released: `python tests/fifo/replay_cor
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from functools import cache
 
 import pytest
@@ -80,3 +83,15 @@ def test_a_changed_digest_is_reported_with_seed_and_index() -> None:
     assert found is not None
     assert (found.seed, found.entry_index) == (log.seed, 2 * rc.CHECKPOINT_ENTRIES)
     assert f"seed {log.seed}" in str(found)
+
+
+@pytest.mark.parametrize("hash_seed", ["1", "4242"])
+def test_replay_is_independent_of_the_hash_seed(hash_seed: str) -> None:
+    """Equal logs give equal digests under any PYTHONHASHSEED (no set or str-hash order leaks)."""
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    result = subprocess.run(
+        [sys.executable, str(rc.Path(rc.__file__)), "check", "--logs", "20"],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "20 logs replay to their digests" in result.stdout
