@@ -149,7 +149,7 @@ def schema_of(cls: type, tag: int) -> TagSchema:
 
 
 def _codec_error(exc: BaseException) -> CodecError:
-    """Our own error if cbor2 wrapped one raised in a tag hook, else one with cbor2's text."""
+    """Our own error if cbor2 wrapped one of ours, else a CodecError with cbor2's text."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, CodecError):
@@ -202,7 +202,7 @@ def _all_fields_check(fields: tuple[FieldSchema, ...]) -> Callable[[list[Any]], 
 
 @dataclass(frozen=True, slots=True)
 class _Builder:
-    """What `build` needs of a tag, precomputed from its schema."""
+    """What `tagged` needs to build a tag's object, precomputed from its schema."""
 
     schema: TagSchema
     make: Callable[..., Any]
