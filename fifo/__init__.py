@@ -7,7 +7,6 @@ functions, persist it with `snapshot` / `restore`, compare replicas with `digest
 from __future__ import annotations
 
 from fifo.codec import decode, digest, encode, restore, snapshot
-from fifo.convert import convert, convert_v1_to_v2
 from fifo.effects import Effect
 from fifo.errors import CodecError, FifoError, UnsupportedVersionError
 from fifo.meta import Meta
@@ -21,24 +20,18 @@ from fifo.queries import (
     overview,
     state_version,
 )
-from fifo.registry import Machine
 from fifo.replies import Error, Reply
 from fifo.state import State
 from fifo.timers import due_commands, next_deadline_ms
-from fifo.v1.machine import QueueMachineV1
-from fifo.v2.machine import QueueMachineV2
-
-SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
-LATEST_VERSION = 2
-_MACHINES: dict[int, Machine] = {1: Machine(QueueMachineV1()), 2: Machine(QueueMachineV2())}
-
-
-def machine_for(version: int) -> Machine:
-    """The frozen machine of a version (`.version`, `.apply(meta, cmd, state)`, `.init()`)."""
-    m = _MACHINES.get(version) if type(version) is int else None
-    if m is None:
-        raise UnsupportedVersionError(f"machine version {version!r} is not supported")
-    return m
+from fifo.v2.convert import convert_v1_to_v2
+from fifo.versions import (
+    LATEST_VERSION,
+    MACHINES,
+    SUPPORTED_VERSIONS,
+    Machine,
+    convert,
+    machine_for,
+)
 
 
 def init_state(version: int = 1) -> State:
@@ -53,7 +46,7 @@ def apply(meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect
     `meta.machine_version`) picks the machine: the caller converts the state at an upgrade.
     """
     try:
-        m = _MACHINES[state.version]
+        m = MACHINES[state.version]
     except (AttributeError, KeyError, TypeError):
         return Error("unsupported", "not a fifo state of a supported version"), []
     return m.apply(meta, command, state)

@@ -1,72 +1,20 @@
-"""Timer commands the leader should submit (pure; called outside the log)."""
+"""Timer commands the leader should submit (pure; called outside the log).
+
+Each machine version owns its timers (`fifo/vN/timers.py`); these pick them by the state's version.
+"""
 
 from __future__ import annotations
 
-from fifo.commands import (
-    Command,
-    ConsumerDisconnectedTimeout,
-    ConsumerKey,
-    EvalConsumerTimeouts,
-    Expire,
-)
-from fifo.state import Queue, State
-
-
-def _head_expiry(q: Queue) -> int | None:
-    best: int | None = None
-    for src in (q.returns, q.ready):
-        if src and src[0].expiry is not None:
-            exp = src[0].expiry
-            best = exp if best is None else min(best, exp)
-    return best
-
-
-def _lock_expiry(q: Queue) -> list[tuple[int, ConsumerKey]]:
-    out: list[tuple[int, ConsumerKey]] = []
-    for c in (*q.consumers.values(), *q.waiting):  # a waiting SAC consumer may still hold some
-        if c.checked_out:
-            out.append((min(m.lock for m in c.checked_out.values()), c.key))
-    return out
-
-
-def _disconnect_deadlines(q: Queue) -> list[tuple[int, ConsumerKey]]:
-    out: list[tuple[int, ConsumerKey]] = []
-    for c in (*q.consumers.values(), *q.waiting):
-        if c.suspected_since is not None and not c.disconnected_fired:
-            out.append((c.suspected_since + q.config.disconnected_timeout_ms, c.key))
-    return out
+from fifo.commands import Command
+from fifo.state import State
+from fifo.versions import machine_for
 
 
 def due_commands(state: State, now_ms: int) -> list[Command]:
-    """Expire / EvalConsumerTimeouts / ConsumerDisconnectedTimeout commands due at `now_ms`."""
-    out: list[Command] = []
-    for name in sorted(state.queues):
-        q = state.queues[name]
-        exp = _head_expiry(q)
-        if exp is not None and exp <= now_ms:
-            out.append(Expire(name))
-        if state.version < 2:
-            continue
-        keys = tuple(k for t, k in _lock_expiry(q) if t <= now_ms)
-        if keys:
-            out.append(EvalConsumerTimeouts(name, keys))
-        out.extend(ConsumerDisconnectedTimeout(name, k)
-                   for t, k in _disconnect_deadlines(q) if t <= now_ms)  # fmt: skip
-    return out
+    """The timer commands due at `now_ms` for the machine the state is shaped for."""
+    return machine_for(state.version).due_commands(state, now_ms)
 
 
 def next_deadline_ms(state: State) -> int | None:
     """The earliest time at which `due_commands` will return something, or None."""
-    best: int | None = None
-    for q in state.queues.values():
-        times = (
-            [t for t, _ in (*_lock_expiry(q), *_disconnect_deadlines(q))]
-            if state.version >= 2
-            else []
-        )
-        exp = _head_expiry(q)
-        if exp is not None:
-            times.append(exp)
-        for t in times:
-            best = t if best is None else min(best, t)
-    return best
+    return machine_for(state.version).next_deadline_ms(state)

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,8 +12,9 @@ import cbor2
 
 from cluster import protocol
 from cluster.errors import AuthError, ProtocolError
-from fifo.codec import decode, encode
+from fifo.codec import decode
 from fifo.commands import ConnectionId, Enqueue
+from fifo.wire import fields_encoder
 
 Frame = dict[str, object]  # a decoded wire frame, as public signatures show it
 AnyFrame = dict[str, Any]  # the same inside the package, where fields are read without casts
@@ -159,35 +159,10 @@ def split_frames(buffer: bytes, frame_bytes_max: int) -> tuple[list[AnyFrame], b
     return frames, buffer[pos:]
 
 
-def _checked_fast_encoder() -> Callable[[str, bytes, str, int, int | None], bytes]:
-    """`fifo.encode(Enqueue(...))` without building the dataclass: the hot path of publishing.
-
-    It builds the same tagged CBOR array directly, and is used only if it produces exactly the
-    bytes of `fifo.encode` for a sample (so a codec change falls back to the slow, right path).
-    """
-
-    def slow(queue: str, body: bytes, enqueuer: str, seq: int, ttl_ms: int | None) -> bytes:
-        return encode(Enqueue(queue, body, enqueuer, seq, None, ttl_ms))
-
-    try:
-        tag = cbor2.loads(slow("q", b"b", "e", 7, 5)).tag
-    except Exception:  # not a tag: the codec changed shape
-        return slow
-
-    def fast(queue: str, body: bytes, enqueuer: str, seq: int, ttl_ms: int | None) -> bytes:
-        fields = [queue, body, enqueuer, seq, None, ttl_ms]
-        return bytes(cbor2.dumps(cbor2.CBORTag(tag, fields), canonical=True))
-
-    samples = [("q", b"b", "e", 7, 5), ("queue", b"x" * 300, "e" * 32, 2**40, None)]
-    if all(fast(*sample) == slow(*sample) for sample in samples):
-        return fast
-    return slow
-
-
-_encode_enqueue = _checked_fast_encoder()
+_enqueue_fields = fields_encoder(Enqueue)  # schema-derived (fifo.wire), tested against fifo.encode
 
 
 def encode_enqueue(queue: str, body: bytes, enqueuer: str, seq: int, ttl_ms: int | None) -> bytes:
     """The command bytes of one publish: `fifo.encode(Enqueue(...))`, no connection (the node
     splices in its own)."""
-    return _encode_enqueue(queue, body, enqueuer, seq, ttl_ms)
+    return _enqueue_fields(queue, body, enqueuer, seq, None, ttl_ms)

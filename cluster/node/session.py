@@ -11,7 +11,6 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
-import cbor2
 import structlog
 
 import fifo
@@ -36,6 +35,7 @@ from fifo.commands import (
     UpdateConfig,
 )
 from fifo.replies import Error, Ok
+from fifo.wire import field_splicer
 from raft.entry import Entry, Origin
 from raft.errors import SubmitError
 from raft.fastcodec import decode_command, encode_command
@@ -100,14 +100,8 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
 
 def _splice(blob: bytes, command: Any, conn_blob: bytes) -> bytes | None:
     """An Enqueue blob sent with no connection, with `conn_blob` (the encoded ConnectionId) in
-    its place: CBOR array items are concatenated, so only the last two items are rewritten."""
-    if type(command) is not Enqueue or command.connection is not None:
-        return None
-    ttl = command.ttl_ms
-    tail = b"\xf6" if ttl is None else cbor2.dumps(ttl) if type(ttl) is int else None
-    if tail is None or not blob.endswith(b"\xf6" + tail):
-        return None
-    return blob[: -len(tail) - 1] + conn_blob + tail
+    its place (schema-derived in fifo.wire); None when the command does not allow it."""
+    return _splice_connection(blob, command, conn_blob)
 
 
 def _splice_matches() -> bool:
@@ -121,6 +115,7 @@ def _splice_matches() -> bool:
     return True
 
 
+_splice_connection = field_splicer(Enqueue, "connection")
 SPLICE_OK = _splice_matches()
 
 

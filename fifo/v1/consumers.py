@@ -28,8 +28,9 @@ from fifo.replies import (
     Error,
     Reply,
 )
+from fifo.shared import SERIAL, Ctx, invalid, unknown_consumer
 from fifo.state import Consumer, Queue
-from fifo.v1.core import SERIAL, Ctx, QueueCore, invalid, unknown_consumer
+from fifo.v1.core import QueueCore
 
 
 class QueueConsumers(QueueCore):
@@ -231,9 +232,10 @@ class QueueConsumers(QueueCore):
             return Error(
                 "unsupported", "dequeue is not supported on a single active consumer queue"
             )
+        if self.resolve(q, cmd.consumer) is not None:
+            # the id names a consumer already on the queue: `empty`, nothing changes (rabbit_fifo)
+            return DequeueOk(None, len(q.ready) + len(q.returns))
         if not cmd.spec.settled:
-            if self.resolve(q, cmd.consumer) is not None:
-                return DequeueOk(None, len(q.ready) + len(q.returns))
             if len(q.consumers) + len(q.waiting) >= limits.consumers_per_queue_max:
                 return Error("unsupported", "consumers_per_queue_max reached")
             key = self.new_key(ctx, cmd.consumer)

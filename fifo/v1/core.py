@@ -1,6 +1,7 @@
 """Machine v1 core: lookups, limits, dead-lettering, expiry and the delivery loop.
 
-Shared by every handler of `QueueMachineV1` (and, by inheritance, v2). Frozen with v1.
+Shared by every handler of `QueueMachineV1`; v2 inherits it, which the pinned replay corpus of
+both versions proves safe (a change here that alters either version fails its corpus).
 """
 
 from __future__ import annotations
@@ -18,71 +19,30 @@ from fifo.commands import (
 from fifo.effects import (
     DeadLettered,
     Delivery,
-    Effect,
     QueueStatus,
 )
 from fifo.fastbuild import deliver as fast_deliver
 from fifo.fastbuild import delivery as fast_delivery
-from fifo.replies import (
-    Error,
-    Ok,
-)
-from fifo.state import Consumer, Message, Queue, State
-
-OK = Ok()
-SERIAL = limits.serial_modulus
-DEATH_KEYS = ("x-death-reason", "x-death-queue")
-
-
-class Ctx:
-    """What one `apply` works with: the state, the entry's index and time, the effects."""
-
-    __slots__ = ("depth", "dirty", "effects", "index", "now", "state")
-
-    def __init__(self, state: State, index: int, now: int) -> None:
-        self.state = state
-        self.index = index
-        self.now = now
-        self.effects: list[Effect] = []
-        self.depth = 0  # dead-letter hops within this apply
-        # dead-letter targets that received messages: processed after the command's own queue,
-        # never re-entrantly (a queue's delivery loop must not run inside another's)
-        self.dirty: list[Queue] | None = None
-
-
-def invalid(message: str) -> Error:
-    """An invalid_argument error reply."""
-    return Error("invalid_argument", message)
-
-
-def key_text(key: object) -> str:
-    """A consumer key for messages: `tag@node/incarnation/number` or the index."""
-    if type(key) is ConsumerId:
-        conn = key.connection
-        return f"{key.tag}@{conn.node}/{conn.incarnation}/{conn.number}"
-    return repr(key)
-
-
-def unknown_consumer(key: object) -> Error:
-    """An unknown_consumer error reply."""
-    return Error("unknown_consumer", f"no consumer {key_text(key)}")
+from fifo.replies import Error
+from fifo.shared import DEATH_KEYS, SERIAL, Ctx, invalid, merge_annotations, unknown_consumer
+from fifo.state import Consumer, Message, Queue
 
 
 class QueueCore:
     """Queue bookkeeping every command handler builds on."""
 
-    version = 1
     uses_locks = False  # v2 records a consumer-timeout lock on every checked-out message
+
+    def key_of(self, q: Queue, key: object) -> ConsumerKey | None:
+        """v1 names consumers by their ConsumerId only (an int key is unknown)."""
+        if type(key) is ConsumerId:
+            return q.key_by_id.get(key)
+        return None
 
     def resolve(self, q: Queue, key: object) -> Consumer | None:
         """Find a consumer (active or waiting) by key or id; None if unknown."""
-        if type(key) is ConsumerId:
-            k = q.key_by_id.get(key)
-            if k is None:
-                return None
-        elif type(key) is int and self.version >= 2:
-            k = key
-        else:
+        k = self.key_of(q, key)
+        if k is None:
             return None
         found = q.consumers.get(k)
         if found is not None:
@@ -192,6 +152,9 @@ class QueueCore:
             return
         for m in msgs:
             new = Message(m.body, self.expiry(ctx, target, None))
+            # the copy keeps how often the message failed (rabbit_fifo's annotate_msg); the
+            # target's own delivery limit and `redelivered` flag count from these values on
+            new.delivery_count, new.acquired_count = m.delivery_count, m.acquired_count
             kept = tuple(a for a in m.annotations if a[0] not in DEATH_KEYS)
             anns = (*kept, ("x-death-reason", reason), ("x-death-queue", q.name))
             new.annotations = anns[-limits.annotations_per_message_max :]
@@ -397,12 +360,3 @@ class QueueCore:
         self.dead_letter(ctx, q, gone, "rejected")
         return len(gone)
 
-
-def merge_annotations(
-    old: tuple[tuple[str, str | int], ...], new: tuple[tuple[str, str | int], ...]
-) -> tuple[tuple[str, str | int], ...]:
-    """Later annotations replace earlier ones with the same key; order of first appearance."""
-    merged = dict(old)
-    merged.update(new)
-    out = tuple(merged.items())
-    return out[-limits.annotations_per_message_max :]

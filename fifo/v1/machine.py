@@ -49,9 +49,9 @@ from fifo.replies import (
     RejectPublish,
     Reply,
 )
+from fifo.shared import OK, SERIAL, Ctx, invalid, unknown_consumer
 from fifo.state import Consumer, Enqueuer, Message, Queue
 from fifo.v1.consumers import QueueConsumers
-from fifo.v1.core import OK, SERIAL, Ctx, invalid, unknown_consumer
 
 
 class QueueMachineV1(QueueConsumers):

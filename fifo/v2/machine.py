@@ -24,8 +24,8 @@ from fifo.commands import (
 )
 from fifo.effects import ConsumerCancelled, ConsumerUpdate, Released
 from fifo.replies import CancelOk, Error, Reply
+from fifo.shared import OK, Ctx, invalid, unknown_consumer
 from fifo.state import Consumer, Message, Queue
-from fifo.v1.core import OK, Ctx, invalid, unknown_consumer
 from fifo.v1.machine import QueueMachineV1
 
 
@@ -38,7 +38,6 @@ def waiting_order(c: Consumer) -> tuple[int, int, int, int]:
 class QueueMachineV2(QueueMachineV1):
     """Per-queue command handlers of machine version 2."""
 
-    version = 2
     uses_locks = True
 
     def __init__(self) -> None:
@@ -51,6 +50,12 @@ class QueueMachineV2(QueueMachineV1):
     def new_key(self, ctx: Ctx, consumer: ConsumerId) -> ConsumerKey:
         """v2 keys a new consumer by the Raft index of its checkout."""
         return ctx.index
+
+    def key_of(self, q: Queue, key: object) -> ConsumerKey | None:
+        """v2 names consumers by their compact key (the checkout's index) or by their id."""
+        if type(key) is int:
+            return key
+        return super().key_of(q, key)
 
     def over_delivery_limit(self, q: Queue, m: Message) -> bool:
         """v2: only failed deliveries count towards the delivery limit."""

@@ -50,15 +50,15 @@ def test_round_trip_is_exact(obj: object) -> None:
 
 def test_every_class_has_a_sample() -> None:
     """A class added to the tag table without a round-trip sample fails here."""
-    assert {type(s) for s in SAMPLES} == set(codec._CLASSES)
+    assert {type(s) for s in SAMPLES} == set(codec.CLASSES)
 
 
 def test_tags_are_frozen() -> None:
     """Tag numbers never move: existing logs and snapshots must stay decodable."""
-    assert codec._TAG_BY_CLASS[c.ConnectionId] == 71_000
-    assert codec._TAG_BY_CLASS[c.Enqueue] == 71_011
-    assert codec._TAG_BY_CLASS[fifo.Meta] == 71_027
-    assert codec._TAG_BY_CLASS[e.DeadLettered] == 71_046
+    assert codec.CODEC.tag_by_class[c.ConnectionId] == 71_000
+    assert codec.CODEC.tag_by_class[c.Enqueue] == 71_011
+    assert codec.CODEC.tag_by_class[fifo.Meta] == 71_027
+    assert codec.CODEC.tag_by_class[e.DeadLettered] == 71_046
 
 
 def test_lists_of_objects_round_trip() -> None:

@@ -24,10 +24,13 @@ from fifo.errors import CodecError
 from raft import fastcodec
 
 
-def test_the_fast_paths_are_in_use() -> None:
-    """With today's fifo layout both fast paths are selected (else they silently fall back)."""
-    assert fastcodec.decode_command is not fifo.decode
-    assert fastcodec.encode_command is not fifo.encode
+def test_the_fast_paths_are_fifos_schema_derived_ones() -> None:
+    """raft uses fifo.wire's paths: one encoding, derived from the codec's schemas."""
+    from fifo import wire
+
+    assert fastcodec.decode_command is wire.decode_command
+    assert fastcodec.encode_command is wire.encode_command
+    assert fastcodec.encode_effect is wire.encode_effect
 
 
 connections = st.none() | st.builds(

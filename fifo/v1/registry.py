@@ -1,4 +1,5 @@
-"""One machine holds many queues: declare / delete / update config, and per-queue dispatch.
+"""Machine v1 as a whole: the queue registry (declare / delete / update config), per-queue
+dispatch and the v1 timers. Frozen with v1.
 
 `ConnectionDown`, `NodeDown` and `NodeUp` apply to every queue, in sorted queue-name order.
 """
@@ -11,6 +12,7 @@ from typing import Any
 from fifo import limits
 from fifo import validate as v
 from fifo.commands import (
+    Command,
     ConnectionDown,
     DeclareQueue,
     DeleteQueue,
@@ -21,18 +23,20 @@ from fifo.commands import (
 from fifo.effects import Effect
 from fifo.meta import Meta
 from fifo.replies import DeclareOk, DeleteOk, Error, Reply
+from fifo.shared import OK, Ctx, invalid
 from fifo.state import Queue, State
-from fifo.v1.core import OK, Ctx, invalid
+from fifo.v1 import timers
 from fifo.v1.machine import QueueMachineV1
 
 
-class Machine:
-    """A machine version: `apply(meta, command, state)` and `init()`."""
+class MachineV1:
+    """Machine version 1: `apply(meta, command, state)`, `init()` and its timers."""
 
-    def __init__(self, queue_machine: QueueMachineV1) -> None:
-        self.qm = queue_machine
-        self.version = queue_machine.version
-        self.queue_handlers = queue_machine.handlers
+    version = 1
+
+    def __init__(self) -> None:
+        self.qm = self.queue_machine()
+        self.queue_handlers = self.qm.handlers
         self.global_handlers: dict[type, Callable[[Ctx, Any], Reply]] = {
             DeclareQueue: self.declare,
             DeleteQueue: self.delete,
@@ -41,6 +45,18 @@ class Machine:
             NodeDown: self.node_down,
             NodeUp: self.node_up,
         }
+
+    def queue_machine(self) -> QueueMachineV1:
+        """The per-queue handlers of this version."""
+        return QueueMachineV1()
+
+    def due_commands(self, state: State, now_ms: int) -> list[Command]:
+        """Timer commands the leader should submit at `now_ms` (v1: `Expire` only)."""
+        return timers.due_commands(state, now_ms)
+
+    def next_deadline_ms(self, state: State) -> int | None:
+        """The earliest time at which `due_commands` returns something, or None."""
+        return timers.next_deadline_ms(state)
 
     def init(self) -> State:
         """An empty state shaped for this version."""

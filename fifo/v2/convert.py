@@ -1,12 +1,12 @@
-"""Pure conversions between machine versions (the state shape changes only in its rules)."""
+"""Conversion into machine v2 from a v1 state (the state shape changes only in its rules)."""
 
 from __future__ import annotations
 
 from fifo.codec import restore, snapshot
 from fifo.errors import UnsupportedVersionError
 from fifo.meta import Meta
+from fifo.shared import Ctx
 from fifo.state import State
-from fifo.v1.core import Ctx
 from fifo.v2.machine import QueueMachineV2, waiting_order
 
 _V2 = QueueMachineV2()
@@ -36,13 +36,3 @@ def convert_v1_to_v2(state: State, meta: Meta) -> State:
             _V2.activate_next(Ctx(new, meta.index, now), q)
     return new
 
-
-def convert(state: State, from_version: int, to_version: int, meta: Meta) -> State:
-    """Chain conversions one version at a time; pure (returns a new state)."""
-    if state.version != from_version or not 1 <= from_version <= to_version <= 2:
-        raise UnsupportedVersionError(
-            f"cannot convert a v{state.version} state from v{from_version} to v{to_version}"
-        )
-    if from_version == to_version:
-        return restore(snapshot(state))
-    return convert_v1_to_v2(state, meta)
