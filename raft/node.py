@@ -39,7 +39,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from raft import durability, safe_pickle, storage
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, decode_entry, encode_entry
-from raft.errors import EntryError, StorageError, VersionTooOldError
+from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldError
 from raft.replicated import InternalFailure, Outcome, ReplicatedState
 
 log = structlog.get_logger("raft")
@@ -339,6 +339,23 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._SyncObj__raftElectionDeadline = monotonic_time() + 3600
         if self._isLeader():
             self.transferLeadership()
+
+    def _checkCommandsToApply(self) -> None:
+        # the leader appends submitted commands here: on ENOSPC the journal undid the write and
+        # logged it; the command is not in the log and its submitter times out (the batcher
+        # answers `disk_full` at once to everything submitted after)
+        try:
+            SyncObj._checkCommandsToApply(self)
+        except DiskFullError:
+            pass
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        # a follower appends the leader's entries here: on ENOSPC it does not ack them, and the
+        # leader sends them again (after the conflicting tail is cut) until space returns
+        try:
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+        except DiskFullError:
+            pass
 
     def disk_full(self) -> bool:
         """Whether the journal's last write failed for lack of space (no probe succeeded yet)."""

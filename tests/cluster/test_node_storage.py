@@ -22,17 +22,21 @@ from pathlib import Path
 import pytest
 
 from cluster import config as cluster_config
+from cluster import protocol
+from cluster.errors import ProtocolError
 from cluster.launcher import (
     LocalCluster,
     client_key,
     init_cluster,
+    node_pid,
     node_status,
     spawn_node,
     start_cluster,
     stop_node,
 )
 from cluster.testing import RawClient, wait_until
-from raft import storage
+from fifo.commands import Enqueue
+from raft import durability, storage
 
 pytestmark = pytest.mark.cluster
 
@@ -207,3 +211,59 @@ def test_a_torn_tail_heals_by_itself_and_recover_needs_a_healthy_majority(
     spawn_node(cluster.data_dir, second)
     _converged(cluster, {"a": MESSAGES, "b": 30})
     assert cluster_config.load(cluster.data_dir).node_ids() == cluster.config.node_ids()
+
+
+def test_a_full_disk_answers_disk_full_and_resumes_when_space_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC on the leader's journal (injected: the test-only hook fails every journal write
+    while `enospc.flag` exists in the node's dir): logged, no SIGBUS, leadership moves to a
+    node that can write, the full node answers `disk_full` at once, and when space returns it
+    catches up. Nothing confirmed is lost."""
+    monkeypatch.setenv(durability.FAULT_ENOSPC_ENV, "enospc.flag")  # relative: the node's dir
+    data_dir = tmp_path / "D"
+    init_cluster(data_dir, 3)
+    start_cluster(data_dir, 3)
+    cluster = LocalCluster(data_dir)
+    try:
+        _publish(cluster, "a", 50)
+        full = cluster.leader()
+        node = cluster.config.node(full)
+        pid = node_pid(node)
+        (node.data_dir / "enospc.flag").touch()
+        # the submitter of the write that failed inside raft waits for the batch timeout (10 s)
+        client = RawClient(cluster.endpoint(full), cluster.key, "disk-full", timeout_s=30)
+        codes: list[str] = []
+        try:
+            # the first write fails inside raft (its submitter times out); then disk_full
+            for i in range(30):
+                try:
+                    client.command(Enqueue("x", b"attempt-%d" % i))
+                except ProtocolError as err:
+                    codes.append(err.code)
+                    if err.code == protocol.DISK_FULL:
+                        break
+        finally:
+            client.close()
+        assert codes[-1] == protocol.DISK_FULL, codes
+        new_leader = cluster.leader(exclude=full)
+        assert new_leader != full
+        _publish(cluster, "b", 30)  # the others go on
+        assert node_pid(node) == pid  # still alive: no SIGBUS
+        (node.data_dir / "enospc.flag").unlink()
+        log_text = wait_until(
+            lambda: (lambda t: t if "disk_space_returned" in t else None)(
+                (node.data_dir / "node.log").read_text()
+            ),
+            20,
+            "space noticed",
+        )
+        assert '"disk_full"' in log_text
+        _converged(cluster, {"a": 50, "b": 30})
+        client = _raw(cluster, full)
+        try:
+            assert client.command(Enqueue("b", b"after")) is not None
+        finally:
+            client.close()
+    finally:
+        cluster.stop()
