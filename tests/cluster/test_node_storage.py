@@ -267,3 +267,18 @@ def test_a_full_disk_answers_disk_full_and_resumes_when_space_returns(
             client.close()
     finally:
         cluster.stop()
+
+
+def test_cluster_status_names_the_node_whose_digest_differs_at_the_same_index() -> None:
+    from cluster.cli.cluster_cmd import digest_divergence
+
+    rows: list[dict[str, object]] = [
+        {"id": "n1", "last_applied": 90, "digest": "aaaa"},
+        {"id": "n2", "last_applied": 90, "digest": "bbbb"},
+        {"id": "n3", "last_applied": 90, "digest": "aaaa"},
+        {"id": "n4", "last_applied": 91, "digest": "cccc"},  # further on: not comparable
+        {"id": "n5", "role": "down"},
+    ]
+    message = digest_divergence(rows)
+    assert message is not None and "index 90: n2 differ" in message
+    assert digest_divergence([rows[0], rows[2], rows[3], rows[4]]) is None
