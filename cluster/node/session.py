@@ -152,6 +152,15 @@ class ClientSession:
             self._out.append(protocol.encode_frame(message, self.server.frame_bytes_max))
         except ProtocolError as err:
             log.error("frame_not_sent", error=err.message)
+            request_id = message.get("id")
+            if message.get("op") != protocol.ERROR and isinstance(request_id, int):
+                # never drop a reply silently: the caller would wait for it until its timeout
+                self.error(
+                    protocol.REPLY_TOO_LARGE,
+                    f"the reply does not fit in a frame ({err.message}): ask for less "
+                    "(e.g. a lower --limit)",
+                    request_id,
+                )
             return
         if not self._flush_scheduled:
             self._flush_scheduled = True
