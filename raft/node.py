@@ -20,6 +20,7 @@ Ordering obligations (as etcd's `Ready` documents them):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -325,7 +326,28 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             except Exception:  # a listener bug must not fail the load
                 log.exception("snapshot_listener_failed", index=last[1])
         last_entry = (bytes(last[0]), last[1], last[2])
-        return last_entry, (bytes(prev[0]), prev[1], prev[2]), raft["cluster"]
+        prev_entry = (bytes(prev[0]), prev[1], prev[2])
+        self._align_journal_to_snapshot(prev_entry, last_entry)
+        return last_entry, prev_entry, raft["cluster"]
+
+    def _align_journal_to_snapshot(self, prev_entry: Any, last_entry: Any) -> None:
+        """Drop the journal's entries before the snapshot's last two if it still holds them.
+
+        A crash after the dump was renamed into place but before the journal was compacted
+        leaves a journal that starts before the snapshot; pysyncobj, not finding the snapshot's
+        last two entries at the journal's start, then clears the whole journal, losing the
+        entries after the snapshot that this node had acknowledged. Compacting it here (what
+        the crash interrupted) keeps them.
+        """
+        journal = self._journal()
+        if len(journal) < 2:
+            return
+        at = int(prev_entry[1]) - int(journal[0][1])
+        if at <= 0 or at + 1 >= len(journal):
+            return
+        if tuple(journal[at]) == tuple(prev_entry) and tuple(journal[at + 1]) == tuple(last_entry):
+            log.warning("journal_compaction_completed", dropped=at, snapshot_index=last_entry[1])
+            journal.deleteEntriesTo(at)
 
     # --- leadership guard --------------------------------------------------------------------
 
@@ -344,18 +366,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # the leader appends submitted commands here: on ENOSPC the journal undid the write and
         # logged it; the command is not in the log and its submitter times out (the batcher
         # answers `disk_full` at once to everything submitted after)
-        try:
+        with contextlib.suppress(DiskFullError):
             SyncObj._checkCommandsToApply(self)
-        except DiskFullError:
-            pass
 
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         # a follower appends the leader's entries here: on ENOSPC it does not ack them, and the
         # leader sends them again (after the conflicting tail is cut) until space returns
-        try:
+        with contextlib.suppress(DiskFullError):
             SyncObj._SyncObj__onMessageReceived(self, node, message)
-        except DiskFullError:
-            pass
 
     def disk_full(self) -> bool:
         """Whether the journal's last write failed for lack of space (no probe succeeded yet)."""

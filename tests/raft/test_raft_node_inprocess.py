@@ -239,3 +239,41 @@ def test_a_cut_snapshot_stops_the_start_before_anything_is_bound(tmp_path: Path,
     assert caught.value.path == str(dump)
     with socket.socket() as probe:  # the port is free: nothing was ever bound
         probe.bind(("127.0.0.1", port))
+
+
+def test_a_crash_between_the_snapshot_and_the_journal_compaction_keeps_the_tail(
+    tmp_path: Path, port: int
+) -> None:
+    """The dump is renamed into place, then the journal is compacted: a crash in between leaves
+    a journal that starts before the snapshot. pysyncobj then cleared the whole journal,
+    losing the acknowledged entries after the snapshot; now the compaction is completed."""
+    first = Harness(tmp_path, port)
+    first.run(DeclareQueue("q"))
+    for i in range(20):
+        first.run(Enqueue("q", b"early%d" % i))
+    journal_file = tmp_path / "raft.journal"
+    early = storage.scan_journal(journal_file, journal_file.read_bytes()).entries
+    first.node.forceLogCompaction()
+    wait_until(lambda: (tmp_path / "raft.dump").exists(), 10, "the dump")
+    wait_until(lambda: first.node.getStatus()["log_len"] < 5, 10, "compaction")
+    for i in range(10):  # acknowledged entries after the snapshot
+        first.run(Enqueue("q", b"tail%d" % i))
+    before, applied = first.digest(), first.node.replicated_state.meta.last_index
+    first.close()
+    compacted = storage.scan_journal(journal_file, journal_file.read_bytes()).entries
+    first_kept = compacted[0][1]
+    uncompacted = [e for e in early if e[1] < first_kept] + compacted
+    assert [e[1] for e in uncompacted] == list(range(1, uncompacted[-1][1] + 1))
+    journal = DurableFileJournal(str(journal_file), "batch")
+    journal.clear()
+    for entry in uncompacted:
+        journal.add(*entry)
+    journal.sync()
+    journal._destroy()
+
+    second = Harness(tmp_path, port)
+    try:
+        wait_until(lambda: second.node.replicated_state.meta.last_index == applied, 10, "replay")
+        assert second.digest() == before
+    finally:
+        second.close()
