@@ -21,8 +21,9 @@ from cluster.cli.common import (
     translate_errors,
     wait_timeout_option,
 )
-from cluster.cli.exits import TEMPORARY, UNAVAILABLE, USAGE, CliError
-from cluster.config import ClusterConfig
+from cluster.cli.exits import CONFIG, TEMPORARY, UNAVAILABLE, USAGE, CliError
+from cluster.config import ClusterConfig, read_secret
+from cluster.errors import ConfigError
 from cluster.launcher import (
     client_key,
     node_pid,
@@ -122,6 +123,7 @@ def restart(
     if node_id not in config.node_ids():
         raise CliError(f"no node {node_id!r} (have {config.node_ids()})", USAGE)
     node = config.node(node_id)
+    _check_startable(data_dir, node_id)  # before stopping anything
     was_running = stop_node(node, grace_s)
     if max_machine_version is not None:
         set_node_cap(data_dir, node_id, max_machine_version)
@@ -141,6 +143,17 @@ def restart(
         )
     else:
         emit(ctx, row)
+
+
+def _check_startable(data_dir: Path, node_id: str) -> None:
+    """Refuse (78) before stopping a running node that could not start again."""
+    try:
+        read_secret(data_dir)
+    except ConfigError as err:
+        raise CliError(
+            f"not touching {node_id}: it could not start again ({err}); nothing was stopped",
+            CONFIG,
+        ) from err
 
 
 def _wait_answering(data_dir: Path, node_id: str, timeout_s: float) -> dict[str, object]:
@@ -206,6 +219,7 @@ def recover(
             f"is held by a healthy member ({'; '.join(why_not)}); bring them back first",
             UNAVAILABLE,
         )
+    _check_startable(data_dir, node_id)
     was_running = stop_node(node, grace_s)
     moved_to = _move_storage_aside(node.data_dir)
     spawn_node(data_dir, node_id)

@@ -170,7 +170,7 @@ def test_damage_is_refused_then_rebuilt_from_peers(cluster: LocalCluster) -> Non
     for node_id in cluster.config.node_ids():
         node_dir = cluster.config.node(node_id).data_dir
         assert stat.S_IMODE(os.stat(node_dir).st_mode) == 0o700
-        for name in ("raft.journal", "raft.journal.meta", "node.log"):
+        for name in ("raft.journal", "raft.journal.meta", "node.log", "stderr.log"):
             assert stat.S_IMODE(os.stat(node_dir / name).st_mode) == 0o600, (node_id, name)
 
 
@@ -210,6 +210,16 @@ def test_a_torn_tail_heals_by_itself_and_recover_needs_a_healthy_majority(
     assert node_status(cluster.config.node(first), client_key(cluster.data_dir)) is not None
     spawn_node(cluster.data_dir, second)
     _converged(cluster, {"a": MESSAGES, "b": 30})
+
+    # `node restart` (and `recover`) check the node could start again before stopping it
+    secret = cluster.data_dir / "secret"
+    secret.rename(cluster.data_dir / "secret.away")
+    try:
+        result = quorumq("--data-dir", str(cluster.data_dir), "node", "restart", first)
+        assert result.returncode == 78 and "nothing was stopped" in result.stderr, result.stderr
+        assert node_status(cluster.config.node(first), cluster.key) is not None
+    finally:
+        (cluster.data_dir / "secret.away").rename(secret)
     assert cluster_config.load(cluster.data_dir).node_ids() == cluster.config.node_ids()
 
 
