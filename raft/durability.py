@@ -49,7 +49,11 @@ POLICIES = ("always", "batch", "never")
 PROBE_INTERVAL_S = 1.0
 PROBE_BYTES = 64 * 1024
 # test-only fault hook: while the file this names exists, journal writes fail with ENOSPC
+# (a relative path is relative to the node's working directory: its data dir under the launcher)
 FAULT_ENOSPC_ENV = "QUORUMQ_TEST_ENOSPC_FLAG"
+# test-only power-loss layer: when set, the journal records how much of it is on stable storage
+# in `<journal>.synced` after every sync, so a fault can drop the rest (`raft.storage.power_loss`)
+FAULT_POWER_LOSS_ENV = "QUORUMQ_TEST_POWER_LOSS"
 _registered: dict[str, tuple[str, str | None]] = {}
 _registered_lock = threading.Lock()
 _original_create_journal = pysyncobj_journal.createJournal
@@ -68,6 +72,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self.disk_full_since: float | None = None
         self._next_probe = 0.0
         self._fault_flag = os.environ.get(FAULT_ENOSPC_ENV)
+        self._track_synced = bool(os.environ.get(FAULT_POWER_LOSS_ENV))
         self._dir = self.path.parent
         self._fd = -1  # -1: not open
         storage.private_dir(self._dir)
@@ -83,6 +88,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
                 str(self.meta_path),
                 0,
             )
+        self._note_synced()  # what a start finds is what survived
         self._meta: dict[str, Any] = meta or {}
         self._meta_saved = True
         if meta is not None and not self.meta_path.read_bytes().startswith(storage.META_MAGIC):
@@ -213,6 +219,8 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self.sync()
         self._rewrite(self._entries[entryTo:])
         self.dirty = False
+        if self.policy != "never":
+            self._note_synced()
 
     def __getitem__(self, item: Any) -> Any:
         return self._entries[item]
@@ -236,7 +244,15 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         os.fdatasync(self._fd)
         self.dirty = False
         self.syncs += 1
+        self._note_synced()
         return True
+
+    def _note_synced(self) -> None:
+        """Test-only power-loss layer: record the journal's length now on stable storage."""
+        if self._track_synced:
+            storage.write_atomically(
+                Path(f"{self.path}.synced"), str(self._end).encode("ascii"), sync=False
+            )
 
     # --- disk full -----------------------------------------------------------------------------
 

@@ -364,6 +364,36 @@ def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
     return dict(plain)
 
 
+def power_loss(journal: Path, seed: int) -> dict[str, int]:
+    """Test-only: what a power cut does to a stopped node's journal (as LazyFS does for Jepsen).
+
+    The node ran with the power-loss layer on (`raft.durability.FAULT_POWER_LOSS_ENV`), so
+    `<journal>.synced` holds how many bytes of the journal were on stable storage. Everything
+    after that is dropped, except that a seeded random prefix of it survives (the page cache
+    may have written some of it back; its last record is then usually torn). The meta file and
+    the dump are written atomically and fsynced before they are renamed: they lose nothing.
+    Returns the byte counts.
+    """
+    import random
+
+    marker = journal.with_name(journal.name + ".synced")
+    try:
+        synced = int(marker.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        synced = 0
+    size = journal.stat().st_size if journal.exists() else 0
+    if size <= synced or not journal.exists():
+        return {"synced": synced, "size": size, "kept": size}
+    rng = random.Random(seed)
+    unsynced = size - synced
+    kept = synced + rng.choice((0, 0, rng.randrange(unsynced + 1)))
+    with open(journal, "r+b") as f:
+        f.truncate(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"synced": synced, "size": size, "kept": kept}
+
+
 def is_enospc(err: OSError) -> bool:
     """Whether an OSError means the disk (or quota) is full."""
     return err.errno in (errno.ENOSPC, errno.EDQUOT)
