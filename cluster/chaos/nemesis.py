@@ -183,6 +183,7 @@ class Nemesis:
         self.records: list[FaultRecord] = []
         self._killed: set[str] = set()
         self._paused: set[str] = set()
+        self.power_lost: list[str] = []  # what each power-loss fault dropped, for the report
 
     def inject(self, fault: ScheduledFault) -> FaultRecord:
         """Start `fault` now and return its record (open until `heal`)."""
@@ -195,6 +196,8 @@ class Nemesis:
             "fault", "nemesis", fault=fault.kind, node=",".join(nodes), detail=detail
         )
         self._guard(record, lambda: self._start(fault, nodes))
+        if fault.kind.startswith("power-loss") and self.power_lost:
+            record.detail = f"{detail}: {self.power_lost[-1]}"
         self.records.append(record)
         log.info("fault_started", kind=fault.kind, nodes=nodes, detail=detail)
         return record
@@ -261,6 +264,7 @@ class Nemesis:
         elif base.startswith("power-loss"):
             self._killed.update(nodes)
             lost = [self.cluster.lose_power(node, fault.pick + i) for i, node in enumerate(nodes)]
+            self.power_lost.append("; ".join(lost))
             log.info("power_lost", nodes=nodes, lost=lost)
 
     def _partition(self, node: str, shape: str) -> None:
