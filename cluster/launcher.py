@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from cluster import config as cluster_config
 from cluster.cli import exits
@@ -173,8 +173,8 @@ def spawn_node(
     if max_machine_version is not None:
         args += ["--max-machine-version", str(max_machine_version)]
     with (
-        (node.data_dir / "stdout.log").open("ab") as out,
-        (node.data_dir / "stderr.log").open("ab") as err,
+        _private_log(node.data_dir / "stdout.log") as out,
+        _private_log(node.data_dir / "stderr.log") as err,
     ):
         process = subprocess.Popen(
             args,
@@ -186,6 +186,13 @@ def spawn_node(
         )
     (node.data_dir / PID_FILE).write_text(f"{process.pid}\n")
     return process
+
+
+def _private_log(path: Path) -> IO[bytes]:
+    """A node's log file opened for appending, readable by its owner only (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def set_node_cap(data_dir: Path, node_id: str, max_machine_version: int | None) -> None:

@@ -52,6 +52,8 @@ NOT_LEADER_TIMEOUT: Final = "not_leader_timeout"
 UNAVAILABLE: Final = "unavailable"
 INTERNAL: Final = "internal"
 REFUSED: Final = "refused"
+REPLY_TOO_LARGE: Final = "reply_too_large"  # a query result over the frame limit
+DISK_FULL: Final = "disk_full"  # journal write hit ENOSPC: no commands until space returns
 # errors after which the server closes the connection
 FATAL_CODES: Final = frozenset({FRAME_TOO_LARGE, AUTH_FAILED, NOT_AUTHENTICATED})
 

@@ -46,6 +46,11 @@ _FAILURES = {
     FAIL_REASON.UNKNOWN_OUTCOME: ("unavailable", "outcome unknown, retry"),
 }
 
+DISK_FULL_MESSAGE = (
+    "this node's disk is full: it takes no commands until space returns (nothing was written; "
+    "retry, or use another node)"
+)
+
 
 @dataclass
 class _Batch:
@@ -151,6 +156,10 @@ class GroupCommitter:
                 code, message = _FAILURES.get(reason, ("unavailable", f"failure {reason}"))
                 self.loop.call_soon_threadsafe(self.fail, batch_id, SubmitError(code, message))
 
+        if self.node.disk_full():
+            # the journal cannot take the entry: say so now rather than time out in 10 s
+            self.fail(batch_id, SubmitError("disk_full", DISK_FULL_MESSAGE))
+            return
         try:
             self.node.submit(entry, callback=on_done)
         except Exception as err:  # e.g. the node is shutting down

@@ -37,3 +37,19 @@ class SubmitError(RaftError):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class StorageError(RaftError):
+    """Raised at start when a journal, meta or snapshot file is damaged beyond a torn tail.
+
+    The message names the file, the offset and the recovery command; the node refuses to start.
+    """
+
+    def __init__(self, message: str, path: str, offset: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class DiskFullError(RaftError):
+    """Raised when a journal write fails with ENOSPC: the write was undone, nothing was added."""

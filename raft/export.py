@@ -1,29 +1,26 @@
 """Export a node's replicated log from disk (journal + dump), running or stopped, streaming.
 
-pysyncobj's FileJournal: a 40-byte header (name, version, format, offset of the end of the last
-record), then records `<I len><QQ idx, term><command><I len>`. A command is one type byte plus a
-pickle; for a REGULAR command the pickle is `(funcID, args[, kwargs])` and our entry blob is
-`args[0]`. Pickles are read ONLY with `raft.safe_pickle`'s allow-list unpickler. The entries are
-replayed through `ReplicatedState` so each command gets the exact meta it was applied with.
+The journal is read through `raft.storage` (either format, checksums verified). A command is
+one type byte plus a pickle; for a REGULAR command the pickle is `(funcID, args[, kwargs])` and
+our entry blob is `args[0]`. Pickles are read ONLY with `raft.safe_pickle`'s allow-list
+unpickler. The entries are replayed through `ReplicatedState` so each command gets the exact meta
+it was applied with.
 """
 
 from __future__ import annotations
 
-import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
-
-import cbor2
+from typing import Any
 
 import fifo
 from fifo.meta import Meta
 from fifo.replies import Error
-from raft import safe_pickle
+from raft import safe_pickle, storage
 from raft.entry import Entry, command_index, decode_entry
-from raft.errors import EntryError, RaftError
+from raft.errors import EntryError, RaftError, StorageError
 from raft.logfile import EndRecord, EntryRecord, Header, LoggedCommand, LogWriter, SnapshotRecord
 from raft.replicated import ReplicatedState
 
@@ -70,29 +67,14 @@ class ExportSummary:
 # --- reading the journal -------------------------------------------------------------------------
 
 
-def _journal_end(stream: IO[bytes]) -> int:
-    header = stream.read(HEADER_BYTES)
-    if len(header) < HEADER_BYTES or not header.startswith(b"PYSYNCOBJ"):
-        raise ExportError("not a pysyncobj journal (bad header)")
-    return int(struct.unpack("<I", header[LAST_OFFSET_AT:HEADER_BYTES])[0])
-
-
 def read_journal(path: Path) -> Iterator[JournalRecord]:
-    """Yield the records of a pysyncobj journal up to its recorded end, checking their framing."""
-    with open(path, "rb") as stream:
-        end = _journal_end(stream)
-        offset = HEADER_BYTES
-        while offset < end:
-            size_raw = stream.read(4)
-            if len(size_raw) < 4:
-                raise ExportError(f"journal cut short at offset {offset}")
-            (size,) = struct.unpack("<I", size_raw)
-            body = stream.read(size + 4)
-            if size < 16 or len(body) < size + 4 or body[size:] != size_raw:
-                raise ExportError(f"journal record at offset {offset} is torn (written meanwhile?)")
-            index, term = struct.unpack("<QQ", body[:16])
-            yield JournalRecord(int(index), int(term), bytes(body[16:size]))
-            offset += size + 8
+    """Yield the records of a journal (either format), verified; a torn tail is left out."""
+    try:
+        records = storage.scan_journal(path, path.read_bytes()).entries
+    except StorageError as err:
+        raise ExportError(str(err)) from err
+    for command, index, term in records:
+        yield JournalRecord(int(index), int(term), bytes(command))
 
 
 def journal_bounds(path: Path) -> tuple[int, int, int]:
@@ -126,8 +108,8 @@ def entry_blob(command: bytes) -> tuple[str, bytes | None]:
 def read_commit_index(journal: Path) -> int:
     """The commit index pysyncobj last saved next to the journal (0 if none)."""
     try:
-        meta = safe_pickle.loads(Path(f"{journal}.meta").read_bytes())
-    except Exception:  # missing or unreadable: nothing is known to be committed
+        meta = storage.read_meta(Path(f"{journal}.meta")) or {}
+    except StorageError:  # unreadable: nothing is known to be committed
         return 0
     value = meta.get("raftCommitIndex", 0) if isinstance(meta, dict) else 0
     return int(value) if isinstance(value, int) else 0
@@ -138,12 +120,9 @@ def read_dump(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        body = cbor2.loads(path.read_bytes())
-        raft = body["raft"]
-        int(raft["last"][1])
-    except Exception as err:
-        raise ExportError(f"{path} is not a quorumq dump: {err!r}") from err
-    return dict(body)
+        return storage.read_dump_body(path)
+    except StorageError as err:
+        raise ExportError(f"{path} is not a readable quorumq dump: {err}") from err
 
 
 # --- exporting -----------------------------------------------------------------------------------

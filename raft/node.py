@@ -20,6 +20,7 @@ Ordering obligations (as etcd's `Ready` documents them):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -36,10 +37,10 @@ from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjExceptionWrongVer
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from raft import durability, safe_pickle
+from raft import durability, safe_pickle, storage
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, decode_entry, encode_entry
-from raft.errors import EntryError, VersionTooOldError
+from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldError
 from raft.replicated import InternalFailure, Outcome, ReplicatedState
 
 log = structlog.get_logger("raft")
@@ -116,8 +117,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     ) -> None:
         safe_pickle.install()
         durability.install()
-        durability.register(settings.journal_file, settings.fsync)
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        durability.register(settings.journal_file, settings.fsync, settings.node_id)
+        storage.private_dir(settings.data_dir)
+        # a snapshot that does not verify stops the start here, before anything is bound: a
+        # node never serves, votes or leads from a state it could not load (the journal is
+        # verified the same way when SyncObj opens it)
+        if os.path.exists(settings.dump_file):
+            storage.read_dump_body(Path(settings.dump_file), settings.node_id)
         # our attributes exist before SyncObj starts its tick thread (it may load the dump)
         self.settings = settings
         self.lock = threading.RLock()
@@ -145,6 +151,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # pysyncobj compares Node objects, not address strings
         self._peer_nodes = {self._address_to_id[node.id]: node for node in self.otherNodes}
         self.addOnTickCallback(self._guard_leadership)
+        self.addOnTickCallback(self._probe_disk)
         self.addOnTickCallback(self._expire_stuck_handshakes)
         self._real_poll = self._poller.poll
         self._poller.poll = self._poll
@@ -288,16 +295,27 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             "prev": [bytes(prev[0]), prev[1], prev[2]],
             "cluster": sorted(node.id if hasattr(node, "id") else str(node) for node in cluster),
         }
-        with open(file_name, "wb") as f:
-            f.write(cbor2.dumps(body))
+        data = storage.encode_dump(cbor2.dumps(body), int(last[1]))
+        fd = os.open(file_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, storage.FILE_MODE)
+        with open(fd, "wb") as f:
+            os.fchmod(fd, storage.FILE_MODE)
+            f.write(data)
             f.flush()
             if self.settings.fsync != "never":
                 os.fsync(f.fileno())
-        log.info("snapshot_written", index=last[1], bytes=len(body["fifo"]))
+        log.info("snapshot_written", index=last[1], bytes=len(data))
 
     def _deserialize_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
-        with open(file_name, "rb") as f:
-            body = cbor2.loads(f.read())
+        try:
+            body = storage.read_dump_body(Path(file_name), self.settings.node_id)
+        except StorageError as err:
+            # verified at start, so this is a snapshot the leader just sent: stop applying
+            # rather than run from a state that could not be loaded
+            with self.lock:
+                self.stopped_reason = str(err)
+            log.error("snapshot_damaged", file=file_name, offset=err.offset, error=str(err))
+            raise
+        os.chmod(file_name, storage.FILE_MODE)
         with self.lock:
             self.replicated_state.restore(body)
             meta = self.replicated_state.meta
@@ -316,7 +334,28 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             except Exception:  # a listener bug must not fail the load
                 log.exception("snapshot_listener_failed", index=last[1])
         last_entry = (bytes(last[0]), last[1], last[2])
-        return last_entry, (bytes(prev[0]), prev[1], prev[2]), raft["cluster"]
+        prev_entry = (bytes(prev[0]), prev[1], prev[2])
+        self._align_journal_to_snapshot(prev_entry, last_entry)
+        return last_entry, prev_entry, raft["cluster"]
+
+    def _align_journal_to_snapshot(self, prev_entry: Any, last_entry: Any) -> None:
+        """Drop the journal's entries before the snapshot's last two if it still holds them.
+
+        A crash after the dump was renamed into place but before the journal was compacted
+        leaves a journal that starts before the snapshot; pysyncobj, not finding the snapshot's
+        last two entries at the journal's start, then clears the whole journal, losing the
+        entries after the snapshot that this node had acknowledged. Compacting it here (what
+        the crash interrupted) keeps them.
+        """
+        journal = self._journal()
+        if len(journal) < 2:
+            return
+        at = int(prev_entry[1]) - int(journal[0][1])
+        if at <= 0 or at + 1 >= len(journal):
+            return
+        if tuple(journal[at]) == tuple(prev_entry) and tuple(journal[at + 1]) == tuple(last_entry):
+            log.warning("journal_compaction_completed", dropped=at, snapshot_index=last_entry[1])
+            journal.deleteEntriesTo(at)
 
     # --- leadership guard --------------------------------------------------------------------
 
@@ -329,6 +368,39 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             return
         self._SyncObj__raftElectionDeadline = monotonic_time() + 3600
         if self._isLeader():
+            self.transferLeadership()
+
+    def _checkCommandsToApply(self) -> None:
+        # the leader appends submitted commands here: on ENOSPC the journal undid the write and
+        # logged it; the command is not in the log and its submitter times out (the batcher
+        # answers `disk_full` at once to everything submitted after)
+        with contextlib.suppress(DiskFullError):
+            SyncObj._checkCommandsToApply(self)
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        # a follower appends the leader's entries here: on ENOSPC it does not ack them, and the
+        # leader sends them again (after the conflicting tail is cut) until space returns
+        with contextlib.suppress(DiskFullError):
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def disk_full(self) -> bool:
+        """Whether the journal's last write failed for lack of space (no probe succeeded yet)."""
+        journal = self._journal()
+        return isinstance(journal, DurableFileJournal) and journal.disk_full
+
+    def _probe_disk(self) -> None:
+        """While the disk is full: probe for space once a second; a leader hands leadership to
+        a peer that can still write, and this node stands for no election until space
+        returns."""
+        journal = self._journal()
+        if not isinstance(journal, DurableFileJournal) or not journal.disk_full:
+            return
+        if journal.probe_space():
+            return
+        self._SyncObj__raftElectionDeadline = monotonic_time() + 3600
+        if self._isLeader() and monotonic_time() >= getattr(self, "_disk_transfer_at", 0.0):
+            self._disk_transfer_at = monotonic_time() + 1.0
+            log.warning("leadership_transfer_disk_full")
             self.transferLeadership()
 
     # --- peer connections ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from cluster import config as cluster_config
 from cluster import launcher
 from cluster.chaos.linkproxy import ProxyMesh
 from cluster.config import ClusterConfig, NodeConfig
+from raft import storage
 
 log = structlog.get_logger(__name__)
 
@@ -101,6 +102,14 @@ class LauncherCluster:
         self._signal(node, signal.SIGCONT)  # a paused node must die too, not linger stopped
         launcher.kill_node(self.node(node), signal.SIGKILL)
         self._reap(node, wait=True)
+
+    def lose_power(self, node: str, seed: int) -> str:
+        """SIGKILL the node, then drop its journal writes that were not fsynced (seeded)."""
+        self.kill(node)
+        node_dir = self.node(node).data_dir
+        lost = storage.power_loss(node_dir / "raft.journal", seed)
+        kept, size, synced = lost["kept"], lost["size"], lost["synced"]
+        return f"{node}: kept {kept} of {size} journal bytes ({synced} synced)"
 
     def pause(self, node: str) -> None:
         """SIGSTOP the node."""

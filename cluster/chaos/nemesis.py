@@ -1,4 +1,9 @@
-"""Nemeses (kill, pause, partition, restart-all, leader variants) and their seeded schedule.
+"""Nemeses (kill, pause, partition, restart-all, power-loss, leader variants) and their schedule.
+
+`power-loss` (one node) and `power-loss-all` (every node at once) SIGKILL and then drop every
+journal write the node had not fsynced (a seeded prefix of the unsynced tail may survive, its
+last record torn), as LazyFS does for Jepsen; the nodes run with the test-only power-loss layer
+(`raft.durability.FAULT_POWER_LOSS_ENV`) so the journal records what was synced.
 
 The schedule is pure data drawn from `random.Random(seed)`: the same seed, duration and fault
 list give the same schedule. Targets that depend on the run ("the leader") are resolved when the
@@ -31,6 +36,8 @@ FAULT_KINDS: tuple[str, ...] = (
     "partition",
     "partition-leader",
     "restart-all",
+    "power-loss",
+    "power-loss-all",
 )
 # `leader` on the command line adds the leader variant of every other chosen fault.
 LEADER_TOKEN = "leader"
@@ -62,6 +69,11 @@ class ClusterHandle(Protocol):
 
     def resume(self, node: str) -> None:
         """SIGCONT the node's process."""
+        ...
+
+    def lose_power(self, node: str, seed: int) -> str:
+        """SIGKILL the node and drop the journal writes it had not fsynced (seeded); returns
+        what was lost, for the report."""
         ...
 
     def stop_all(self) -> None:
@@ -171,6 +183,7 @@ class Nemesis:
         self.records: list[FaultRecord] = []
         self._killed: set[str] = set()
         self._paused: set[str] = set()
+        self.power_lost: list[str] = []  # what each power-loss fault dropped, for the report
 
     def inject(self, fault: ScheduledFault) -> FaultRecord:
         """Start `fault` now and return its record (open until `heal`)."""
@@ -183,6 +196,8 @@ class Nemesis:
             "fault", "nemesis", fault=fault.kind, node=",".join(nodes), detail=detail
         )
         self._guard(record, lambda: self._start(fault, nodes))
+        if fault.kind.startswith("power-loss") and self.power_lost:
+            record.detail = f"{detail}: {self.power_lost[-1]}"
         self.records.append(record)
         log.info("fault_started", kind=fault.kind, nodes=nodes, detail=detail)
         return record
@@ -223,7 +238,7 @@ class Nemesis:
 
     def _targets(self, fault: ScheduledFault, leader: str | None) -> tuple[list[str], str]:
         nodes = self.cluster.node_ids()
-        if fault.kind == "restart-all":
+        if fault.kind in ("restart-all", "power-loss-all"):
             return nodes, "every node"
         if fault.kind.endswith("-leader"):
             if leader is not None:
@@ -246,6 +261,11 @@ class Nemesis:
         elif base == "restart-all":
             self._killed.update(nodes)
             self.cluster.stop_all()
+        elif base.startswith("power-loss"):
+            self._killed.update(nodes)
+            lost = [self.cluster.lose_power(node, fault.pick + i) for i, node in enumerate(nodes)]
+            self.power_lost.append("; ".join(lost))
+            log.info("power_lost", nodes=nodes, lost=lost)
 
     def _partition(self, node: str, shape: str) -> None:
         if self.mesh is None:
@@ -268,8 +288,9 @@ class Nemesis:
                 self._paused.discard(node)
         elif base == "partition" and self.mesh is not None:
             self.mesh.heal()
-        elif base == "restart-all":
-            self.cluster.start_all()
+        elif base == "restart-all" or base.startswith("power-loss"):
+            for node in record.nodes:
+                self.cluster.start(node)
             self._killed.difference_update(record.nodes)
         elif base == "kill":
             for node in record.nodes:

@@ -8,6 +8,7 @@ Files in `out_dir`: `history.jsonl` (see `cluster.chaos.history`), `report.json`
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import tempfile
 import threading
@@ -40,6 +41,7 @@ from cluster.chaos.workload import (
 from cluster.client import Client
 from cluster.client.errors import ClusterError
 from cluster.config import SNAPSHOT_EVERY_ENTRIES_DEFAULT, FsyncPolicy
+from raft import durability
 
 log = structlog.get_logger(__name__)
 
@@ -89,6 +91,10 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="quorumq-chaos-", dir="/tmp"))
     kinds = expand_faults(params.faults)
+    if any(kind.startswith("power-loss") for kind in kinds):
+        # the nodes record how much of their journal is fsynced (test-only layer), so that
+        # the power-loss fault can drop the rest
+        os.environ[durability.FAULT_POWER_LOSS_ENV] = "1"
     stage = _Stage()
     every = params.snapshot_every_entries
     if params.fsync is None:  # the cluster's default fsync policy

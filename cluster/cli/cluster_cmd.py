@@ -21,7 +21,7 @@ from cluster.cli.common import (
     translate_errors,
     wait_timeout_option,
 )
-from cluster.cli.exits import UNAVAILABLE, CliError
+from cluster.cli.exits import FAILURE, UNAVAILABLE, CliError
 from cluster.config import FSYNC_POLICIES, FsyncPolicy, NodeConfig
 from cluster.launcher import (
     client_key,
@@ -170,7 +170,8 @@ def stop(ctx: click.Context, local_data_dir: Path | None, grace_s: float) -> Non
 def status(ctx: click.Context, local_data_dir: Path | None, full_digest: bool) -> None:
     """Show every node: role, term, commit index, last applied, versions, digest and pid.
 
-    Unreachable nodes are listed as down. Exits 69 when no node answers.
+    Unreachable nodes are listed as down. Exits 69 when no node answers, 1 (naming the nodes)
+    when two nodes that applied the same index have different digests.
 
     Without a data dir, asks each of --endpoints with --credentials.
 
@@ -185,12 +186,37 @@ def status(ctx: click.Context, local_data_dir: Path | None, full_digest: bool) -
     else:
         data_dir = resolve_data_dir(ctx, local_data_dir)
         rows = cluster_status(load_config(data_dir), client_key(data_dir))
+    divergence = digest_divergence(rows)
     if output_format(ctx) == "table" and not full_digest:
         rows = [_short_digest(row) for row in rows]
     reasons = any(row.get("reason") for row in rows)  # a node that stopped applying says why
     emit(ctx, rows, [*STATUS_COLUMNS, "reason"] if reasons else STATUS_COLUMNS)
     if all(row.get("role") == "down" for row in rows):
         raise CliError("no node of the cluster is reachable", UNAVAILABLE)
+    if divergence:
+        raise CliError(divergence, FAILURE)
+
+
+def digest_divergence(rows: list[dict[str, Any]]) -> str | None:
+    """A message naming the nodes whose digest differs from the others' at the same applied
+    index (replicas must agree there), or None."""
+    by_index: dict[Any, dict[str, list[str]]] = {}
+    for row in rows:
+        index, digest = row.get("last_applied"), row.get("digest")
+        if isinstance(index, int) and isinstance(digest, str):
+            by_index.setdefault(index, {}).setdefault(digest, []).append(str(row.get("id")))
+    problems = []
+    for index, digests in sorted(by_index.items()):
+        if len(digests) < 2:
+            continue
+        groups = sorted(digests.items(), key=lambda item: (-len(item[1]), item[0]))
+        odd = [node for _digest, nodes in groups[1:] for node in nodes]
+        described = "; ".join(f"{', '.join(nodes)}: {d[:16]}" for d, nodes in groups)
+        problems.append(
+            f"replicas disagree at applied index {index}: {', '.join(odd)} differ ({described}); "
+            f"rebuild a diverged node from its peers with `quorumq node recover ID`"
+        )
+    return "\n".join(problems) or None
 
 
 def _status_by_endpoints(ctx: click.Context) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
-"""`quorumq node start|stop|restart`: one node of a local cluster."""
+"""`quorumq node start|stop|restart|recover`: one node of a local cluster."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,9 @@ from cluster.cli.common import (
     translate_errors,
     wait_timeout_option,
 )
-from cluster.cli.exits import UNAVAILABLE, USAGE, CliError
+from cluster.cli.exits import CONFIG, TEMPORARY, UNAVAILABLE, USAGE, CliError
+from cluster.config import ClusterConfig, read_secret
+from cluster.errors import ConfigError
 from cluster.launcher import (
     client_key,
     node_pid,
@@ -29,6 +32,7 @@ from cluster.launcher import (
     spawn_node,
     stop_node,
 )
+from raft.storage import fsync_dir
 
 
 @click.group("node")
@@ -138,6 +142,7 @@ def restart(
     if node_id not in config.node_ids():
         raise CliError(f"no node {node_id!r} (have {config.node_ids()})", USAGE)
     node = config.node(node_id)
+    _check_startable(data_dir, node_id)  # before stopping anything
     was_running = stop_node(node, grace_s)
     if max_machine_version is not None:
         set_node_cap(data_dir, node_id, max_machine_version)
@@ -159,6 +164,17 @@ def restart(
         emit(ctx, row)
 
 
+def _check_startable(data_dir: Path, node_id: str) -> None:
+    """Refuse (78) before stopping a running node that could not start again."""
+    try:
+        read_secret(data_dir)
+    except ConfigError as err:
+        raise CliError(
+            f"not touching {node_id}: it could not start again ({err}); nothing was stopped",
+            CONFIG,
+        ) from err
+
+
 def _wait_answering(data_dir: Path, node_id: str, timeout_s: float) -> dict[str, object]:
     config = load_config(data_dir)
     node, key = config.node(node_id), client_key(data_dir)
@@ -173,3 +189,141 @@ def _wait_answering(data_dir: Path, node_id: str, timeout_s: float) -> dict[str,
             )
         time.sleep(0.1)
     raise CliError(f"{node_id} did not answer within {timeout_s:.0f}s", UNAVAILABLE)
+
+
+STORAGE_FILES = ("raft.journal", "raft.journal.meta", "raft.dump")
+STORAGE_LEFTOVERS = (
+    "raft.journal.tmp",
+    "raft.journal.meta.tmp",
+    "raft.dump.tmp",
+    "raft.dump.1.tmp",
+)
+
+
+@node_group.command("recover")
+@click.argument("node_id")
+@data_dir_option
+@grace_option
+@wait_timeout_option("Seconds to wait for the node to be rebuilt from its peers.")
+@output_option
+@click.pass_context
+@translate_errors
+def recover(
+    ctx: click.Context, node_id: str, local_data_dir: Path | None, grace_s: float, timeout_s: float
+) -> None:
+    """Rebuild a node whose journal, meta or snapshot is damaged, from its peers.
+
+    Checks that a majority of the cluster is healthy without this node (else exit 69: wiping
+    it could lose entries only it and a down node hold), stops it, moves its journal, meta and
+    snapshot aside into `recovered-<UTC time>/` in its data dir (nothing is deleted), and starts
+    it empty: the leader sends it a snapshot and the log, and the command waits until it has
+    applied everything the cluster had committed when it began.
+
+    \b
+    Example:
+      quorumq --data-dir /tmp/qq node recover n2
+    """
+    data_dir = resolve_data_dir(ctx, local_data_dir)
+    config = load_config(data_dir)
+    if node_id not in config.node_ids():
+        raise CliError(f"no node {node_id!r} (have {config.node_ids()})", USAGE)
+    node, key = config.node(node_id), client_key(data_dir)
+    needed = len(config.nodes) // 2 + 1
+    healthy, why_not, target = _healthy_peers(config, node_id, key)
+    if len(healthy) < needed:
+        raise CliError(
+            f"refusing to recover {node_id}: {len(healthy)} of the other members are healthy "
+            f"({', '.join(healthy) or 'none'}), a majority of the cluster ({needed} of "
+            f"{len(config.nodes)}) must be, without {node_id}, so that every committed entry "
+            f"is held by a healthy member ({'; '.join(why_not)}); bring them back first",
+            UNAVAILABLE,
+        )
+    _check_startable(data_dir, node_id)
+    was_running = stop_node(node, grace_s)
+    moved_to = _move_storage_aside(node.data_dir)
+    spawn_node(data_dir, node_id)
+    _wait_answering(data_dir, node_id, timeout_s)
+    status = _wait_caught_up(data_dir, node_id, target, timeout_s)
+    row = {
+        "node": node_id,
+        "was_running": was_running,
+        "moved_to": str(moved_to) if moved_to else None,
+        "healthy_peers": healthy,
+        "caught_up_to": status.get("last_applied"),
+        "role": status.get("role"),
+    }
+    if output_format(ctx) == "table":
+        aside = f"damaged files moved to {moved_to}" if moved_to else "no files to move aside"
+        click.echo(
+            f"{node_id} rebuilt from {', '.join(healthy)}: {aside}; applied up to "
+            f"{row['caught_up_to']} (role {row['role']})"
+        )
+    else:
+        emit(ctx, row)
+
+
+def _healthy_peers(
+    config: ClusterConfig, node_id: str, key: bytes
+) -> tuple[list[str], list[str], int]:
+    """(healthy other members, why each other one is not, the highest commit index seen)."""
+    healthy: list[str] = []
+    why_not: list[str] = []
+    target = 0
+    for other in config.nodes:
+        if other.id == node_id:
+            continue
+        status = node_status(other, key, timeout_s=2.0)
+        if status is None:
+            why_not.append(f"{other.id} does not answer")
+        elif status.get("role") not in ("leader", "follower") or not status.get("has_quorum"):
+            why_not.append(
+                f"{other.id} is {status.get('role')}"
+                + ("" if status.get("has_quorum") else " without a quorum")
+            )
+        else:
+            healthy.append(other.id)
+            target = max(target, int(status.get("commit_index") or 0))
+    return healthy, why_not, target
+
+
+def _move_storage_aside(node_dir: Path) -> Path | None:
+    """Move the node's raft files into a new `recovered-<UTC time>` directory; its path, or None
+    if there was nothing to move."""
+    present = [n for n in (*STORAGE_FILES, *STORAGE_LEFTOVERS) if (node_dir / n).exists()]
+    if not present:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = node_dir / f"recovered-{stamp}"
+    suffix = 1
+    while target.exists():
+        suffix += 1
+        target = node_dir / f"recovered-{stamp}-{suffix}"
+    target.mkdir(mode=0o700)
+    for name in present:
+        os.replace(node_dir / name, target / name)
+    fsync_dir(node_dir)
+    return target
+
+
+def _wait_caught_up(
+    data_dir: Path, node_id: str, target: int, timeout_s: float
+) -> dict[str, object]:
+    config = load_config(data_dir)
+    node, key = config.node(node_id), client_key(data_dir)
+    deadline = time.monotonic() + timeout_s
+    status: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        status = node_status(node, key, timeout_s=1.0) or {}
+        applied = status.get("raft_last_applied")
+        if isinstance(applied, int) and applied >= target:
+            return status
+        if node_pid(node) is None:
+            raise CliError(
+                f"{node_id} exited while rebuilding; see {node.data_dir}/stderr.log", UNAVAILABLE
+            )
+        time.sleep(0.2)
+    raise CliError(
+        f"{node_id} started empty but has not caught up to index {target} within "
+        f"{timeout_s:.0f}s (it keeps catching up in the background; check `cluster status`)",
+        TEMPORARY,
+    )

@@ -34,15 +34,17 @@ def bodies(count: int, size: int | None, text: str | None) -> Iterator[bytes]:
         head = b"%s-%d " % (run, number)
         yield (head + b"x" * width)[:width]
 
+PUBLISH_COUNT_MAX = 10_000_000  # a typo of a few extra zeros must not fill the cluster's disks
+
 
 @click.command("publish")
 @click.argument("queue")
 @click.option(
     "--count",
-    type=click.IntRange(1, None),
+    type=click.IntRange(1, PUBLISH_COUNT_MAX),
     default=1,
     show_default=True,
-    help="Messages to publish.",
+    help=f"Messages to publish (at most {PUBLISH_COUNT_MAX:,}).",
 )
 @click.option(
     "--size",

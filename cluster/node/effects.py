@@ -6,14 +6,36 @@ journal after a restart (older incarnation) find no live connection and are drop
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from cluster import protocol
 from fifo.commands import ConnectionId
+from fifo.effects import Deliver
 from raft.fastcodec import encode_effect
 
 Send = Callable[[dict[str, Any]], None]
+# an effect frame's body must fit the frame limit with room for the frame's own map
+EFFECT_BYTES_MAX = protocol.FRAME_BYTES_MAX_DEFAULT - 64 * 1024
+
+
+def split_delivery(effect: Deliver, limit: int = EFFECT_BYTES_MAX) -> list[Deliver]:
+    """A delivery too large for one frame (a prefetch of large messages) as several, in order,
+    each under `limit` (a message alone over it stays alone: publish bodies are smaller)."""
+    parts: list[Deliver] = []
+    chunk: list[Any] = []
+    size = 0
+    for message in effect.messages:
+        cost = len(message.body) + 256  # the message's fields and annotations, generously
+        if chunk and size + cost > limit:
+            parts.append(dataclasses.replace(effect, messages=tuple(chunk)))
+            chunk, size = [], 0
+        chunk.append(message)
+        size += cost
+    if chunk:
+        parts.append(dataclasses.replace(effect, messages=tuple(chunk)))
+    return parts
 
 
 class EffectRouter:
@@ -52,5 +74,10 @@ class EffectRouter:
             if send is None:
                 self.dropped += 1  # replayed effect, or the client is gone
                 continue
-            send(protocol.effect(encode_effect(effect)))
+            encoded = encode_effect(effect)
+            if len(encoded) > EFFECT_BYTES_MAX and isinstance(effect, Deliver):
+                for part in split_delivery(effect):
+                    send(protocol.effect(encode_effect(part)))
+            else:
+                send(protocol.effect(encoded))
             self.sent += 1

@@ -31,9 +31,10 @@ from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
 from fifo.commands import ConnectionDown, ConnectionId
 from fifo.replies import Error
+from raft import storage
 from raft.batcher import GroupCommitter
 from raft.entry import Entry, Origin
-from raft.errors import SubmitError
+from raft.errors import StorageError, SubmitError
 from raft.node import RaftNode, RaftSettings
 from raft.replicated import Outcome
 
@@ -42,6 +43,7 @@ log = structlog.get_logger("cluster.node")
 EX_OK = 0
 EX_USAGE = 64
 EX_UNAVAILABLE = 69
+EX_DATAERR = 65  # a damaged journal, meta or snapshot: `quorumq node recover` rebuilds it
 EX_SOFTWARE = 70
 EX_CONFIG = 78
 TIMER_PERIOD_S = 0.1
@@ -360,7 +362,8 @@ def run_node(
         print(f"error: {err}", file=sys.stderr)
         return EX_CONFIG
     node_dir = node.data_dir if node.data_dir.is_absolute() else data_dir / node.data_dir
-    node_dir.mkdir(parents=True, exist_ok=True)
+    os.umask(0o077)  # journal, snapshot, meta and logs are for the node's owner only (0600)
+    storage.private_dir(node_dir)
     setup_logging(node_dir / "node.log", node_id)
     # the raft tick thread waits for the GIL after every poll and fsync; with the default 5 ms
     # switch interval a busy client loop stalls it (and the whole commit pipeline) that long
@@ -389,6 +392,10 @@ def run_node(
         print(f"error: {err}", file=sys.stderr)
         log.error("node_failed", error=str(err))
         return EX_UNAVAILABLE
+    except StorageError as err:
+        log.error("storage_damaged", file=err.path, offset=err.offset, error=str(err))
+        print(f"error: {err}", file=sys.stderr)
+        return EX_DATAERR
     except OSError as err:
         log.error("node_failed", error=str(err))
         return EX_SOFTWARE

@@ -46,7 +46,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("cluster.session")
 
-HELLO_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = 5.0  # an unauthenticated connection must finish its handshake within this
+HELLO_BYTES_MAX = 8 * 1024  # a hello is a proof and a name: never read 16 MiB before auth
+PENDING_HANDSHAKES_MAX = 64  # unauthenticated connections at once; more are closed at once
+_pending_handshakes = 0
 WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 READ_BYTES = 256 * 1024
 OK_BYTES = fifo.encode(Ok())  # the most frequent reply, encoded once
@@ -144,6 +147,15 @@ class ClientSession:
             self._out.append(protocol.encode_frame(message, self.server.frame_bytes_max))
         except ProtocolError as err:
             log.error("frame_not_sent", error=err.message)
+            request_id = message.get("id")
+            if message.get("op") != protocol.ERROR and isinstance(request_id, int):
+                # never drop a reply silently: the caller would wait for it until its timeout
+                self.error(
+                    protocol.REPLY_TOO_LARGE,
+                    f"the reply does not fit in a frame ({err.message}): ask for less "
+                    "(e.g. a lower --limit)",
+                    request_id,
+                )
             return
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -188,15 +200,23 @@ class ClientSession:
             self._closed()
 
     async def _handshake(self) -> bool:
-        nonce = os.urandom(protocol.NONCE_BYTES)
-        self.send(protocol.challenge(nonce, self.server.node_id))
+        global _pending_handshakes
+        if _pending_handshakes >= PENDING_HANDSHAKES_MAX:
+            log.warning("handshake_refused", pending=_pending_handshakes)
+            self.error(protocol.UNAVAILABLE, "too many connections waiting to authenticate")
+            return False
+        _pending_handshakes += 1
         try:
+            nonce = os.urandom(protocol.NONCE_BYTES)
+            self.send(protocol.challenge(nonce, self.server.node_id))
             hello = await asyncio.wait_for(
-                protocol.read_frame(self.reader, self.server.frame_bytes_max), HELLO_TIMEOUT_S
+                protocol.read_frame(self.reader, HELLO_BYTES_MAX), HELLO_TIMEOUT_S
             )
         except ProtocolError as err:
             self.error(err.code, err.message)
             return False
+        finally:
+            _pending_handshakes -= 1
         if hello.get("op") != protocol.HELLO:
             self.error(protocol.NOT_AUTHENTICATED, "the first frame must be a 'hello'")
             return False

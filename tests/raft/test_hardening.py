@@ -56,6 +56,7 @@ def test_the_last_chunk_of_a_snapshot_transfer_loads() -> None:
 def test_journal_fsync_policies(tmp_path: Path, policy: str, syncs_after_adds: int) -> None:
     """`always` syncs every record, `batch` only on sync(), `never` not at all."""
     journal = durability.DurableFileJournal(str(tmp_path / "raft.journal"), policy)
+    journal.setCurrentTerm(1, None)  # as pysyncobj does before any entry of term 1
     for i in range(3):
         journal.add(b"\x00entry", i + 1, 1)
     assert journal.syncs == syncs_after_adds

@@ -10,14 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cbor2
+import pysyncobj.journal as pysyncobj_journal
 import pytest
 
 import fifo
 from cluster.testing import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.replies import Ok
+from raft import storage
 from raft.durability import DurableFileJournal
 from raft.entry import Entry
+from raft.errors import StorageError
 from raft.node import RaftNode, RaftSettings
 from raft.replicated import InternalFailure, Outcome, ReplicatedState
 
@@ -172,3 +176,104 @@ def test_a_peer_handshake_that_hears_nothing_is_dropped_and_dialed_again(tmp_pat
         listener.close()
         for conn in accepted:
             conn.close()
+
+
+def _fill_with_snapshot_and_tail(harness: Harness, path: Path) -> tuple[str, int]:
+    harness.run(DeclareQueue("q"))
+    for i in range(20):
+        harness.run(*[Enqueue("q", b"m%d-%d" % (i, j)) for j in range(5)])
+    harness.node.forceLogCompaction()
+    wait_until(lambda: (path / "raft.dump").exists(), 10, "the dump")
+    wait_until(lambda: harness.node.getStatus()["log_len"] < 10, 10, "compaction")
+    for i in range(10):
+        harness.run(Enqueue("q", b"tail%d" % i))
+    return harness.digest(), harness.node.replicated_state.meta.last_index
+
+
+def test_files_written_before_checksums_load_after_an_upgrade(tmp_path: Path, port: int) -> None:
+    """A rolling restart onto this code: pysyncobj's own journal and pickled meta and a bare
+    CBOR dump (the formats before issue 12) load to the same state, and are rewritten with
+    checksums (the journal and meta at start, the dump at the next snapshot)."""
+    first = Harness(tmp_path, port)
+    before, applied = _fill_with_snapshot_and_tail(first, tmp_path)
+    first.close()
+    journal = tmp_path / "raft.journal"
+    entries = storage.scan_journal(journal, journal.read_bytes()).entries
+    meta = storage.read_meta(Path(f"{journal}.meta"))
+    dump = storage.read_dump_body(tmp_path / "raft.dump")
+    journal.unlink()
+    old = pysyncobj_journal.FileJournal(str(journal))
+    for entry in entries:
+        old.add(*entry)
+    old._destroy()
+    Path(f"{journal}.meta").write_bytes(pysyncobj_journal.dumps(meta))
+    (tmp_path / "raft.dump").write_bytes(cbor2.dumps(dump))
+
+    second = Harness(tmp_path, port)
+    try:
+        wait_until(lambda: second.node.replicated_state.meta.last_index == applied, 10, "replay")
+        assert second.digest() == before
+        assert journal.read_bytes().startswith(storage.JOURNAL_MAGIC)
+        assert Path(f"{journal}.meta").read_bytes().startswith(storage.META_MAGIC)
+        second.run(Enqueue("q", b"after"))
+        second.node.forceLogCompaction()
+        wait_until(
+            lambda: (tmp_path / "raft.dump").read_bytes().startswith(storage.DUMP_MAGIC),
+            10,
+            "a checksummed dump",
+        )
+    finally:
+        second.close()
+
+
+def test_a_cut_snapshot_stops_the_start_before_anything_is_bound(tmp_path: Path, port: int) -> None:
+    """Before issue 12 a node with a truncated dump ran with an empty state at index 0, voting
+    and acknowledging; now it refuses to start and never binds its raft port."""
+    first = Harness(tmp_path, port)
+    _fill_with_snapshot_and_tail(first, tmp_path)
+    first.close()
+    dump = tmp_path / "raft.dump"
+    dump.write_bytes(dump.read_bytes()[:-100])
+    with pytest.raises(StorageError, match="quorumq node recover n1") as caught:
+        Harness(tmp_path, port)
+    assert caught.value.path == str(dump)
+    with socket.socket() as probe:  # the port is free: nothing was ever bound
+        probe.bind(("127.0.0.1", port))
+
+
+def test_a_crash_between_the_snapshot_and_the_journal_compaction_keeps_the_tail(
+    tmp_path: Path, port: int
+) -> None:
+    """The dump is renamed into place, then the journal is compacted: a crash in between leaves
+    a journal that starts before the snapshot. pysyncobj then cleared the whole journal,
+    losing the acknowledged entries after the snapshot; now the compaction is completed."""
+    first = Harness(tmp_path, port)
+    first.run(DeclareQueue("q"))
+    for i in range(20):
+        first.run(Enqueue("q", b"early%d" % i))
+    journal_file = tmp_path / "raft.journal"
+    early = storage.scan_journal(journal_file, journal_file.read_bytes()).entries
+    first.node.forceLogCompaction()
+    wait_until(lambda: (tmp_path / "raft.dump").exists(), 10, "the dump")
+    wait_until(lambda: first.node.getStatus()["log_len"] < 5, 10, "compaction")
+    for i in range(10):  # acknowledged entries after the snapshot
+        first.run(Enqueue("q", b"tail%d" % i))
+    before, applied = first.digest(), first.node.replicated_state.meta.last_index
+    first.close()
+    compacted = storage.scan_journal(journal_file, journal_file.read_bytes()).entries
+    first_kept = compacted[0][1]
+    uncompacted = [e for e in early if e[1] < first_kept] + compacted
+    assert [e[1] for e in uncompacted] == list(range(1, uncompacted[-1][1] + 1))
+    journal = DurableFileJournal(str(journal_file), "batch")
+    journal.clear()
+    for entry in uncompacted:
+        journal.add(*entry)
+    journal.sync()
+    journal._destroy()
+
+    second = Harness(tmp_path, port)
+    try:
+        wait_until(lambda: second.node.replicated_state.meta.last_index == applied, 10, "replay")
+        assert second.digest() == before
+    finally:
+        second.close()

@@ -1,0 +1,62 @@
+"""Replies over the frame limit (issue 12): a delivery is split across frames, a query is
+refused with a clear error; before, both were dropped with only a log line (the consumer stalled
+with its messages checked out, the caller waited for its timeout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cluster import protocol
+from cluster.errors import ProtocolError
+from cluster.node.effects import split_delivery
+from cluster.testing import LocalCluster, write_cluster
+from fifo.commands import Checkout, ConsumerId, DeclareQueue, Enqueue, SimplePrefetch
+from fifo.effects import Deliver, Delivery
+from fifo.replies import CheckoutOk
+
+pytestmark = pytest.mark.cluster
+
+BODY = 300 * 1024
+COUNT = 100  # 30 MB in one delivery: nearly twice the 16 MiB frame limit
+
+
+def test_split_delivery_keeps_order_and_fits() -> None:
+    messages = tuple(Delivery(i, b"x" * 1000, False, 0) for i in range(50))
+    effect = Deliver(None, "q", "t", 1, messages)  # type: ignore[arg-type]
+    parts = split_delivery(effect, limit=10_000)
+    assert [m.msg_id for p in parts for m in p.messages] == list(range(50))
+    assert all(sum(len(m.body) + 256 for m in p.messages) <= 10_000 for p in parts)
+
+
+def test_a_prefetch_of_large_messages_arrives_whole(tmp_path: Path) -> None:
+    cfg = write_cluster(tmp_path / "D", nodes=1)
+    cluster = LocalCluster(tmp_path / "D", cfg)
+    try:
+        cluster.start_node("n1")
+        publisher = cluster.client("n1", name="publisher")
+        publisher.command(DeclareQueue("big"))
+        for i in range(COUNT):
+            publisher.command(Enqueue("big", bytes([i]) * BODY))
+        with pytest.raises(ProtocolError) as caught:
+            publisher.query("messages", queue="big", limit=COUNT)
+        assert caught.value.code == protocol.REPLY_TOO_LARGE
+        consumer = cluster.client("n1", name="consumer")
+        reply = consumer.command(
+            Checkout("big", ConsumerId("c", consumer.connection), SimplePrefetch(COUNT))
+        )
+        assert isinstance(reply, CheckoutOk)
+        received: list[Delivery] = []
+        for _ in range(200):
+            effects = consumer.read_effects(1, timeout_s=10)
+            consumer.effects.clear()
+            received += [m for e in effects if isinstance(e, Deliver) for m in e.messages]
+            if len(received) >= COUNT or not effects:
+                break
+        assert sorted(m.body[0] for m in received) == list(range(COUNT))
+        assert all(len(m.body) == BODY for m in received)
+        publisher.close()
+        consumer.close()
+    finally:
+        cluster.stop()
