@@ -36,7 +36,7 @@ class UpgradeAtType(click.ParamType[int | Literal["random"], Any]):
 
 @click.group()
 def pipeline() -> None:
-    """Spark jobs over the fifo machine: distributed fuzz campaigns."""
+    """Spark jobs over the fifo machine: distributed fuzz campaigns and log analytics."""
 
 
 @pipeline.command("fuzz")
@@ -205,3 +205,8 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
         click.echo(f"seed {failing['seed']}: {reason}\n  reproduce: {failing['reproduce']}")
     for name, path in summary["outputs"].items():
         click.echo(f"{name}: {path}")
+
+
+from cluster.cli.pipeline_analyze import analyze  # noqa: E402  (its own module: see its docstring)
+
+pipeline.add_command(analyze)
