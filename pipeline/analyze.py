@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from pipeline.logscan import Groups, LogPlan, parse_chunk, place, scan_log
+from pipeline.logscan import Groups, LogPlan, parse_chunk, partition_keys, place, scan_log
 from pipeline.progress import report_progress
 from pipeline.replay import GroupReplay, Upgrade, merged_digest
 from pipeline.schemas import (
@@ -45,7 +45,6 @@ BATCH_ROWS = 8192
 TABLES = ("messages", "queue_rates", "consumers", "latency")
 STAGES = 5
 PLOT_POINTS_MAX = 600
-STATE_VERIFY_BYTES_MAX = 256 * 1024 * 1024  # larger final states are not collected
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +234,9 @@ def _analyse(
         f"parsed {parsed_commands} commands of {len(group_of)} queues into {len(members)} replay "
         f"groups on {slots} partitions"
     )
+    keys = partition_keys(slots)  # hash partitioning then puts each group where LPT placed it
     mapping = spark.createDataFrame(
-        [(name, rep, placement[rep]) for name, rep in group_of.items()],
+        [(name, rep, keys[placement[rep]]) for name, rep in group_of.items()],
         "queue string, group string, part int",
     )
     group_df = mapping.select("group", "part").distinct()
@@ -247,8 +247,8 @@ def _analyse(
     ordered = (
         routed.select(*columns)
         .unionByName(everywhere.select(*columns))
-        .repartitionByRange(slots, "part")
-        .sortWithinPartitions("part", "group", "index")
+        .repartition(slots, "part")
+        .sortWithinPartitions("group", "index")
     )
     spec = _ReplaySpec(members, plan.initial_version, list(plan.upgrades), config.window)
     snapshot = (
@@ -257,30 +257,32 @@ def _analyse(
     replayed = ordered.mapInArrow(
         lambda batches: _replay_batches(spec, snapshot, batches), REPLAY_OUT_SCHEMA
     ).persist(StorageLevel.DISK_ONLY)
+    paths = {t: out / f"{t}.parquet" for t in TABLES}
     try:
         with report_progress(spark, "analyze: replay", say.stream):
-            counts = {r["table"]: r["count"] for r in replayed.groupBy("table").count().collect()}
-        say.done(
-            f"replayed {len(members)} groups: {counts.get('messages', 0)} messages, "
-            f"{counts.get('queue_rates', 0)} queue-seconds, {counts.get('consumers', 0)} consumers"
-        )
-        paths = {t: out / f"{t}.parquet" for t in TABLES}
+            frames = {
+                "messages": replayed.filter(F.col("table") == "messages").select("message.*"),
+                "queue_rates": replayed.filter(F.col("table") == "queue_rates").select("rate.*"),
+                "consumers": replayed.filter(F.col("table") == "consumers").select("consumer.*"),
+            }
+            frames["messages"].write.mode("overwrite").parquet(str(paths["messages"]))
+        say.done(f"replayed {len(members)} groups into {paths['messages']}")
         with report_progress(spark, "analyze: write", say.stream):
-            for table, field in (
-                ("messages", "message"),
-                ("queue_rates", "rate"),
-                ("consumers", "consumer"),
-            ):
-                frame = replayed.filter(F.col("table") == table).select(f"{field}.*")
-                frame.write.mode("overwrite").parquet(str(paths[table]))
-            states = _collect_states(replayed)
+            for table in ("queue_rates", "consumers"):
+                frames[table].write.mode("overwrite").parquet(str(paths[table]))
+            states = [
+                row.asDict() for row in replayed.filter(F.col("table") == "state")
+                .select("state.*").collect()
+            ]  # fmt: skip
         verify = _verify(plan, states)
         messages = spark.read.schema(MESSAGE_SCHEMA).parquet(str(paths["messages"]))
         rates = spark.read.schema(RATE_SCHEMA).parquet(str(paths["queue_rates"]))
         consumers = spark.read.schema(CONSUMER_SCHEMA).parquet(str(paths["consumers"]))
-        latency = latency_table(messages)
-        latency.write.mode("overwrite").parquet(str(paths["latency"]))
-        facts = _facts(messages, rates, consumers, latency)
+        latency = latency_table(messages).collect()
+        spark.createDataFrame(latency, LATENCY_SCHEMA).coalesce(1).write.mode("overwrite").parquet(
+            str(paths["latency"])
+        )
+        facts = _facts(plan, messages, rates, consumers, latency)
     finally:
         replayed.unpersist()
         if snapshot is not None:
@@ -297,17 +299,9 @@ def _analyse(
     return summary
 
 
-def _collect_states(replayed: DataFrame) -> list[dict[str, Any]] | None:
-    states = replayed.filter(F.col("table") == "state").select("state.*")
-    size = states.select(F.sum(F.length("snapshot"))).first()
-    if size is None or (size[0] or 0) > STATE_VERIFY_BYTES_MAX:
-        return None
-    return [row.asDict() for row in states.collect()]
-
-
-def _verify(plan: LogPlan, states: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _verify(plan: LogPlan, states: list[dict[str, Any]]) -> dict[str, Any]:
     expected = (plan.end or {}).get("fifo_digest") or None
-    if states is None:
+    if any(not s["snapshot"] for s in states):
         return {"checked": False, "why": "final states too large to collect"}
     resyncs = sum(int(s["resyncs"]) for s in states)
     if not states:
@@ -349,13 +343,18 @@ def latency_table(messages: DataFrame) -> DataFrame:
     )
 
 
+OUTCOMES = ("acked", "dead_lettered", "discarded", "expired", "dropped")
+
+
 def _facts(
-    messages: DataFrame, rates: DataFrame, consumers: DataFrame, latency: DataFrame
+    plan: LogPlan,
+    messages: DataFrame,
+    rates: DataFrame,
+    consumers: DataFrame,
+    latency: list[Any],
 ) -> dict[str, Any]:
     """Small aggregates for the report and plots (collected; bounded in size)."""
-    outcomes = {
-        str(r["outcome"]): int(r["count"]) for r in messages.groupBy("outcome").count().collect()
-    }
+    outcome = F.col("outcome")
     totals = messages.agg(
         F.count("*").alias("messages"),
         F.sum(F.when(F.col("source") == "publish", 1).otherwise(0)).alias("published"),
@@ -364,6 +363,8 @@ def _facts(
         F.sum("timeouts").alias("timeouts"),
         F.sum("consumer_gone").alias("consumer_gone"),
         F.sum("modified").alias("modified"),
+        *(F.sum(F.when(outcome == name, 1).otherwise(0)).alias(name) for name in OUTCOMES),
+        F.sum(F.when(outcome.isNull(), 1).otherwise(0)).alias("queued"),
     ).first()
     consumer_totals = consumers.agg(
         F.count("*").alias("consumers"),
@@ -371,8 +372,8 @@ def _facts(
         F.sum("handovers_in").alias("handovers"),
         F.sum("sac_activations").alias("sac_activations"),
     ).first()
-    span = rates.agg(F.min("second"), F.max("second")).first()
-    lo, hi = (span[0], span[1]) if span is not None and span[0] is not None else (0, 0)
+    lo = (plan.first_ms or 0) // 1000
+    hi = plan.last_ms // 1000
     bucket = max(1, -(-(hi - lo + 1) // PLOT_POINTS_MAX))
     series = (
         rates.withColumn("t", F.floor((F.col("second") - lo) / bucket) * bucket + lo)
@@ -387,24 +388,26 @@ def _facts(
         .collect()
     )  # fmt: skip
     histogram = (
-        messages.filter(F.col("outcome") == "acked")
-        .filter(F.col("enqueue_ms").isNotNull())
+        messages.filter((outcome == "acked") & F.col("enqueue_ms").isNotNull())
         .select(F.floor(F.log2(F.col("settle_ms") - F.col("enqueue_ms") + 1)).alias("bin"))
         .groupBy("bin")
         .count()
         .orderBy("bin")
         .collect()
     )
+    counted = {k: int(v or 0) for k, v in (totals.asDict() if totals else {}).items()}
+    outcomes = {name: counted.pop(name, 0) for name in OUTCOMES}
+    outcomes["queued"] = counted.pop("queued", 0)
     return {
         "outcomes": outcomes,
-        "totals": {k: int(v or 0) for k, v in (totals.asDict() if totals else {}).items()},
+        "totals": counted,
         "consumers": {
             k: int(v or 0) for k, v in (consumer_totals.asDict() if consumer_totals else {}).items()
         },
         "bucket_s": bucket,
         "series": [r.asDict() for r in series],
         "ack_histogram": [(int(r["bin"]), int(r["count"])) for r in histogram],
-        "latency": [r.asDict() for r in latency.orderBy("queue", "measure").collect()],
+        "latency": sorted((r.asDict() for r in latency), key=lambda r: (r["queue"], r["measure"])),
     }
 
 
@@ -424,7 +427,7 @@ def _summary(
         "bytes": plan.size,
         "entries": plan.entries,
         "commands": plan.commands,
-        "uncommitted_entries_skipped": plan.uncommitted,
+        "entries_above_saved_commit_index": plan.uncommitted,
         "snapshot_index": plan.snapshot_index,
         "upgrades": [{"index": u.index, "to": u.to_version} for u in plan.upgrades],
         "window": {"from_ms": config.window[0], "to_ms": config.window[1]},

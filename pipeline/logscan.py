@@ -165,9 +165,8 @@ def scan_log(
                 plan.chunks.append((chunk_start, offset))
                 chunk_start = offset
             plan.entries += 1
-            if record.get("uncommitted"):
-                plan.uncommitted += 1
-                continue
+            if record.get("uncommitted"):  # above the commit index the node last saved (it
+                plan.uncommitted += 1  # saves it lazily): applied, as the export's own replay
             if kind == "raft":
                 continue
             ts = int(record["ts"])
@@ -224,13 +223,13 @@ def route(blob: bytes) -> tuple[str | None, str | None, bool]:
 
 def parse_chunk(path: str, start: int, end: int) -> Iterator[ParsedRow]:
     """Rows of one chunk: ("cmd", queue|None, None, index, term, ms, version, blob) per
-    committed command, and ("link", queue, target, ...) per dead-letter link a config sets."""
+    command, and ("link", queue, target, ...) per dead-letter link a config sets."""
     with open(path, "rb") as stream:
         stream.seek(start)
         decoder = cbor2.CBORDecoder(stream)
         while stream.tell() < end:
             record = decoder.decode()
-            if record.get("uncommitted") or record.get("t") not in ("cmds", "hello"):
+            if record.get("t") not in ("cmds", "hello"):
                 continue
             for index, term, ms, version, blob in record.get("commands", ()):
                 queue, target, config = route(blob)
@@ -283,3 +282,33 @@ def place(sizes: dict[str, int], slots: int) -> dict[str, int]:
         out[group] = slot
         loads[slot] += size
     return out
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def spark_int_hash(value: int, seed: int = 42) -> int:
+    """Spark's Murmur3 hash of an IntegerType value (what `repartition(n, col)` uses)."""
+    k1 = _rotl((value & _M32) * 0xCC9E2D51 & _M32, 15) * 0x1B873593 & _M32
+    h1 = (_rotl(seed ^ k1, 13) * 5 + 0xE6546B64) & _M32
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = h1 * 0x85EBCA6B & _M32
+    h1 ^= h1 >> 13
+    h1 = h1 * 0xC2B2AE35 & _M32
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
+
+
+def partition_keys(slots: int) -> list[int]:
+    """For each partition p < slots, an int key that Spark's hash partitioning sends to p."""
+    keys: dict[int, int] = {}
+    candidate = 0
+    while len(keys) < slots:
+        keys.setdefault(spark_int_hash(candidate) % slots, candidate)
+        candidate += 1
+    return [keys[p] for p in range(slots)]

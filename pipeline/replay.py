@@ -77,6 +77,7 @@ CAUSE_BY_COMMAND = {
     Checkout: "consumer_cancelled",
 }
 SECOND_MS = 1000
+STATE_BYTES_MAX = 64 * 1024 * 1024  # a larger final state is not sent back for the check
 
 
 def consumer_name(tag: str, connection: Any) -> str:
@@ -268,8 +269,17 @@ class GroupReplay:
                 crow.active_since = None
             self.out.append(("consumers", _consumer_dict(crow)))
         order = sorted(self.state.queues, key=lambda n: self.created.get(n, 0))
-        self.out.append(("state", {"snapshot": fifo.snapshot(self.state), "order": order,
-                                   "keys": [self.created.get(n, 0) for n in order]}))  # fmt: skip
+        snapshot = fifo.snapshot(self.state)
+        self.out.append(
+            (
+                "state",
+                {
+                    "snapshot": snapshot if len(snapshot) <= STATE_BYTES_MAX else b"",
+                    "order": order,
+                    "keys": [self.created.get(n, 0) for n in order],
+                },
+            )
+        )
         yield from self.drain()
 
     def drain(self) -> Iterator[tuple[str, dict[str, Any]]]:

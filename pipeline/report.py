@@ -96,7 +96,7 @@ def _markdown(summary: dict[str, Any], facts: dict[str, Any], causes: dict[str, 
         f"| {totals.get('messages', 0)} | {totals.get('published', 0)} | "
         f"{outcomes.get('acked', 0)} | {outcomes.get('dead_lettered', 0)} | "
         f"{outcomes.get('discarded', 0)} | {outcomes.get('expired', 0)} | "
-        f"{outcomes.get('dropped', 0)} | {outcomes.get('None', 0)} | "
+        f"{outcomes.get('dropped', 0)} | {outcomes.get('queued', 0)} | "
         f"{totals.get('deliveries', 0)} | {consumers.get('consumers', 0)} | "
         f"{consumers.get('timeouts', 0)} | {consumers.get('handovers', 0)} |",
         "",
