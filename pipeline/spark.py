@@ -63,8 +63,14 @@ def create_session(
     )
     session.sparkContext.setLogLevel("ERROR")
     if not master.startswith("local"):
-        session.sparkContext.addPyFile(str(package_zip()))
+        global _SHIPPED
+        if _SHIPPED is None:
+            _SHIPPED = package_zip()
+        session.sparkContext.addPyFile(str(_SHIPPED))
     return session
+
+
+_SHIPPED: Path | None = None
 
 
 SHIPPED_PACKAGES = ("fifo", "raft", "pipeline")
