@@ -200,6 +200,7 @@ class GroupReplay:
         # queue -> sort key of its place in the state's dict (the snapshot's order, then the
         # index of the declare that created it): merging groups rebuilds the cluster's order
         self.created: dict[str, int] = {}
+        self.seq_base: dict[str, int] = {}
         for position, (name, q) in enumerate(self.state.queues.items()):
             self.created[name] = position - len(self.state.queues)
             self._adopt(name, q)
@@ -636,6 +637,7 @@ class GroupReplay:
         track = self.tracks.pop(name, None)
         if track is None:
             return
+        self.seq_base[name] = track.seq  # a queue declared again under this name goes on counting
         for row in list(track.alive.values()):
             row.m = None
             row.outcome, row.outcome_reason = "dropped", "queue_deleted"
@@ -645,7 +647,7 @@ class GroupReplay:
 
     def _adopt(self, name: str, q: Queue) -> QueueTrack:
         """Start tracking a queue; messages it already holds (from a snapshot) get rows."""
-        track = QueueTrack()
+        track = QueueTrack(seq=self.seq_base.get(name, 0))
         self.tracks[name] = track
         self._resync(name, q, None, counted=False)
         return track
