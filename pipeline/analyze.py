@@ -287,7 +287,11 @@ def _analyse(
         replayed.unpersist()
         if snapshot is not None:
             snapshot.unpersist()
-    say.done(f"wrote {', '.join(str(p) for p in paths.values())}")
+    say.done(
+        f"wrote {facts['totals'].get('messages', 0)} messages, "
+        f"{facts['consumers'].get('consumers', 0)} consumers, {len(latency)} latency rows "
+        f"under {out}"
+    )
     summary = _summary(spark, config, plan, members, facts, verify, say.elapsed())
     summary["outputs"] = {t: str(p) for t, p in paths.items()}
     from pipeline.report import write_report  # matplotlib is slow to import
