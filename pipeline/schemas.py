@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
     BooleanType,
     DoubleType,
     IntegerType,
@@ -66,5 +68,127 @@ UPGRADE_PROFILE_SCHEMA = StructType(
         StructField("max_ready", LongType(), nullable=True),
         StructField("violations", LongType(), nullable=False),
         StructField("failures", LongType(), nullable=False),
+    ]
+)
+
+# --- pipeline analyze ------------------------------------------------------------------------
+
+# Executors' decode of one log chunk: a command routed to its queue (null: cluster-wide) or a
+# dead-letter link (`target`) set by a declare / config update.
+PARSED_SCHEMA = StructType(
+    [
+        StructField("kind", StringType(), nullable=False),  # cmd | link
+        StructField("queue", StringType(), nullable=True),
+        StructField("target", StringType(), nullable=True),
+        StructField("index", LongType(), nullable=False),  # the command's meta index
+        StructField("term", LongType(), nullable=False),
+        StructField("ms", LongType(), nullable=False),  # the meta time it was applied with
+        StructField("version", IntegerType(), nullable=False),
+        StructField("blob", BinaryType(), nullable=True),  # fifo.encode of the command
+    ]
+)
+
+DELIVERY_SCHEMA = StructType(
+    [
+        StructField("consumer", StringType(), nullable=False),
+        StructField("index", LongType(), nullable=False),
+        StructField("ms", LongType(), nullable=False),
+    ]
+)
+
+# `messages.parquet`: one row per message of the log (outcome null: still in its queue).
+MESSAGE_SCHEMA = StructType(
+    [
+        StructField("queue", StringType(), nullable=False),
+        StructField("seq", LongType(), nullable=False),  # order of arrival in its queue
+        StructField("source", StringType(), nullable=False),  # publish|dead_letter|snapshot|...
+        StructField("dead_lettered_from", StringType(), nullable=True),
+        StructField("enqueue_index", LongType(), nullable=True),
+        StructField("enqueue_ms", LongType(), nullable=True),
+        StructField("body_bytes", LongType(), nullable=False),
+        StructField("deliveries", ArrayType(DELIVERY_SCHEMA, containsNull=False), nullable=False),
+        StructField("delivery_count", IntegerType(), nullable=False),  # all (the list keeps 32)
+        StructField("first_delivery_ms", LongType(), nullable=True),
+        StructField("returns", IntegerType(), nullable=False),  # given back by a client
+        StructField("timeouts", IntegerType(), nullable=False),  # released: consumer timeout
+        StructField("consumer_gone", IntegerType(), nullable=False),  # consumer down/cancelled
+        StructField("modified", IntegerType(), nullable=False),
+        StructField("settle_index", LongType(), nullable=True),
+        StructField("settle_ms", LongType(), nullable=True),
+        # acked | dead_lettered | discarded | expired | dropped | null (still queued)
+        StructField("outcome", StringType(), nullable=True),
+        StructField("outcome_reason", StringType(), nullable=True),
+        StructField("dead_letter_target", StringType(), nullable=True),
+    ]
+)
+
+# `queue_rates.parquet`: per queue per second with activity; depths after its last command.
+RATE_SCHEMA = StructType(
+    [
+        StructField("queue", StringType(), nullable=False),
+        StructField("second", LongType(), nullable=False),  # epoch seconds
+        StructField("published", LongType(), nullable=False),
+        StructField("delivered", LongType(), nullable=False),
+        StructField("acked", LongType(), nullable=False),
+        StructField("returned", LongType(), nullable=False),
+        StructField("dead_lettered", LongType(), nullable=False),
+        StructField("ready", LongType(), nullable=False),
+        StructField("checked_out", LongType(), nullable=False),
+    ]
+)
+
+# `consumers.parquet`: per consumer (`tag@node/incarnation/number`) of a queue.
+CONSUMER_SCHEMA = StructType(
+    [
+        StructField("queue", StringType(), nullable=False),
+        StructField("consumer", StringType(), nullable=False),
+        StructField("first_ms", LongType(), nullable=False),
+        StructField("last_ms", LongType(), nullable=False),
+        StructField("deliveries", LongType(), nullable=False),
+        StructField("acks", LongType(), nullable=False),
+        StructField("returns", LongType(), nullable=False),
+        StructField("timeouts", LongType(), nullable=False),
+        StructField("timed_out_messages", LongType(), nullable=False),
+        StructField("sac_activations", LongType(), nullable=False),
+        StructField("handovers_in", LongType(), nullable=False),
+        StructField("handovers_out", LongType(), nullable=False),
+        StructField("sac_active_ms", LongType(), nullable=False),
+        StructField("cancel_reason", StringType(), nullable=True),
+    ]
+)
+
+# One row per replayed group: its final state (to check the replay against the log's digest).
+GROUP_STATE_SCHEMA = StructType(
+    [
+        StructField("snapshot", BinaryType(), nullable=False),
+        StructField("order", ArrayType(StringType(), containsNull=False), nullable=False),
+        StructField("keys", ArrayType(LongType(), containsNull=False), nullable=False),
+        StructField("commands", LongType(), nullable=False),
+        StructField("errors", LongType(), nullable=False),
+        StructField("resyncs", LongType(), nullable=False),
+    ]
+)
+
+# What the replay emits: one of the structs per row, named by `table`.
+REPLAY_OUT_SCHEMA = StructType(
+    [
+        StructField("table", StringType(), nullable=False),
+        StructField("message", MESSAGE_SCHEMA, nullable=True),
+        StructField("rate", RATE_SCHEMA, nullable=True),
+        StructField("consumer", CONSUMER_SCHEMA, nullable=True),
+        StructField("state", GROUP_STATE_SCHEMA, nullable=True),
+    ]
+)
+
+# `latency.parquet`: per queue (and `*` for all), publish -> first delivery / -> ack, in ms.
+LATENCY_SCHEMA = StructType(
+    [
+        StructField("queue", StringType(), nullable=False),
+        StructField("measure", StringType(), nullable=False),  # first_delivery | ack
+        StructField("count", LongType(), nullable=False),
+        StructField("p50_ms", DoubleType(), nullable=True),
+        StructField("p90_ms", DoubleType(), nullable=True),
+        StructField("p99_ms", DoubleType(), nullable=True),
+        StructField("max_ms", LongType(), nullable=True),
     ]
 )

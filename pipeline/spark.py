@@ -6,6 +6,7 @@ import os
 import sys
 import tempfile
 import warnings
+import zipfile
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -40,8 +41,10 @@ def create_session(
 ) -> SparkSession:
     """Start (or reuse) a SparkSession on `master`; executors run this interpreter's Python.
 
-    With a real cluster URL the executors must have quorumq installed at the same path; set
-    PYSPARK_PYTHON beforehand to point them elsewhere.
+    With a cluster URL (anything but `local...`) quorumq's own packages are zipped and shipped
+    with the job (`addPyFile`), so workers need no quorumq install, only a Python with its
+    dependencies (cbor2, pyarrow); PYSPARK_PYTHON names that interpreter on the workers
+    (default: this one, at the same path).
     """
     # pandas 3 works for what we use (Arrow batches); the version nag would pollute stderr.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
@@ -59,4 +62,27 @@ def create_session(
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
+    if not master.startswith("local"):
+        global _SHIPPED
+        if _SHIPPED is None:
+            _SHIPPED = package_zip()
+        session.sparkContext.addPyFile(str(_SHIPPED))
     return session
+
+
+_SHIPPED: Path | None = None
+
+
+SHIPPED_PACKAGES = ("fifo", "raft", "pipeline")
+
+
+def package_zip(directory: Path | None = None) -> Path:
+    """A zip of quorumq's packages (sources only) for the executors' Python path."""
+    root = Path(__file__).resolve().parent.parent
+    target = Path(directory or tempfile.mkdtemp(prefix="quorumq-ship-")) / "quorumq-packages.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for package in SHIPPED_PACKAGES:
+            for path in sorted((root / package).rglob("*")):
+                if path.suffix in (".py", ".typed") and "__pycache__" not in path.parts:
+                    archive.write(path, str(path.relative_to(root)))
+    return target

@@ -192,8 +192,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (default: a short table)")
     parser.add_argument("--messages", type=int, default=200_000, help="messages per mix")
     parser.add_argument("--machine-version", type=int, default=fifo.LATEST_VERSION)
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="runs per figure; the best is kept (the host is shared and noisy)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs per figure; the best is kept (the host is shared and noisy)",
+    )
     parser.add_argument("--profile", action="store_true", help="print a pyinstrument profile")
     parser.add_argument("--output", type=Path, default=RESULTS, help="results file")
     args = parser.parse_args()

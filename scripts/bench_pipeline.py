@@ -1,10 +1,19 @@
-"""Benchmark: fuzz seeds per second on Spark with local[1] and local[2], and their ratio.
+"""Benchmark: fuzz seeds/s and analyze commands/s on Spark with local[1] and local[2], ratios.
 
-Each master runs in its own process (a fresh JVM), first a small warm-up campaign (starts the
-Python workers), then the measured campaign. A no-Spark 1-vs-2-process run of the same work gives
-the ratio the host allows right now. Prints JSON and writes results/bench_pipeline.json.
+fuzz: each master runs in its own process (a fresh JVM), first a small warm-up campaign (starts
+the Python workers), then the measured campaign. A no-Spark 1-vs-2-process run of the same work
+gives the ratio the host allows right now.
+
+analyze: a log of --log-mib MiB is generated from a seeded workload (scripts/make_log.py's
+generator; or --log FILE), then `pipeline analyze` runs on it once per master, each in its own
+process, recording commands/s, the peak memory of the driver (Python and JVM; in local mode the
+executors run inside that JVM) and of the executors' Python workers, and the time a 1 GiB export
+would take at the local[2] rate (extrapolated linearly unless the log is 1 GiB).
+
+Prints JSON and writes results/bench_pipeline.json.
 
     python scripts/bench_pipeline.py --json
+    python scripts/bench_pipeline.py --only analyze --log-mib 128 --json
 """
 
 from __future__ import annotations
@@ -35,9 +44,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=200, help="commands per seed")
     parser.add_argument("--partitions", type=int, default=16, help="same for every master")
     parser.add_argument("--upgrade-at", default="random", help="random, K, or none")
+    parser.add_argument("--only", choices=("fuzz", "analyze", "all"), default="all")
+    parser.add_argument("--log-mib", type=float, default=64.0, help="analyze: generated size")
+    parser.add_argument("--log", type=Path, default=None, help="analyze: use this export")
     parser.add_argument("--json", action="store_true", help="print the JSON document only")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="results file")
     parser.add_argument("--worker", metavar="MASTER", help=argparse.SUPPRESS)
+    parser.add_argument("--analyze-worker", metavar="MASTER", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -110,18 +123,133 @@ def _host_ratio(steps: int) -> float:
     return _host_seeds_per_s(2, seeds, steps) / _host_seeds_per_s(1, seeds, steps)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Measure every master, print the JSON document and write it to --out."""
-    args = _parse(argv)
-    if args.worker:
-        print(json.dumps(_worker(args)))
-        return
+def _peak_kib(pid: int) -> int:
+    """VmHWM (peak resident set) of a live process, in KiB (0 if gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _analyze_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """In the child process: analyse the log on `args.analyze_worker`, with peak memories."""
+    import resource
+    import threading
+
+    from pipeline.analyze import AnalyzeConfig, run_analysis
+    from pipeline.spark import create_session
+
+    spark = create_session(args.analyze_worker)
+    jvm_pid = int(spark.sparkContext._gateway.proc.pid)
+    workers_peak: dict[int, int] = {}
+    stop = threading.Event()
+
+    def sample() -> None:  # python workers come and go: keep each one's last seen peak
+        while not stop.wait(1.0):
+            for pid in _descendants(jvm_pid):
+                workers_peak[pid] = max(workers_peak.get(pid, 0), _peak_kib(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="qq-bench-analyze-") as out:
+            config = AnalyzeConfig(args.log, Path(out), str(args.log))
+            summary = run_analysis(spark, config, progress=sys.stderr)
+        jvm_peak = _peak_kib(jvm_pid)
+    finally:
+        stop.set()
+        sampler.join()
+        spark.stop()
+    driver_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "master": summary["master"],
+        "commands": summary["commands"],
+        "bytes": summary["bytes"],
+        "elapsed_s": summary["elapsed_s"],
+        "commands_per_s": summary["commands_per_s"],
+        "replay_digest_equal": summary["replay_check"].get("equal"),
+        "messages": summary["totals"].get("messages"),
+        "groups": summary["groups"],
+        "peak_mib": {
+            "driver_python": round(driver_peak / 1024, 1),
+            "driver_jvm_with_local_executors": round(jvm_peak / 1024, 1),
+            "executor_python_workers_sum": round(sum(workers_peak.values()) / 1024, 1),
+            "executor_python_worker_max": round(max(workers_peak.values(), default=0) / 1024, 1),
+        },
+    }
+
+
+def _run_analyze(master: str, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--analyze-worker", master, "--log", str(args.log)]
+    started = time.perf_counter()
+    child = subprocess.run(command, capture_output=True, text=True, check=False)
+    if child.returncode != 0:
+        raise SystemExit(f"analyze on {master} failed:\n{child.stderr[-3000:]}")
+    measured: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+    measured["process_s"] = round(time.perf_counter() - started, 3)
+    return measured
+
+
+def _analyze_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Generate (or take) the log, analyse it on each master, compare."""
+    from pipeline.workload import write_log
+
+    generated: dict[str, Any] | None = None
+    with tempfile.TemporaryDirectory(prefix="qq-bench-log-") as scratch:
+        if args.log is None:
+            args.log = Path(scratch) / "workload.log"
+            started = time.perf_counter()
+            stats = write_log(args.log, int(args.log_mib * 1024 * 1024), seed=1, services=8)
+            generated = {"bytes": stats.bytes, "commands": stats.commands,
+                         "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+        load_before = os.getloadavg()[0]
+        runs = [_run_analyze(master, args) for master in MASTERS]
+    ratio = runs[1]["commands_per_s"] / runs[0]["commands_per_s"]
+    gib = 1024**3
+    size = runs[1]["bytes"]
+    return {
+        "benchmark": "pipeline_analyze_commands_per_s",
+        "log_generated": generated,
+        "runs": runs,
+        "ratio_local2_over_local1": round(ratio, 3),
+        "ratio_target": RATIO_TARGET,
+        "meets_target": ratio >= RATIO_TARGET,
+        "one_gib_s_at_local2_rate": round(gib / size * runs[1]["elapsed_s"], 1),
+        "one_gib_extrapolated": size < gib,
+        "one_gib_target_s": 900,
+        "load_average_1m_before": round(load_before, 2),
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def _fuzz_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     # Other work on the machine steals cores from local[2] first: record it next to the ratio.
     load_before = os.getloadavg()[0]
     host_ratio = _host_ratio(args.steps)
     runs = [_run_master(master, args) for master in MASTERS]
     ratio = runs[1]["seeds_per_s"] / runs[0]["seeds_per_s"]
-    document = {
+    return {
         "benchmark": "pipeline_fuzz_seeds_per_s",
         "campaign": {"seeds": args.seeds, "steps": args.steps, "upgrade_at": args.upgrade_at},
         "partitions": args.partitions,
@@ -134,15 +262,37 @@ def main(argv: list[str] | None = None) -> None:
         "load_average_1m_before": round(load_before, 2),
         "load_average_1m_after": round(os.getloadavg()[0], 2),
     }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure every master, print the JSON document and write it to --out."""
+    args = _parse(argv)
+    if args.worker:
+        print(json.dumps(_worker(args)))
+        return
+    if args.analyze_worker:
+        print(json.dumps(_analyze_worker(args)))
+        return
+    document: dict[str, Any] = {"cpu_count": os.cpu_count()}
+    if args.only in ("fuzz", "all"):
+        document["fuzz"] = _fuzz_benchmark(args)
+    if args.only in ("analyze", "all"):
+        document["analyze"] = _analyze_benchmark(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=2) + "\n")
     if args.json:
         print(json.dumps(document, indent=2))
-    else:
-        for run in runs:
-            print(f"{run['master']}: {run['seeds_per_s']} seeds/s ({run['elapsed_s']} s)")
-        print(f"ratio {ratio:.2f} (target {RATIO_TARGET}; host without spark {host_ratio:.2f})")
-        print(f"written to {args.out}")
+        return
+    for name, unit in (("fuzz", "seeds_per_s"), ("analyze", "commands_per_s")):
+        part = document.get(name)
+        if part is None:
+            continue
+        for run in part["runs"]:
+            print(f"{name} {run['master']}: {run[unit]} {unit} ({run['elapsed_s']} s)")
+        print(f"{name} ratio {part['ratio_local2_over_local1']} (target {RATIO_TARGET})")
+    if "analyze" in document:
+        print(f"1 GiB at the local[2] rate: {document['analyze']['one_gib_s_at_local2_rate']} s")
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":

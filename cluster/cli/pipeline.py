@@ -36,7 +36,7 @@ class UpgradeAtType(click.ParamType[int | Literal["random"], Any]):
 
 @click.group()
 def pipeline() -> None:
-    """Spark jobs over the fifo machine: distributed fuzz campaigns."""
+    """Spark jobs over the fifo machine: distributed fuzz campaigns and log analytics."""
 
 
 @pipeline.command("fuzz")
@@ -207,6 +207,8 @@ def _print_summary(summary: dict[str, Any], output: str) -> None:
         click.echo(f"{name}: {path}")
 
 
-from cluster.cli.rebalance_eval import rebalance_eval  # noqa: E402 - its own module, added here
+from cluster.cli.pipeline_analyze import analyze  # noqa: E402 - their own modules, added here
+from cluster.cli.rebalance_eval import rebalance_eval  # noqa: E402
 
+pipeline.add_command(analyze)
 pipeline.add_command(rebalance_eval)

@@ -1,0 +1,166 @@
+"""The analyze replay without Spark: split by queue group, it reproduces the machine exactly."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import fifo
+from cluster.cli.exits import USAGE, CliError
+from cluster.cli.main import cli
+from fifo.commands import (
+    ConnectionDown,
+    ConnectionId,
+    DeclareQueue,
+    Enqueue,
+    NodeDown,
+    QueueConfig,
+    UpdateConfig,
+)
+from fifo.fuzz.runner import Upgrade as FuzzUpgrade
+from fifo.fuzz.runner import run_with_log
+from pipeline.logscan import (
+    Groups,
+    LogScanError,
+    parse_chunk,
+    partition_keys,
+    pick_log,
+    route,
+    scan_log,
+    spark_int_hash,
+)
+from pipeline.replay import GroupReplay, Upgrade, merged_digest
+from pipeline.workload import write_log
+
+
+def replay_groups(
+    entries: list[tuple[str, Any]], members: dict[str, list[str]], version: int
+) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """Replay `entries` ("cmd", (index, term, ms, version, blob)) / ("up", Upgrade) per group."""
+    parts, rows, stats = [], [], Counter[str]()
+    for names in members.values():
+        group = GroupReplay(names, version)
+        for kind, item in entries:
+            if kind == "up":
+                group.upgrade(item)
+                continue
+            queue, _, _ = route(item[4])
+            if queue is None or queue in names:
+                group.command(*item)
+            rows += group.drain()
+        for table, row in group.finish():
+            (parts.append(row) if table == "state" else rows.append((table, row)))
+        stats.update(group.stats)
+    return {"parts": parts, "stats": stats}, rows
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fuzz_logs_replayed_per_group_reproduce_the_machine(seed: int) -> None:
+    """Random fuzz logs (every command type, upgrades, downs, timers): the merged group states
+    equal the machine's final state, no resync, and every message still queued has a row."""
+    log, result = run_with_log(seed, 300, 1, upgrade_at="random")
+    entries: list[tuple[str, Any]] = []
+    groups = Groups()
+    for entry in log:
+        if isinstance(entry, FuzzUpgrade):
+            m = entry.meta
+            entries.append(("up", Upgrade(m.index, m.term, m.system_time_ms, m.machine_version)))
+            continue
+        meta, command = entry
+        blob = fifo.encode(command)
+        entries.append(("cmd", (meta.index, meta.term, meta.system_time_ms, meta.machine_version,
+                                blob)))  # fmt: skip
+        queue, target, _ = route(blob)
+        if queue is not None:
+            groups.find(queue)
+            if target is not None:
+                groups.link(queue, target)
+    out, rows = replay_groups(entries, groups.members(), 1)
+    assert merged_digest(out["parts"], 2) == result.digest
+    assert out["stats"]["resyncs"] == 0
+    queued = sum(1 for t, r in rows if t == "messages" and r["outcome"] is None)
+    final = fifo.restore(out["parts"][0]["snapshot"]) if len(out["parts"]) == 1 else None
+    if final is not None:
+        assert queued == sum(q.messages_total for q in final.queues.values())
+    seqs = Counter((r["queue"], r["seq"]) for t, r in rows if t == "messages")
+    assert all(count == 1 for count in seqs.values())
+
+
+def test_route_names_the_queue_the_dead_letter_link_and_cluster_wide_commands() -> None:
+    conn = ConnectionId("n1", 1, 1)
+    assert route(fifo.encode(Enqueue("q", b"x"))) == ("q", None, False)
+    declare = DeclareQueue("q", QueueConfig(dead_letter_queue="dlq"))
+    assert route(fifo.encode(declare)) == ("q", "dlq", True)
+    assert route(fifo.encode(UpdateConfig("q", QueueConfig()))) == ("q", None, True)
+    assert route(fifo.encode(ConnectionDown(conn, "normal")))[0] is None
+    assert route(fifo.encode(NodeDown("n1")))[0] is None
+    assert route(b"\xff garbage")[0] is None
+
+
+def test_groups_join_dead_letter_chains_and_placement_keys_hit_every_partition() -> None:
+    groups = Groups()
+    for a, b in (("a", "dlq"), ("b", "dlq"), ("c", "c2"), ("c2", "c3")):
+        groups.link(a, b)
+    groups.find("alone")
+    assert sorted(map(sorted, groups.members().values())) == [
+        ["a", "b", "dlq"], ["alone"], ["c", "c2", "c3"],
+    ]  # fmt: skip
+    for slots in (1, 2, 3, 8):
+        keys = partition_keys(slots)
+        assert [spark_int_hash(k) % slots for k in keys] == list(range(slots))
+
+
+def test_a_generated_log_scans_in_chunks_and_replays_to_its_end_digest(tmp_path: Path) -> None:
+    log = tmp_path / "w.log"
+    stats = write_log(log, 300_000, seed=5, services=3)
+    plan = scan_log(log, chunk_bytes=64 * 1024)
+    assert len(plan.chunks) > 2 and plan.commands == stats.commands
+    assert plan.upgrades and plan.upgrades[0].to_version == 2
+    rows = [row for start, end in plan.chunks for row in parse_chunk(str(log), start, end)]
+    assert sum(1 for r in rows if r[0] == "cmd") == stats.commands
+    groups = Groups()
+    for kind, queue, target, *_ in rows:
+        if queue is not None:
+            groups.find(queue)
+            if kind == "link" and target is not None:
+                groups.link(queue, target)
+    members = groups.members()
+    assert len(members) == 3
+    entries = [("cmd", tuple(r[3:])) for r in rows if r[0] == "cmd"]
+    merged = [("up", u) for u in plan.upgrades] + entries
+    merged.sort(key=lambda e: e[1].index if e[0] == "up" else e[1][0])
+    out, table_rows = replay_groups(merged, members, plan.initial_version)
+    assert plan.end is not None
+    assert merged_digest(out["parts"], 2) == plan.end["fifo_digest"] == stats.fifo_digest
+    outcomes = Counter(r["outcome"] for t, r in table_rows if t == "messages")
+    assert outcomes["acked"] > 0 and outcomes["dead_lettered"] > 0
+    assert out["stats"]["resyncs"] == 0
+
+
+def test_pick_log_prefers_the_highest_commit_index_and_refuses_non_exports(tmp_path: Path) -> None:
+    write_log(tmp_path / "a.log", 20_000, seed=1, services=1)
+    (tmp_path / "junk.log").write_bytes(b"not cbor at all")
+    with pytest.raises(LogScanError):
+        pick_log([tmp_path / "junk.log"])
+    chosen, because = pick_log([tmp_path / "a.log"])
+    assert chosen == tmp_path / "a.log" and "node n1" in because
+
+
+def test_analyze_cli_refuses_bad_input_before_starting_spark(tmp_path: Path) -> None:
+    (tmp_path / "junk.log").write_bytes(b"\x00\x01")
+
+    def code(*args: str) -> int:
+        result = CliRunner().invoke(cli, ["pipeline", "analyze", *args], standalone_mode=False)
+        assert isinstance(result.exception, CliError), result.output
+        assert "starting spark" not in result.output
+        return result.exception.exit_code
+
+    out = str(tmp_path / "out")
+    assert code("--log", str(tmp_path / "missing.log"), "--out", out) == USAGE
+    assert code("--log", str(tmp_path / "junk.log"), "--out", out) == USAGE
+    assert code("--log", str(tmp_path), "--out", out, "--from", "2026-01-02",
+                "--to", "2026-01-01") == USAGE  # fmt: skip
