@@ -20,7 +20,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -32,11 +31,9 @@ from cluster.balance.decision import (
     ideal_number,
     view_from_consumers,
 )
+from cluster.client.client import Client
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import ClusterError
-
-if TYPE_CHECKING:
-    from cluster.client.client import Client
 
 log = structlog.get_logger("quorumq.balancer")
 QUEUES_MAX = 1024

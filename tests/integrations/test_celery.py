@@ -148,5 +148,5 @@ def test_celery_worker_killed_mid_run_loses_no_task(
     twice = len(ran) - len(numbers)
     print(
         f"runs {len(ran)}, by the second worker {by_second}, run twice {twice}, "
-        f"returned at the kill {overview['returned']}"
+        f"returned at the kill {overview.returned}"
     )

@@ -119,9 +119,9 @@ def test_publish_declares_with_arguments_and_is_confirmed(cluster: LocalCluster)
     with _client(cluster) as client:  # every publish returned only once committed
         overview = client.overview("k-args")
         assert overview.ready == 20
-        config = overview["config"]
-        assert config["dead_letter_queue"] == "k-args-dead"
-        assert (config["max_length"], config["message_ttl_ms"]) == (50, 60_000)
+        config = overview.config
+        assert config.dead_letter_queue == "k-args-dead"
+        assert (config.max_length, config.message_ttl_ms) == (50, 60_000)
         assert "k-args-dead" in client.queues()
     with Connection(_url(cluster)) as connection:  # same queue, other config: refused
         other = Queue("k-args", queue_arguments={"x-max-length": 7})
