@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from cluster.client._asyncio import AsyncShell, reply_of
 from cluster.client._state import Buffered, ConsumerState
+from cluster.client.workpool_consumer import AsyncProcessing, OnError
 from fifo.commands import (
     Cancel,
     Command,
@@ -235,6 +236,24 @@ class AsyncConsumer:
     def take_buffered(self) -> list[AsyncMessage]:
         """Remove and return the messages received but not yet handed out (not acked)."""
         return [self._wrap(item) for item in self.client._core.take_buffered(self._state)]
+
+    async def process(
+        self,
+        handler: Callable[[AsyncMessage], Awaitable[object]],
+        *,
+        workers: int = 8,
+        key: Callable[[AsyncMessage], Hashable] | None = None,
+        on_error: OnError = "requeue",
+        backlog: int | None = None,
+    ) -> AsyncProcessing:
+        """Attach, then run `await handler(message)` on `workers` tasks, in order per key, in
+        parallel across keys; ack when it returns, nack (`on_error`: requeue | dead_letter) when
+        it raises. `key` defaults to the message's group (no group: one shared key). `backlog`
+        caps the messages waiting per key. Stop with `await .stop(drain=...)`."""
+        await self.start()
+        return AsyncProcessing(
+            self, handler, workers=workers, key=key, on_error=on_error, backlog=backlog
+        )
 
     # --- settling ---------------------------------------------------------------------------
 

@@ -269,7 +269,7 @@ class Client(ThreadedShell):
             found.delivery_count,
             key,
             (),
-            None if settled else _Settler(self, queue),
+            consumer=None if settled else _Settler(self, queue),
         )
 
     # --- queries ---------------------------------------------------------------------------

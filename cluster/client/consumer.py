@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,6 +20,7 @@ import structlog
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
 from cluster.client.errors import CommandRefused
+from cluster.client.workpool_consumer import OnError, Processing
 from fifo.codec import decode
 from fifo.commands import (
     Cancel,
@@ -58,6 +59,7 @@ class Message:
     delivery_count: int
     consumer_key: ConsumerKey
     annotations: tuple[tuple[str, str | int], ...] = ()
+    group: str | None = None
     consumer: Settles | None = field(default=None, repr=False, compare=False)
 
     def ack(self) -> None:
@@ -287,7 +289,7 @@ class Consumer:
             delivery.delivery_count,
             key,
             delivery.annotations,
-            self,
+            consumer=self,
         )
 
     def _run_callback(self, on_message: Callable[[Message], None]) -> None:
@@ -299,6 +301,23 @@ class Consumer:
                 on_message(message)
             except Exception:  # a failing callback must not kill the consumer thread
                 log.exception("consumer_callback_failed", queue=self.queue, msg_id=message.msg_id)
+
+    def process(
+        self,
+        handler: Callable[[Message], object],
+        *,
+        workers: int = 8,
+        key: Callable[[Message], Hashable] | None = None,
+        on_error: OnError = "requeue",
+        backlog: int | None = None,
+    ) -> Processing:
+        """Run `handler(message)` on `workers` threads, in order per key, in parallel across
+        keys; ack when it returns, nack (`on_error`: requeue | dead_letter) when it raises.
+        `key` defaults to the message's group (no group: one shared key). `backlog` caps the
+        messages waiting per key. Stop with `.stop(drain=...)`; see docs/workpool.md."""
+        return Processing(
+            self, handler, workers=workers, key=key, on_error=on_error, backlog=backlog
+        )
 
     # --- settling ---------------------------------------------------------------------------
 

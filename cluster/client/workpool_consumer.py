@@ -1,0 +1,266 @@
+"""A consumer's messages through the ordered work pool: what `Consumer.process` and
+`AsyncConsumer.process` start (see docs/workpool.md).
+
+A feeder takes deliveries from the consumer and submits them to the pool; when a handler
+returns, its message is acked, when it raises, the message is returned (`on_error="requeue"`)
+or rejected (`"dead_letter"`: dead-lettered if the queue has a target, else dropped), and the
+key goes on. Settles leave in per-key completion order. The pool holds unacked messages only,
+so the consumer's prefetch bounds it; a key with `backlog` messages waiting blocks the feeder,
+and the queue then stops delivering once prefetch messages are unacked: back-pressure.
+Stopping cancels the consumer; `drain` runs what was delivered, otherwise what did not start is
+returned to the queue. Either way every message is acked, or returned, or given back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import TYPE_CHECKING, Literal
+
+import structlog
+
+from cluster.client.errors import ClusterError
+from cluster.client.workpool import OrderedWorkPool, PoolClosed, group_of
+from cluster.client.workpool_aio import AsyncOrderedWorkPool
+
+if TYPE_CHECKING:
+    from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
+    from cluster.client.consumer import Consumer, Message
+
+log = structlog.get_logger("quorumq.workpool")
+
+OnError = Literal["requeue", "dead_letter"]
+ON_ERRORS: tuple[OnError, ...] = ("requeue", "dead_letter")
+FEED_POLL_S = 0.1  # how often a waiting feeder looks whether it was asked to stop
+STOP_TIMEOUT_S_DEFAULT = 60.0
+
+
+def _check(credited: bool, on_error: str) -> None:
+    if on_error not in ON_ERRORS:
+        raise ValueError(f"on_error must be one of {ON_ERRORS}, not {on_error!r}")
+    if credited:
+        raise ValueError("process() needs a prefetch consumer: its prefetch bounds the pool")
+
+
+class Processing:
+    """`Consumer.process` running: a feeder thread and an `OrderedWorkPool` of worker threads."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        handler: Callable[[Message], object],
+        *,
+        workers: int,
+        key: Callable[[Message], Hashable] | None,
+        on_error: OnError,
+        backlog: int | None,
+    ) -> None:
+        _check(consumer.credited, on_error)
+        self.consumer = consumer
+        self.on_error = on_error
+        self._pool: OrderedWorkPool[Message] = OrderedWorkPool(
+            handler,
+            workers=workers,
+            key=group_of if key is None else key,
+            backlog=backlog,
+            on_done=self._settle,
+            name=f"qq-process-{consumer.tag}",
+        )
+        self._stop_feeding = threading.Event()
+        self._leftover: list[Message] = []  # taken by the feeder, never submitted
+        self._feeder = threading.Thread(
+            target=self._feed, name=f"qq-feeder-{consumer.tag}", daemon=True
+        )
+        self._feeder.start()
+
+    @property
+    def processed(self) -> int:
+        """Messages whose handler ran (returned or raised)."""
+        return self._pool.completed
+
+    @property
+    def failed(self) -> int:
+        """Messages whose handler raised (returned or rejected)."""
+        return self._pool.failed
+
+    def _feed(self) -> None:
+        consumer, pool = self.consumer, self._pool
+        while not self._stop_feeding.is_set():
+            message = consumer.get(timeout_s=FEED_POLL_S)
+            if message is None:
+                if consumer._state.finished:
+                    break  # cancelled or closed, and everything buffered was handed out
+                continue
+            try:
+                while not pool.submit(message, timeout_s=FEED_POLL_S):
+                    if self._stop_feeding.is_set():
+                        self._leftover.append(message)
+                        return
+            except PoolClosed:
+                self._leftover.append(message)
+                return
+        pool.close()
+
+    def _settle(self, message: Message, error: BaseException | None) -> None:
+        consumer = self.consumer
+        if error is None:
+            consumer.ack([message])
+        else:
+            log.warning(
+                "process_handler_failed",
+                queue=consumer.queue,
+                msg_id=message.msg_id,
+                on_error=self.on_error,
+                error=repr(error),
+            )
+            if self.on_error == "requeue":
+                consumer.nack([message], requeue=True)
+            else:
+                consumer.reject([message])
+        if self._pool.waiting() == 0:
+            consumer.flush_acks()  # workers are about to idle: let the queue refill credit now
+
+    def stop(self, drain: bool = True, timeout_s: float = STOP_TIMEOUT_S_DEFAULT) -> bool:
+        """Cancel the consumer and end. `drain`: run every message already delivered; else
+        finish only the running ones and return the rest to the queue. True when everything
+        ended and every settle was answered within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.consumer.cancel()  # soft: nothing new comes, what we hold still settles
+        except ClusterError as error:
+            log.warning("process_cancel_failed", queue=self.consumer.queue, error=str(error))
+        if not drain:
+            self._stop_feeding.set()
+        self._feeder.join(max(0.0, deadline - time.monotonic()))
+        if not drain:
+            unstarted = self._pool.stop()
+            give_back = unstarted + self._leftover + self.consumer.take_buffered()
+            self._leftover = []
+            if give_back:
+                self.consumer.nack(give_back, requeue=True)
+        ended = self._pool.join(max(0.0, deadline - time.monotonic()))
+        settled = self.consumer.wait_settled(max(0.0, deadline - time.monotonic()))
+        return ended and settled and not self._feeder.is_alive()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait until processing ends by itself (the consumer was cancelled or closed)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._feeder.join(timeout_s)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self._pool.join(left) and not self._feeder.is_alive()
+
+    def __enter__(self) -> Processing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(drain=True)
+
+
+class AsyncProcessing:
+    """`AsyncConsumer.process` running: a feeder task and an `AsyncOrderedWorkPool`."""
+
+    def __init__(
+        self,
+        consumer: AsyncConsumer,
+        handler: Callable[[AsyncMessage], Awaitable[object]],
+        *,
+        workers: int,
+        key: Callable[[AsyncMessage], Hashable] | None,
+        on_error: OnError,
+        backlog: int | None,
+    ) -> None:
+        _check(consumer._state.credited, on_error)
+        self.consumer = consumer
+        self.on_error = on_error
+        self._pool: AsyncOrderedWorkPool[AsyncMessage] = AsyncOrderedWorkPool(
+            handler,
+            workers=workers,
+            key=group_of if key is None else key,
+            backlog=backlog,
+            on_done=self._settle,
+        )
+        self._stop_feeding = False
+        self._leftover: list[AsyncMessage] = []
+        self._feeder = asyncio.ensure_future(self._feed())
+
+    @property
+    def processed(self) -> int:
+        """Messages whose handler ran (returned or raised)."""
+        return self._pool.completed
+
+    @property
+    def failed(self) -> int:
+        """Messages whose handler raised (returned or rejected)."""
+        return self._pool.failed
+
+    async def _feed(self) -> None:
+        consumer, pool = self.consumer, self._pool
+        while not self._stop_feeding:
+            message = await consumer.get(timeout_s=FEED_POLL_S)
+            if message is None:
+                if consumer._state.finished:
+                    break
+                continue
+            try:
+                await pool.submit(message)
+            except PoolClosed:
+                self._leftover.append(message)
+                return
+        pool.close()
+
+    async def _settle(self, message: AsyncMessage, error: BaseException | None) -> None:
+        consumer = self.consumer
+        if error is None:
+            await consumer.ack([message])
+        else:
+            log.warning(
+                "process_handler_failed",
+                queue=consumer.queue,
+                msg_id=message.msg_id,
+                on_error=self.on_error,
+                error=repr(error),
+            )
+            if self.on_error == "requeue":
+                await consumer.nack([message], requeue=True)
+            else:
+                await consumer.reject([message])
+        if self._pool.waiting() == 0:
+            await consumer.flush_acks()
+
+    async def stop(self, drain: bool = True, timeout_s: float = STOP_TIMEOUT_S_DEFAULT) -> bool:
+        """Cancel the consumer and end. `drain`: run every message already delivered; else
+        finish only the running ones and return the rest to the queue. True when everything
+        ended and every settle was answered within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            await self.consumer.cancel()
+        except ClusterError as error:
+            log.warning("process_cancel_failed", queue=self.consumer.queue, error=str(error))
+        if not drain:
+            self._stop_feeding = True
+            unstarted = self._pool.stop()  # wakes a feeder waiting for backlog room
+            await asyncio.wait([self._feeder], timeout=max(0.0, deadline - time.monotonic()))
+            give_back = unstarted + self._leftover + self.consumer.take_buffered()
+            self._leftover = []
+            if give_back:
+                await self.consumer.nack(give_back, requeue=True)
+        else:
+            await asyncio.wait([self._feeder], timeout=max(0.0, deadline - time.monotonic()))
+        ended = await self._pool.join(max(0.0, deadline - time.monotonic()))
+        settled = await self.consumer.wait_settled(max(0.0, deadline - time.monotonic()))
+        return ended and settled and self._feeder.done()
+
+    async def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait until processing ends by itself (the consumer was cancelled or closed)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        await asyncio.wait([self._feeder], timeout=timeout_s)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return await self._pool.join(left) and self._feeder.done()
+
+    async def __aenter__(self) -> AsyncProcessing:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(drain=True)
