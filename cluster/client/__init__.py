@@ -16,6 +16,9 @@ Example:
             await publisher.publish_many(b"job %d" % i for i in range(1000))
         async for message in client.consume("jobs", prefetch=100):
             await message.ack()
+
+    # in order per key, in parallel across keys (docs/workpool.md)
+    processing = client.consume("jobs", prefetch=200).process(handle, workers=16)
 """
 
 from cluster.client.aio import AsyncClient
@@ -36,11 +39,16 @@ from cluster.client.errors import (
 )
 from cluster.client.publisher import Publisher
 from cluster.client.sansio import ClientProtocol
+from cluster.client.workpool import OrderedWorkPool, PoolClosed
+from cluster.client.workpool_aio import AsyncOrderedWorkPool
+from cluster.client.workpool_consumer import AsyncProcessing, Processing
 
 __all__ = [
     "AsyncClient",
     "AsyncConsumer",
     "AsyncMessage",
+    "AsyncOrderedWorkPool",
+    "AsyncProcessing",
     "AsyncPublisher",
     "AuthError",
     "Client",
@@ -52,6 +60,9 @@ __all__ = [
     "Consumer",
     "LeaderlessBalancer",
     "Message",
+    "OrderedWorkPool",
+    "PoolClosed",
+    "Processing",
     "ProtocolError",
     "Publisher",
     "RequestTimeout",
