@@ -245,7 +245,7 @@ class AsyncConsumer:
         key: Callable[[AsyncMessage], Hashable] | None = None,
         on_error: OnError = "requeue",
         backlog: int | None = None,
-    ) -> AsyncProcessing:
+    ) -> AsyncProcessing[AsyncMessage]:
         """Attach, then run `await handler(message)` on `workers` tasks, in order per key, in
         parallel across keys; ack when it returns, nack (`on_error`: requeue | dead_letter) when
         it raises. `key` defaults to the message's group (no group: one shared key). `backlog`

@@ -310,7 +310,7 @@ class Consumer:
         key: Callable[[Message], Hashable] | None = None,
         on_error: OnError = "requeue",
         backlog: int | None = None,
-    ) -> Processing:
+    ) -> Processing[Message]:
         """Run `handler(message)` on `workers` threads, in order per key, in parallel across
         keys; ack when it returns, nack (`on_error`: requeue | dead_letter) when it raises.
         `key` defaults to the message's group (no group: one shared key). `backlog` caps the

@@ -17,17 +17,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import TYPE_CHECKING, Literal
+from typing import Generic, Literal, Protocol, TypeVar
 
 import structlog
 
+from cluster.client._state import ConsumerState
 from cluster.client.errors import ClusterError
 from cluster.client.workpool import OrderedWorkPool, PoolClosed, group_of
 from cluster.client.workpool_aio import AsyncOrderedWorkPool
-
-if TYPE_CHECKING:
-    from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
-    from cluster.client.consumer import Consumer, Message
 
 log = structlog.get_logger("quorumq.workpool")
 
@@ -37,6 +34,69 @@ FEED_POLL_S = 0.1  # how often a waiting feeder looks whether it was asked to st
 STOP_TIMEOUT_S_DEFAULT = 60.0
 
 
+class Delivered(Protocol):
+    """What the pool needs of a message: its id (for the logs)."""
+
+    @property
+    def msg_id(self) -> int: ...
+
+
+M = TypeVar("M", bound=Delivered)
+
+
+class ThreadedSource(Protocol[M]):
+    """The parts of `Consumer` that `Processing` uses (the consumer's own state included)."""
+
+    _state: ConsumerState
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def tag(self) -> str: ...
+
+    def get(self, timeout_s: float | None = None) -> M | None: ...
+
+    def ack(self, messages: list[M]) -> None: ...
+
+    def nack(self, messages: list[M], requeue: bool = True) -> None: ...
+
+    def reject(self, messages: list[M]) -> None: ...
+
+    def flush_acks(self) -> None: ...
+
+    def cancel(self) -> object: ...
+
+    def take_buffered(self) -> list[M]: ...
+
+    def wait_settled(self, timeout_s: float = 10.0) -> bool: ...
+
+
+class AsyncSource(Protocol[M]):
+    """The parts of `AsyncConsumer` that `AsyncProcessing` uses."""
+
+    _state: ConsumerState
+
+    @property
+    def queue(self) -> str: ...
+
+    async def get(self, timeout_s: float | None = None) -> M | None: ...
+
+    async def ack(self, messages: list[M]) -> None: ...
+
+    async def nack(self, messages: list[M], requeue: bool = True) -> None: ...
+
+    async def reject(self, messages: list[M]) -> None: ...
+
+    async def flush_acks(self) -> None: ...
+
+    async def cancel(self) -> object: ...
+
+    def take_buffered(self) -> list[M]: ...
+
+    async def wait_settled(self, timeout_s: float = 10.0) -> bool: ...
+
+
 def _check(credited: bool, on_error: str) -> None:
     if on_error not in ON_ERRORS:
         raise ValueError(f"on_error must be one of {ON_ERRORS}, not {on_error!r}")
@@ -44,23 +104,23 @@ def _check(credited: bool, on_error: str) -> None:
         raise ValueError("process() needs a prefetch consumer: its prefetch bounds the pool")
 
 
-class Processing:
+class Processing(Generic[M]):
     """`Consumer.process` running: a feeder thread and an `OrderedWorkPool` of worker threads."""
 
     def __init__(
         self,
-        consumer: Consumer,
-        handler: Callable[[Message], object],
+        consumer: ThreadedSource[M],
+        handler: Callable[[M], object],
         *,
         workers: int,
-        key: Callable[[Message], Hashable] | None,
+        key: Callable[[M], Hashable] | None,
         on_error: OnError,
         backlog: int | None,
     ) -> None:
-        _check(consumer.credited, on_error)
+        _check(consumer._state.credited, on_error)
         self.consumer = consumer
         self.on_error = on_error
-        self._pool: OrderedWorkPool[Message] = OrderedWorkPool(
+        self._pool: OrderedWorkPool[M] = OrderedWorkPool(
             handler,
             workers=workers,
             key=group_of if key is None else key,
@@ -69,7 +129,7 @@ class Processing:
             name=f"qq-process-{consumer.tag}",
         )
         self._stop_feeding = threading.Event()
-        self._leftover: list[Message] = []  # taken by the feeder, never submitted
+        self._leftover: list[M] = []  # taken by the feeder, never submitted
         self._feeder = threading.Thread(
             target=self._feed, name=f"qq-feeder-{consumer.tag}", daemon=True
         )
@@ -84,6 +144,14 @@ class Processing:
     def failed(self) -> int:
         """Messages whose handler raised (returned or rejected)."""
         return self._pool.failed
+
+    def waiting(self) -> int:
+        """Messages in the pool not started yet."""
+        return self._pool.waiting()
+
+    def running(self) -> int:
+        """Messages whose handler runs now."""
+        return self._pool.busy()
 
     def _feed(self) -> None:
         consumer, pool = self.consumer, self._pool
@@ -103,7 +171,7 @@ class Processing:
                 return
         pool.close()
 
-    def _settle(self, message: Message, error: BaseException | None) -> None:
+    def _settle(self, message: M, error: BaseException | None) -> None:
         consumer = self.consumer
         if error is None:
             consumer.ack([message])
@@ -151,30 +219,30 @@ class Processing:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         return self._pool.join(left) and not self._feeder.is_alive()
 
-    def __enter__(self) -> Processing:
+    def __enter__(self) -> Processing[M]:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop(drain=True)
 
 
-class AsyncProcessing:
+class AsyncProcessing(Generic[M]):
     """`AsyncConsumer.process` running: a feeder task and an `AsyncOrderedWorkPool`."""
 
     def __init__(
         self,
-        consumer: AsyncConsumer,
-        handler: Callable[[AsyncMessage], Awaitable[object]],
+        consumer: AsyncSource[M],
+        handler: Callable[[M], Awaitable[object]],
         *,
         workers: int,
-        key: Callable[[AsyncMessage], Hashable] | None,
+        key: Callable[[M], Hashable] | None,
         on_error: OnError,
         backlog: int | None,
     ) -> None:
         _check(consumer._state.credited, on_error)
         self.consumer = consumer
         self.on_error = on_error
-        self._pool: AsyncOrderedWorkPool[AsyncMessage] = AsyncOrderedWorkPool(
+        self._pool: AsyncOrderedWorkPool[M] = AsyncOrderedWorkPool(
             handler,
             workers=workers,
             key=group_of if key is None else key,
@@ -182,7 +250,7 @@ class AsyncProcessing:
             on_done=self._settle,
         )
         self._stop_feeding = False
-        self._leftover: list[AsyncMessage] = []
+        self._leftover: list[M] = []
         self._feeder = asyncio.ensure_future(self._feed())
 
     @property
@@ -194,6 +262,14 @@ class AsyncProcessing:
     def failed(self) -> int:
         """Messages whose handler raised (returned or rejected)."""
         return self._pool.failed
+
+    def waiting(self) -> int:
+        """Messages in the pool not started yet."""
+        return self._pool.waiting()
+
+    def running(self) -> int:
+        """Messages whose handler runs now."""
+        return self._pool.busy()
 
     async def _feed(self) -> None:
         consumer, pool = self.consumer, self._pool
@@ -210,7 +286,7 @@ class AsyncProcessing:
                 return
         pool.close()
 
-    async def _settle(self, message: AsyncMessage, error: BaseException | None) -> None:
+    async def _settle(self, message: M, error: BaseException | None) -> None:
         consumer = self.consumer
         if error is None:
             await consumer.ack([message])
@@ -259,7 +335,7 @@ class AsyncProcessing:
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         return await self._pool.join(left) and self._feeder.done()
 
-    async def __aenter__(self) -> AsyncProcessing:
+    async def __aenter__(self) -> AsyncProcessing[M]:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -180,6 +180,37 @@ def test_stopping_without_drain_gives_back_what_did_not_run_in_order(
         assert after == in_publish_order(sent)  # nothing lost, nothing twice, still in order
 
 
+def test_a_full_key_backlog_stops_deliveries_at_the_prefetch(cluster3: Any) -> None:
+    """One key blocked in its handler, backlog 2, prefetch 30: the pool holds the running
+    message and two waiting, the feeder stops, and the queue stops delivering at 30 unacked
+    messages (the rest stay ready in the queue); released, everything runs in order."""
+    release = threading.Event()
+    seen = Seen()
+
+    def handle(message: Message) -> None:
+        seen.begin(message)
+        release.wait(30)
+        seen.end(message)
+
+    sent = [b"hot:%d" % number for number in range(100)]
+    with connect(cluster3) as client:
+        client.declare_queue("hot")
+        publish(client, "hot", sent)
+        consumer = client.consume("hot", prefetch=30)
+        processing = consumer.process(handle, workers=4, key=key_of, backlog=2)
+        assert wait_for(lambda: processing.waiting() == 2 and processing.running() == 1)
+        time.sleep(0.5)  # give a broken pool the time to take more
+        overview = client.overview("hot")
+        assert overview is not None
+        assert (overview.checked_out, overview.ready) == (30, 70)  # credit spent: no more
+        assert (processing.running(), processing.waiting()) == (1, 2)  # the rest is not taken
+        assert seen.total() == 1
+        release.set()
+        assert wait_for(lambda: processing.processed == 100)
+        assert processing.stop(drain=True, timeout_s=30)
+    assert seen.order == in_publish_order(sent) and seen.most == 1
+
+
 def test_asyncio_process_keeps_key_order_with_parallel_tasks(cluster3: Any) -> None:
     """The asyncio consumer: 400 messages over 20 keys on 8 tasks, in order per key, several
     keys at once, all acked; with the default key (no group on this queue) the messages form
