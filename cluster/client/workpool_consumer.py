@@ -169,6 +169,8 @@ class Processing(Generic[M]):
             except PoolClosed:
                 self._leftover.append(message)
                 return
+            except Exception as error:  # the key function raised: the message fails alone
+                self._settle(message, error)
         pool.close()
 
     def _settle(self, message: M, error: BaseException | None) -> None:
@@ -284,6 +286,8 @@ class AsyncProcessing(Generic[M]):
             except PoolClosed:
                 self._leftover.append(message)
                 return
+            except Exception as error:  # the key function raised: the message fails alone
+                await self._settle(message, error)
         pool.close()
 
     async def _settle(self, message: M, error: BaseException | None) -> None:
