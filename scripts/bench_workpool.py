@@ -57,8 +57,12 @@ def ordered_threads(
     items: list[Item], workers: int, sleep_s: float, key: Callable[[Item], int] = by_key
 ) -> float:
     """Submit everything to the ordered pool and wait until every item ran."""
+
+    def handle(item: Item) -> None:
+        time.sleep(sleep_s)
+
     started = time.perf_counter()
-    with OrderedWorkPool(lambda item: time.sleep(sleep_s), workers=workers, key=key) as pool:
+    with OrderedWorkPool(handle, workers=workers, key=key) as pool:
         for item in items:
             pool.submit(item)
     seconds = time.perf_counter() - started
@@ -68,9 +72,13 @@ def ordered_threads(
 
 def unordered_threads(items: list[Item], workers: int, sleep_s: float) -> float:
     """The same with a plain thread pool (no order between items)."""
+
+    def handle(item: Item) -> None:
+        time.sleep(sleep_s)
+
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers) as executor:
-        futures = [executor.submit(time.sleep, sleep_s) for _ in items]
+        futures = [executor.submit(handle, item) for item in items]
         wait(futures)
     return time.perf_counter() - started
 
@@ -96,9 +104,12 @@ async def ordered_tasks(
 async def unordered_tasks(items: list[Item], workers: int, sleep_s: float) -> float:
     queue: asyncio.Queue[Item | None] = asyncio.Queue()
 
+    async def handle(item: Item) -> None:
+        await asyncio.sleep(sleep_s)
+
     async def worker() -> None:
-        while await queue.get() is not None:
-            await asyncio.sleep(sleep_s)
+        while (item := await queue.get()) is not None:
+            await handle(item)
 
     started = time.perf_counter()
     tasks = [asyncio.ensure_future(worker()) for _ in range(workers)]

@@ -117,26 +117,26 @@ class AsyncOrderedWorkPool(Generic[T]):
                         waiter.set_result(None)
             channel, item = started
             try:
-                await self._run(item)
+                error: BaseException | None = None
+                try:
+                    await self._handler(item)
+                except Exception as failure:  # a failing item must not take its worker down
+                    error = failure
+                if error is not None or self._on_done is not None:
+                    await self._report(item, error)
+                self.completed += 1
+                self.failed += error is not None
             finally:
                 core.finish(channel)
 
-    async def _run(self, item: T) -> None:
-        error: BaseException | None = None
-        try:
-            await self._handler(item)
-        except Exception as failure:  # a failing item must not take its worker down
-            error = failure
+    async def _report(self, item: T, error: BaseException | None) -> None:
         if self._on_done is None:
-            if error is not None:
-                log.error("work_failed", error=repr(error))
-        else:
-            try:
-                await self._on_done(item, error)
-            except Exception:
-                log.exception("work_on_done_failed")
-        self.completed += 1
-        self.failed += error is not None
+            log.error("work_failed", error=repr(error))
+            return
+        try:
+            await self._on_done(item, error)
+        except Exception:
+            log.exception("work_on_done_failed")
 
     # --- ending -------------------------------------------------------------------------------
 
