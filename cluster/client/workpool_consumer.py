@@ -204,13 +204,14 @@ class Processing(Generic[M]):
         if not drain:
             self._stop_feeding.set()
         self._feeder.join(max(0.0, deadline - time.monotonic()))
+        give_back: list[M] = []
         if not drain:
             unstarted = self._pool.stop()
             give_back = unstarted + self._leftover + self.consumer.take_buffered()
             self._leftover = []
-            if give_back:
-                self.consumer.nack(give_back, requeue=True)
         ended = self._pool.join(max(0.0, deadline - time.monotonic()))
+        if give_back:  # after the running ones were acked: no key's later message runs earlier
+            self.consumer.nack(give_back, requeue=True)
         settled = self.consumer.wait_settled(max(0.0, deadline - time.monotonic()))
         return ended and settled and not self._feeder.is_alive()
 
@@ -318,17 +319,18 @@ class AsyncProcessing(Generic[M]):
             await self.consumer.cancel()
         except ClusterError as error:
             log.warning("process_cancel_failed", queue=self.consumer.queue, error=str(error))
+        give_back: list[M] = []
         if not drain:
             self._stop_feeding = True
             unstarted = self._pool.stop()  # wakes a feeder waiting for backlog room
             await asyncio.wait([self._feeder], timeout=max(0.0, deadline - time.monotonic()))
             give_back = unstarted + self._leftover + self.consumer.take_buffered()
             self._leftover = []
-            if give_back:
-                await self.consumer.nack(give_back, requeue=True)
         else:
             await asyncio.wait([self._feeder], timeout=max(0.0, deadline - time.monotonic()))
         ended = await self._pool.join(max(0.0, deadline - time.monotonic()))
+        if give_back:  # after the running ones were acked: no key's later message runs earlier
+            await self.consumer.nack(give_back, requeue=True)
         settled = await self.consumer.wait_settled(max(0.0, deadline - time.monotonic()))
         return ended and settled and self._feeder.done()
 

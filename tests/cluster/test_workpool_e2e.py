@@ -265,3 +265,37 @@ def test_asyncio_process_keeps_key_order_with_parallel_tasks(cluster3: Any) -> N
     assert seen.order == in_publish_order(sent)
     assert seen.most_per_key == 1 and seen.most >= 4, seen.most
     assert serial.most == 1 and serial.sequence == list(range(60))  # group None: one key
+
+
+def test_asyncio_stop_without_drain_returns_the_rest(cluster3: Any) -> None:
+    """The asyncio consumer stopped mid-way: what ran is acked, everything else is back in the
+    queue, nothing is checked out."""
+    sent = bodies(keys=10, count=200)
+    seen = Seen()
+
+    async def handle(message: AsyncMessage) -> None:
+        seen.begin(message)
+        await asyncio.sleep(0.01)
+        seen.end(message)
+
+    async def main() -> tuple[int, int, int]:
+        endpoints, key = address(cluster3)
+        async with AsyncClient(endpoints, key) as client:
+            await client.declare_queue("halts")
+            async with client.publisher("halts", window=200) as publisher:
+                await publisher.publish_many(sent)
+                await publisher.wait_for_confirms(30)
+            consumer = client.consume("halts", prefetch=40)
+            processing = await consumer.process(handle, workers=4, key=key_of, backlog=3)
+            deadline = time.monotonic() + 60
+            while seen.total() < 30:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            assert await processing.stop(drain=False, timeout_s=30)
+            overview = await client.overview("halts")
+            assert overview is not None
+            return processing.processed, overview.total, overview.checked_out
+
+    processed, left, checked_out = asyncio.run(main())
+    assert processed == seen.total() < len(sent)
+    assert (left, checked_out) == (len(sent) - processed, 0)
