@@ -207,6 +207,13 @@ def test_a_full_key_backlog_stops_deliveries_at_the_prefetch(cluster3: Any) -> N
         consumer = client.consume("hot", prefetch=30)
         processing = consumer.process(handle, workers=4, key=key_of, backlog=2)
         assert wait_for(lambda: processing.waiting() == 2 and processing.running() == 1)
+
+        def checked_out() -> int:
+            overview = client.overview("hot")
+            assert overview is not None
+            return overview.checked_out
+
+        assert wait_for(lambda: checked_out() == 30)
         time.sleep(0.5)  # give a broken pool the time to take more
         overview = client.overview("hot")
         assert overview is not None
