@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fifo
 from cluster import config, protocol
-from cluster.testing import LocalCluster, start_cluster
+from cluster.launcher import LocalCluster, start_cluster
 from fifo.commands import DeclareQueue, Enqueue
 
 BODY = b"x" * 100
@@ -84,7 +84,7 @@ class PipelinedClient:
 async def measure(cluster: LocalCluster, messages: int, window: int, queue: str) -> dict[str, Any]:
     leader = cluster.leader()
     client = await PipelinedClient.connect(
-        cluster.config.node(leader).client_address, cluster.client_key
+        cluster.config.node(leader).client_address, cluster.key
     )
     await client.run([fifo.encode(DeclareQueue(queue))], 1)
     blobs = [fifo.encode(Enqueue(queue, BODY)) for _ in range(messages)]
@@ -113,7 +113,7 @@ def bench_policy(policy: str, messages: int) -> dict[str, Any]:
                 asyncio.run(measure(cluster, max(200, messages // 20), 1, "w1")),
             ]
             leader = cluster.leader()
-            log_len = cluster.status()[leader]["log_len"]  # type: ignore[index]
+            log_len = cluster.statuses()[leader]["log_len"]  # type: ignore[index]
         finally:
             cluster.stop()
     return {"fsync": policy, "runs": runs, "leader_log_len_after": log_len}
@@ -145,5 +145,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _ = config  # the data dir layout is written by cluster.testing through cluster.config
+    _ = config  # the data dir layout is written by cluster.launcher through cluster.config
     sys.exit(main())
