@@ -27,6 +27,7 @@ from fifo.commands import (
 )
 from fifo.meta import Meta
 from fifo.replies import Error, Ok
+from fifo.state import State
 from raft.entry import Entry, Origin, command_index
 from raft.errors import VersionTooOldError
 from raft.fastcodec import decode_command
@@ -111,7 +112,7 @@ class ReplicatedState:
 
     def __init__(self, members: list[str]) -> None:
         self.meta = Metadata(members=sorted(members))
-        self.state: Any = fifo.init_state(INITIAL_MACHINE_VERSION)
+        self.state: State = fifo.init_state(INITIAL_MACHINE_VERSION)
 
     # --- apply -------------------------------------------------------------------------------
 
