@@ -201,11 +201,10 @@ class NodeMetrics(NoMetrics):
 
     def on_outcome(self, outcome: Outcome, mine: bool) -> None:
         for effect in outcome.effects:
-            kind = type(effect)
-            if kind is Deliver:
+            if type(effect) is Deliver:
                 if effect.connection.node == self.node_id:
                     self.delivered.labels(self.label(effect.queue)).inc(len(effect.messages))
-            elif kind is DeadLettered:
+            elif type(effect) is DeadLettered:
                 self.dead_lettered.labels(self.label(effect.queue), effect.reason).inc(effect.count)
         if mine and outcome.replies:
             self.batch_size.observe(len(outcome.replies))
