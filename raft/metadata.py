@@ -1,10 +1,11 @@
 """Cluster metadata kept in the log next to the fifo state, and the one function that applies it.
 
-`apply_metadata(meta, change)` is pure (no I/O, no clock, deterministic; it changes `meta` in
-place as `fifo.apply` changes its state) and is the only code that changes the metadata after an
-entry: members' supported versions and incarnations (`Hello`), the effective machine version and
-its switches (`Switch`), client connections by node and the nodes marked down (`Applied`, the
-fifo command that was just applied with its reply). Golden files: tests/raft/golden/metadata.
+`apply_metadata(meta, change, reply)` is pure (no I/O, no clock, deterministic; it changes
+`meta` in place as `fifo.apply` changes its state) and is the only code that changes the
+metadata after an entry: members' supported versions and incarnations (`Hello`), the effective
+machine version and its switches (`Switch`), client connections by node and the nodes marked
+down (a fifo command that was just applied, with its `reply`: called once per command, so it
+allocates nothing on that path). Golden files: tests/raft/golden/metadata.
 """
 
 from __future__ import annotations
@@ -84,14 +85,6 @@ class Metadata:
 
 
 @dataclass(frozen=True, slots=True)
-class Applied:
-    """A fifo command was applied and answered `reply`."""
-
-    command: Command
-    reply: Reply
-
-
-@dataclass(frozen=True, slots=True)
 class Hello:
     """Node `node` (incarnation `incarnation`) says its code supports up to `version`."""
 
@@ -109,50 +102,52 @@ class Switch:
     version: int
 
 
-Change = Applied | Hello | Switch
+OK = Ok()
 
 
-def apply_metadata(meta: Metadata, change: Change) -> Reply:
-    """Apply one change to `meta`; the reply of a hello (refused: an Error), else Ok."""
-    if isinstance(change, Applied):
-        _track(meta, change.command, change.reply)
-        return Ok()
-    if isinstance(change, Hello):
-        if change.version < meta.effective_version:
-            meta.refused[change.node] = change.version
-            return Error(
-                "unsupported",
-                f"refused: the cluster runs machine version {meta.effective_version}, "
-                f"node {change.node} supports only up to {change.version}",
-            )
-        meta.refused.pop(change.node, None)
-        meta.supported[change.node] = change.version
-        meta.incarnations[change.node] = change.incarnation
-        return Ok()
-    if change.version > meta.effective_version:
+def apply_metadata(meta: Metadata, change: Command | Hello | Switch, reply: Reply = OK) -> Reply:
+    """Apply one change to `meta`: a fifo command just applied (with its `reply`), a Hello or a
+    Switch. Returns the hello's reply (refused: an Error), else Ok."""
+    connection: ConnectionId | None = None
+    if isinstance(change, Enqueue):  # the hot path first
+        connection = change.connection
+    elif isinstance(change, Checkout):
+        connection = change.consumer.connection
+    elif isinstance(change, RegisterEnqueuer):
+        connection = change.connection
+    elif isinstance(change, ConnectionDown):
+        conns = meta.connections.get(change.connection.node)
+        if conns is not None:
+            conns.pop((change.connection.incarnation, change.connection.number), None)
+    elif isinstance(change, NodeDown):
+        if change.node not in meta.down_nodes:
+            meta.down_nodes.append(change.node)
+    elif isinstance(change, NodeUp):
+        if change.node in meta.down_nodes:
+            meta.down_nodes.remove(change.node)
+    elif isinstance(change, Hello):
+        return _hello(meta, change)
+    elif isinstance(change, Switch) and change.version > meta.effective_version:
         meta.effective_version = change.version
         meta.switches.append((change.index, change.version))
-    return Ok()
-
-
-def _track(meta: Metadata, command: Command, reply: Reply) -> None:
-    """Keep connections by node and down nodes in step with the commands applied."""
-    connection: ConnectionId | None = None
-    if isinstance(command, (Enqueue, RegisterEnqueuer)):
-        connection = command.connection
-    elif isinstance(command, Checkout):
-        connection = command.consumer.connection
-    elif isinstance(command, ConnectionDown):
-        conns = meta.connections.get(command.connection.node)
-        if conns is not None:
-            conns.pop((command.connection.incarnation, command.connection.number), None)
-    elif isinstance(command, NodeDown) and command.node not in meta.down_nodes:
-        meta.down_nodes.append(command.node)
-    elif isinstance(command, NodeUp) and command.node in meta.down_nodes:
-        meta.down_nodes.remove(command.node)
     if connection is not None and not isinstance(reply, Error):
         key = (connection.incarnation, connection.number)
         meta.connections.setdefault(connection.node, {})[key] = None
+    return OK
+
+
+def _hello(meta: Metadata, hello: Hello) -> Reply:
+    if hello.version < meta.effective_version:
+        meta.refused[hello.node] = hello.version
+        return Error(
+            "unsupported",
+            f"refused: the cluster runs machine version {meta.effective_version}, "
+            f"node {hello.node} supports only up to {hello.version}",
+        )
+    meta.refused.pop(hello.node, None)
+    meta.supported[hello.node] = hello.version
+    meta.incarnations[hello.node] = hello.incarnation
+    return OK
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -174,9 +169,9 @@ def stale_connection_downs(meta: Metadata, node: str, incarnation: int) -> list[
 
 def upgrade_target(meta: Metadata) -> int | None:
     """The version every member supports, if it is above the effective one."""
-    if any(m not in meta.supported for m in meta.members):
+    if any(member not in meta.supported for member in meta.members):
         return None
-    target = min(meta.supported[m] for m in meta.members)
+    target = min(meta.supported[member] for member in meta.members)
     return target if target > meta.effective_version else None
 
 
@@ -185,9 +180,9 @@ def upgrade_refusal(meta: Metadata, version: int) -> str | None:
     if version <= meta.effective_version:
         return None
     lagging = [
-        f"{m} supports {meta.supported.get(m, 'unknown')}"
-        for m in meta.members
-        if meta.supported.get(m, 0) < version
+        f"{member} supports {meta.supported.get(member, 'unknown')}"
+        for member in meta.members
+        if meta.supported.get(member, 0) < version
     ]
     if lagging:
         return f"cannot upgrade to machine version {version}: " + ", ".join(lagging)

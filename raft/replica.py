@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,7 +44,7 @@ class Applied:
     """What one applied entry means for this node: its effects for this node's connections."""
 
     index: int
-    effects: Sequence[Effect]
+    effects: list[Effect]
 
 
 class ReplicaView:

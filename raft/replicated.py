@@ -28,7 +28,7 @@ from raft import metadata
 from raft.entry import Entry, Origin, command_index
 from raft.errors import VersionTooOldError
 from raft.fastcodec import decode_command
-from raft.metadata import INITIAL_MACHINE_VERSION, Applied, Hello, Metadata, Switch, apply_metadata
+from raft.metadata import INITIAL_MACHINE_VERSION, Hello, Metadata, Switch, apply_metadata
 
 __all__ = ["INITIAL_MACHINE_VERSION", "InternalFailure", "Metadata", "Outcome", "ReplicatedState"]
 
@@ -112,7 +112,7 @@ class ReplicatedState:
             meta = Meta(command_index(index, position), term, now, version)
             try:
                 reply, effects = fifo.apply(meta, command, self.state)
-                apply_metadata(self.meta, Applied(command, reply))
+                apply_metadata(self.meta, command, reply)
             except Exception as err:  # the one place a bug in apply is contained (see module doc)
                 message = f"{type(command).__name__} at index {meta.index} raised {err!r}"
                 outcome.failures.append(message)

@@ -48,11 +48,11 @@ def _answer(view: ReplicaView, name: str, args: dict[str, Any], supported: int) 
         return list(fifo.list_queues(state))
     if name == "overview":
         if "queue" not in args:
-            return [plain(fifo.overview(state, q)) for q in fifo.list_queues(state)]
+            return [plain(fifo.overview(state, queue)) for queue in fifo.list_queues(state)]
         return plain(fifo.overview(state, _queue_arg(args)))
     if name == "consumers":
         queues = [_queue_arg(args)] if "queue" in args else list(fifo.list_queues(state))
-        return {q: plain(fifo.consumers(state, q)) for q in queues}
+        return {queue: plain(fifo.consumers(state, queue)) for queue in queues}
     if name == "messages":
         limit = args.get("limit", 100)
         if not isinstance(limit, int) or limit < 0:

@@ -136,7 +136,7 @@ class NodeServer:
             session.close()
 
     def _on_applied(self, applied: Applied) -> None:
-        self.router.dispatch(list(applied.effects))
+        self.router.dispatch(applied.effects)
 
     # --- lifecycle ---------------------------------------------------------------------------
 

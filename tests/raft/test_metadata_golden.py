@@ -3,7 +3,8 @@
 Each file in tests/raft/golden/metadata/ starts with comment lines and `members n1 n2 ...`, then
 blocks: input lines, `----`, the output, a blank line. An input line is a change, a Python
 expression over `Hello(node, version, incarnation)`, `Switch(index, version)`,
-`Applied(command, reply)`, the fifo commands and replies and `conn(node, number, incarnation)`;
+`Applied(command, reply)` (a fifo command applied with that reply), the fifo commands and
+replies and `conn(node, number, incarnation)`;
 or a query: `stale NODE INCARNATION`, `target`, `refusal VERSION`. The output gives each
 change's reply (or the query's answer), then the metadata after the block.
 QUORUMQ_REWRITE_GOLDEN=1 rewrites the files.
@@ -20,7 +21,6 @@ import pytest
 
 from fifo import commands, replies
 from raft.metadata import (
-    Applied,
     Hello,
     Metadata,
     Switch,
@@ -38,6 +38,11 @@ def conn(node: str = "n1", number: int = 1, incarnation: int = 1) -> commands.Co
     return commands.ConnectionId(node, incarnation, number)
 
 
+def Applied(command: commands.Command, reply: replies.Reply) -> tuple[Any, ...]:
+    """A fifo command applied with `reply` (the golden files' spelling of that change)."""
+    return (command, reply)
+
+
 NAMESPACE: dict[str, Any] = {n: getattr(commands, n) for n in dir(commands) if n[0].isupper()}
 NAMESPACE.update({n: getattr(replies, n) for n in dir(replies) if n[0].isupper()})
 NAMESPACE.update(Applied=Applied, Hello=Hello, Switch=Switch, conn=conn)
@@ -52,7 +57,10 @@ def _step(meta: Metadata, line: str) -> str:
         return f"target: {upgrade_target(meta)}"
     if word == "refusal":
         return f"refusal: {upgrade_refusal(meta, int(args[0]))}"
-    return repr(apply_metadata(meta, eval(line, NAMESPACE)))  # test input, ours
+    change = eval(line, NAMESPACE)  # test input, ours
+    if isinstance(change, tuple):
+        return repr(apply_metadata(meta, *change))
+    return repr(apply_metadata(meta, change))
 
 
 def run_scenario(text: str) -> str:
@@ -97,7 +105,7 @@ def test_plain_form_round_trips() -> None:
     meta = Metadata(members=["n1", "n2"])
     apply_metadata(meta, Hello("n1", 2, 7))
     enqueue = commands.Enqueue("q", b"x", connection=conn("n2", 3))
-    apply_metadata(meta, Applied(enqueue, replies.Ok()))
-    apply_metadata(meta, Applied(commands.NodeDown("n2"), replies.Ok()))
+    apply_metadata(meta, enqueue, replies.Ok())
+    apply_metadata(meta, commands.NodeDown("n2"))
     apply_metadata(meta, Switch(4, 2))
     assert Metadata.from_plain(meta.to_plain()).to_plain() == meta.to_plain()
