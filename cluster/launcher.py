@@ -196,7 +196,10 @@ def spawn_node(
             start_new_session=True,
             cwd=node.data_dir,
         )
-    (node.data_dir / PID_FILE).write_text(f"{process.pid}\n")
+    # atomically (the node rewrites it at start): a reader never sees a truncated file
+    pid_tmp = node.data_dir / f"{PID_FILE}.launcher.tmp"
+    pid_tmp.write_text(f"{process.pid}\n")
+    os.replace(pid_tmp, node.data_dir / PID_FILE)
     return process
 
 

@@ -343,7 +343,10 @@ def run_node(
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     incarnation = next_incarnation(node_dir)
     pid_file = node_dir / "node.pid"
-    pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
+    # atomically: the launcher may read it at any moment (a truncated file reads as "no node")
+    pid_tmp = node_dir / "node.pid.tmp"
+    pid_tmp.write_text(f"{os.getpid()}\n", encoding="ascii")
+    os.replace(pid_tmp, pid_file)
     try:
         server = NodeServer(
             cluster,
