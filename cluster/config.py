@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cluster.errors import ConfigError
+from cluster.errors import ConfigError, ConfigMissing
 
 FsyncPolicy = Literal["always", "batch", "never"]
 FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "batch", "never")
@@ -91,7 +91,7 @@ def load(data_dir: Path) -> ClusterConfig:
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as err:
-        raise ConfigError(f"{path} not found: is this a quorumq data dir?") from err
+        raise ConfigMissing(f"{path} not found: is this a quorumq data dir?") from err
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read {path}: {err}") from err
     return _parse(raw, path)
@@ -257,7 +257,7 @@ def _read_hex(path: Path, what: str) -> bytes:
     try:
         value = path.read_bytes().strip()
     except FileNotFoundError as err:
-        raise ConfigError(f"{what} file {path} not found") from err
+        raise ConfigMissing(f"{what} file {path} not found") from err
     except OSError as err:
         raise ConfigError(f"cannot read {what} file {path}: {err}") from err
     try:

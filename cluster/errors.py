@@ -11,6 +11,10 @@ class ConfigError(ClusterError):
     """Raised when `cluster.toml`, the secret or a key file is missing, unreadable or invalid."""
 
 
+class ConfigMissing(ConfigError):
+    """Raised when `cluster.toml`, the secret or a key file does not exist."""
+
+
 class ProtocolError(ClusterError):
     """Raised when a frame cannot be decoded or breaks the wire protocol.
 

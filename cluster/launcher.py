@@ -1,8 +1,11 @@
 """Local cluster launcher: create a data dir, start, stop and inspect node processes on one host.
 
-Used by `quorumq cluster ...`, `quorumq node ...`, the demo, the tests and the benchmark. Nodes
-run as `python -m cluster.cli node start --data-dir D --node-id ID` in their own session, with
+The one local cluster of quorumq: `quorumq cluster ...`, `quorumq node ...`, the demo, the
+benchmarks, the chaos runner and every test use it (`start_cluster -> LocalCluster`). Nodes run
+as `python -m cluster.cli node start --data-dir D --node-id ID` in their own session, with
 stdout/stderr in their node dir, so they outlive the command that started them.
+
+Errors are `LauncherError` subclasses; the CLI maps each class to its exit code (cluster.cli).
 """
 
 from __future__ import annotations
@@ -14,43 +17,53 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from cluster import config as cluster_config
-from cluster.cli import exits
 from cluster.client.client import Client
 from cluster.client.errors import ClusterError, Unavailable
 from cluster.config import ClusterConfig, FsyncPolicy, NodeConfig
+from cluster.errors import ProtocolError
+from cluster.rawclient import RawClient
 
 PID_FILE = "node.pid"
 STOP_GRACE_S = 5.0
 LEADER_TIMEOUT_S = 30.0
 
 
+T = TypeVar("T")
+
+
 class LauncherError(ClusterError):
-    """Raised when a cluster cannot be created, started or stopped as asked (message says why).
+    """Raised when a cluster cannot be created, started or stopped as asked (message says why)."""
 
-    `exit_code` is the sysexits code the CLI exits with for it.
-    """
 
-    def __init__(self, message: str, exit_code: int = exits.SOFTWARE) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
+class LaunchRefused(LauncherError):
+    """Raised when the request itself cannot be done: too few nodes, ports out of range, a node
+    or a cluster that is already running."""
+
+
+class DataDirTaken(LauncherError):
+    """Raised when a new cluster's data dir already holds something that is not a cluster."""
+
+
+class NoLeader(LauncherError):
+    """Raised when no leader is elected (or a node does not answer) within the timeout."""
 
 
 # --- creating a data dir ----------------------------------------------------------------------
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free TCP ports on 127.0.0.1 (bound then released: a small race)."""
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free TCP ports on `host` (bound then released: a small race)."""
     socks: list[socket.socket] = []
     try:
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
+            sock.bind((host, 0))
             socks.append(sock)
         return [sock.getsockname()[1] for sock in socks]
     finally:
@@ -68,24 +81,23 @@ def init_cluster(
     host: str = "127.0.0.1",
     snapshot_every_entries: int = cluster_config.SNAPSHOT_EVERY_ENTRIES_DEFAULT,
     metrics_base_port: int | None = None,
+    caps: dict[str, int] | None = None,
 ) -> ClusterConfig:
     """Write `D/cluster.toml`, `D/secret` and `D/client.key` for a new local cluster
-    (node i serves Prometheus metrics on `metrics_base_port + i` when that is given)."""
+    (node i serves Prometheus metrics on `metrics_base_port + i` when that is given; `caps`
+    gives single nodes their own `max_machine_version`)."""
     if nodes < 1:
-        raise LauncherError("a cluster needs at least one node", exits.USAGE)
+        raise LaunchRefused("a cluster needs at least one node")
     ports = (
         free_ports(2 * nodes)
         if base_port is None
         else list(range(base_port, base_port + 2 * nodes))
     )
     if ports[-1] > 65535:
-        raise LauncherError(
-            f"--base-port {base_port} leaves no room for {nodes} nodes", exits.USAGE
-        )
+        raise LaunchRefused(f"--base-port {base_port} leaves no room for {nodes} nodes")
     if metrics_base_port is not None and metrics_base_port + nodes - 1 > 65535:
-        raise LauncherError(
-            f"--metrics-base-port {metrics_base_port} leaves no room for {nodes} nodes",
-            exits.USAGE,
+        raise LaunchRefused(
+            f"--metrics-base-port {metrics_base_port} leaves no room for {nodes} nodes"
         )
     data_dir = data_dir.resolve()
     members = tuple(
@@ -95,7 +107,7 @@ def init_cluster(
             raft_port=ports[2 * i],
             client_port=ports[2 * i + 1],
             data_dir=data_dir / f"n{i + 1}",
-            max_machine_version=max_machine_version,
+            max_machine_version=(caps or {}).get(f"n{i + 1}", max_machine_version),
             metrics_port=None if metrics_base_port is None else metrics_base_port + i,
         )
         for i in range(nodes)
@@ -157,7 +169,7 @@ def spawn_node(
     config = cluster_config.load(data_dir)
     node = config.node(node_id)
     if (pid := node_pid(node)) is not None:
-        raise LauncherError(f"node {node_id} is already running (pid {pid})", exits.USAGE)
+        raise LaunchRefused(f"node {node_id} is already running (pid {pid})")
     node.data_dir.mkdir(parents=True, exist_ok=True)
     args = [
         sys.executable,
@@ -184,7 +196,10 @@ def spawn_node(
             start_new_session=True,
             cwd=node.data_dir,
         )
-    (node.data_dir / PID_FILE).write_text(f"{process.pid}\n")
+    # atomically (the node rewrites it at start): a reader never sees a truncated file
+    pid_tmp = node.data_dir / f"{PID_FILE}.launcher.tmp"
+    pid_tmp.write_text(f"{process.pid}\n")
+    os.replace(pid_tmp, node.data_dir / PID_FILE)
     return process
 
 
@@ -299,10 +314,9 @@ def wait_for_leader(
             if count >= majority:
                 return leader
         if time.monotonic() >= deadline:
-            raise LauncherError(
+            raise NoLeader(
                 f"no leader elected within {timeout_s:.0f}s (see the node.log and stderr.log "
-                f"files in the node dirs of {config.nodes[0].data_dir.parent})",
-                exits.UNAVAILABLE,
+                f"files in the node dirs of {config.nodes[0].data_dir.parent})"
             )
         time.sleep(0.1)
 
@@ -317,24 +331,23 @@ def start_cluster(
     base_port: int | None = None,
     max_machine_version: int | None = None,
     fsync: FsyncPolicy | None = None,
+    caps: dict[str, int] | None = None,
     timeout_s: float = LEADER_TIMEOUT_S,
     metrics_base_port: int | None = None,
-) -> tuple[ClusterConfig, str]:
-    """Create (or reuse a stopped) cluster in `data_dir`, start every node, wait for a leader."""
+    wait_leader: bool = True,
+) -> LocalCluster:
+    """Create (or reuse a stopped) cluster in `data_dir`, start every node and (unless
+    `wait_leader` is False) wait until every answering node agrees on one leader."""
     data_dir = data_dir.resolve()
     if (data_dir / cluster_config.CONFIG_FILE).exists():
         config = cluster_config.load(data_dir)
         if running := running_nodes(config):
-            raise LauncherError(
+            raise LaunchRefused(
                 f"{data_dir} holds a running cluster (pids {sorted(running.values())}); "
-                f"stop it first with: quorumq cluster stop --data-dir {data_dir}",
-                exits.USAGE,
+                f"stop it first with: quorumq cluster stop --data-dir {data_dir}"
             )
     elif data_dir.exists() and any(data_dir.iterdir()):
-        raise LauncherError(
-            f"{data_dir} is not empty and holds no cluster.toml; pick another dir",
-            exits.CANT_CREATE,
-        )
+        raise DataDirTaken(f"{data_dir} is not empty and holds no cluster.toml; pick another dir")
     else:
         config = init_cluster(
             data_dir,
@@ -343,18 +356,22 @@ def start_cluster(
             max_machine_version=max_machine_version,
             fsync=fsync or "batch",
             metrics_base_port=metrics_base_port,
+            caps=caps,
         )
     if max_machine_version is not None:  # a restart with a new cap keeps it for later starts
         for node in config.nodes:
             set_node_cap(data_dir, node.id, max_machine_version)
-    for node in config.nodes:
-        spawn_node(data_dir, node.id, max_machine_version)
+    cluster = LocalCluster(data_dir, config)
     try:
-        leader = wait_for_leader(config, client_key(data_dir), timeout_s)
-    except LauncherError:
-        stop_cluster(config)
+        for node in config.nodes:
+            cluster.start_node(node.id, max_machine_version)
+        if wait_leader:
+            wait_for_leader(config, cluster.key, timeout_s)
+            cluster.leader(timeout_s=timeout_s)
+    except BaseException:
+        cluster.stop()
         raise
-    return config, leader
+    return cluster
 
 
 def stop_cluster(config: ClusterConfig, grace_s: float = STOP_GRACE_S) -> list[str]:
@@ -375,28 +392,112 @@ def stop_cluster(config: ClusterConfig, grace_s: float = STOP_GRACE_S) -> list[s
 @contextmanager
 def local_cluster(data_dir: Path, nodes: int = 3, **kwargs: Any) -> Iterator[LocalCluster]:
     """A started cluster for the duration of a `with` block; every node is stopped after."""
-    start_cluster(data_dir, nodes, **kwargs)
-    cluster = LocalCluster(data_dir)
+    cluster = start_cluster(data_dir, nodes, **kwargs)
     try:
         yield cluster
     finally:
         cluster.stop()
 
 
-class LocalCluster:
-    """A running local cluster in a data dir: clients, leader lookup, kill and restart (tests)."""
+def wait_until(predicate: Callable[[], T | None], timeout_s: float = 10.0, what: str = "") -> T:
+    """Poll `predicate` until it returns a truthy value (returned); AssertionError on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
+        time.sleep(0.05)
 
-    def __init__(self, data_dir: Path) -> None:
+
+class LocalCluster:
+    """The nodes of a local data dir: start, stop, kill and restart them, connect clients
+    (the library `Client` or the protocol-level `RawClient`), ask who leads, wait for
+    convergence. Keeps the process handle of every node it starts, so none is left a zombie."""
+
+    def __init__(self, data_dir: Path, config: ClusterConfig | None = None) -> None:
         self.data_dir = Path(data_dir).resolve()
-        self.config = cluster_config.load(self.data_dir)
+        self.config = config if config is not None else cluster_config.load(self.data_dir)
         self.key = client_key(self.data_dir)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def start_node(self, node_id: str, max_machine_version: int | None = None) -> None:
+        """Start one node in the background (returns at once; see `restart` to wait)."""
+        self.reap(node_id)
+        self.procs[node_id] = spawn_node(self.data_dir, node_id, max_machine_version)
+
+    def kill(self, node_id: str, sig: int = signal.SIGKILL) -> int | None:
+        """Send `sig` to a node (SIGKILL by default: then wait until it is gone); its pid."""
+        node = self.config.node(node_id)
+        pid = kill_node(node, sig)
+        deadline = time.monotonic() + 10.0
+        while sig == signal.SIGKILL and node_pid(node) is not None:
+            if time.monotonic() > deadline:
+                raise LauncherError(f"{node_id} (pid {pid}) survived SIGKILL")
+            time.sleep(0.02)
+        if sig == signal.SIGKILL:
+            self.reap(node_id, wait_s=5.0)
+        return pid
+
+    def terminate(self, node_id: str) -> int | None:
+        """SIGTERM a node and wait for it; its exit code (None if this object did not start it)."""
+        proc = self.procs.pop(node_id, None)
+        if proc is None:
+            stop_node(self.config.node(node_id), grace_s=15.0)
+            return None
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait(5)
+
+    def restart(self, node_id: str, max_machine_version: int | None = None) -> None:
+        """Stop (if running) and start a node, then wait until it answers."""
+        node = self.config.node(node_id)
+        stop_node(node, grace_s=2.0)
+        self.start_node(node_id, max_machine_version)
+        deadline = time.monotonic() + LEADER_TIMEOUT_S
+        while node_status(node, self.key, timeout_s=1.0) is None:
+            if time.monotonic() > deadline:
+                raise NoLeader(f"{node_id} did not answer after its restart")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL after a grace period)."""
+        stop_cluster(self.config, grace_s=2.0)
+        for node_id in list(self.procs):
+            self.reap(node_id, wait_s=5.0)
+
+    def reap(self, node_id: str, wait_s: float = 0.0) -> None:
+        """Collect the exit status of a node this object started, once it has exited (waiting
+        up to `wait_s`): a killed node must not linger as a zombie."""
+        proc = self.procs.get(node_id)
+        if proc is None:
+            return
+        with suppress(subprocess.TimeoutExpired):
+            proc.wait(wait_s) if wait_s > 0 else proc.poll()
+        if proc.returncode is not None:
+            del self.procs[node_id]
+
+    # --- clients -----------------------------------------------------------------------------
 
     def endpoint(self, node_id: str) -> str:
         """The client endpoint of a node."""
         return self.config.node(node_id).client_address
 
     def client(self, node_id: str | None = None, *, only: bool = False, **kwargs: Any) -> Client:
-        """A client that connects to `node_id` first (`only`: to it alone, no reconnect)."""
+        """A library client that connects to `node_id` first (`only`: to it alone, no
+        reconnect)."""
         endpoints = list(self.config.endpoints().values())
         if node_id is not None:
             kwargs.setdefault("prefer_leader", False)  # the caller chose this node
@@ -406,41 +507,70 @@ class LocalCluster:
             kwargs.setdefault("reconnect", False)
         return Client(endpoints, self.key, **kwargs)
 
+    def raw_client(self, node_id: str, name: str = "test") -> RawClient:
+        """A protocol-level RawClient connected to `node_id` (retries while the node starts)."""
+        address = self.endpoint(node_id)
+        return wait_until(lambda: _try_raw(address, self.key, name), 10, address)
+
+    # --- status ------------------------------------------------------------------------------
+
+    def status(self) -> list[dict[str, Any]]:
+        """`cluster status` rows."""
+        return cluster_status(self.config, self.key)
+
+    def statuses(self) -> dict[str, dict[str, Any] | None]:
+        """Each node's status map, or None for a node that does not answer."""
+        out: dict[str, dict[str, Any] | None] = {}
+        for node in self.config.nodes:
+            client = _try_raw(node.client_address, self.key, "status", timeout_s=2)
+            if client is None:
+                out[node.id] = None
+                continue
+            try:
+                out[node.id] = client.query("status")
+            except (OSError, ProtocolError):
+                out[node.id] = None
+            finally:
+                client.close()
+        return out
+
     def leader(self, exclude: str | None = None, timeout_s: float = LEADER_TIMEOUT_S) -> str:
-        """The current leader (agreed by a majority), other than `exclude`."""
-        return wait_for_leader(self.config, self.key, timeout_s, exclude=exclude)
+        """The one leader (other than `exclude`) that every answering node agrees on."""
+
+        def agreed() -> str | None:
+            statuses = [s for s in self.statuses().values() if s is not None]
+            leaders = {s["id"] for s in statuses if s["role"] == "leader"}
+            if len(leaders) == 1 and all(s["leader"] in leaders for s in statuses):
+                leader = str(leaders.pop())
+                return leader if leader != exclude else None
+            return None
+
+        try:
+            return wait_until(agreed, timeout_s, "an agreed leader")
+        except AssertionError as err:
+            raise NoLeader(str(err)) from err
 
     def followers(self) -> list[str]:
         """Every node id but the leader's."""
         leader = self.leader()
         return [node_id for node_id in self.config.node_ids() if node_id != leader]
 
-    def kill(self, node_id: str, sig: int = signal.SIGKILL) -> int | None:
-        """Send `sig` to a node (SIGKILL by default) and wait until it is gone."""
-        node = self.config.node(node_id)
-        pid = kill_node(node, sig)
-        deadline = time.monotonic() + 10.0
-        while sig == signal.SIGKILL and node_pid(node) is not None:
-            if time.monotonic() > deadline:
-                raise LauncherError(f"{node_id} (pid {pid}) survived SIGKILL")
-            time.sleep(0.02)
-        return pid
+    def converged(self, timeout_s: float = 15.0) -> dict[str, dict[str, Any]]:
+        """Wait until every node answers with the same last_applied and digest."""
 
-    def restart(self, node_id: str, max_machine_version: int | None = None) -> None:
-        """Stop (if running) and start a node, then wait until it answers."""
-        node = self.config.node(node_id)
-        stop_node(node, grace_s=2.0)
-        spawn_node(self.data_dir, node_id, max_machine_version)
-        deadline = time.monotonic() + LEADER_TIMEOUT_S
-        while node_status(node, self.key, timeout_s=1.0) is None:
-            if time.monotonic() > deadline:
-                raise LauncherError(f"{node_id} did not answer after its restart")
-            time.sleep(0.1)
+        def same() -> dict[str, dict[str, Any]] | None:
+            statuses = self.statuses()
+            answered = {n: s for n, s in statuses.items() if s is not None}
+            if len(answered) < len(statuses):
+                return None
+            pairs = {(s["last_applied"], s["digest"]) for s in answered.values()}
+            return answered if len(pairs) == 1 else None
 
-    def status(self) -> list[dict[str, Any]]:
-        """`cluster status` rows."""
-        return cluster_status(self.config, self.key)
+        return wait_until(same, timeout_s, "equal digests")
 
-    def stop(self) -> None:
-        """Stop every node."""
-        stop_cluster(self.config, grace_s=2.0)
+
+def _try_raw(address: str, key: bytes, name: str, timeout_s: float = 5) -> RawClient | None:
+    try:
+        return RawClient(address, key, name, timeout_s)
+    except (OSError, ProtocolError):
+        return None

@@ -28,7 +28,7 @@ from fifo.commands import (
     UpdateConfig,
 )
 from pipeline.replay import Upgrade
-from raft.entry import command_index
+from raft import command_index
 from raft.logfile import FORMAT, FORMAT_VERSION
 from raft.replicated import INITIAL_MACHINE_VERSION
 

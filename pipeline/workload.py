@@ -34,7 +34,7 @@ from fifo.commands import (
     SimplePrefetch,
 )
 from fifo.effects import ConsumerCancelled, Deliver, Released
-from raft.entry import SUB_INDEX_SPAN, Entry
+from raft import SUB_INDEX_SPAN, Entry
 from raft.logfile import EndRecord, EntryRecord, Header, LoggedCommand, LogWriter
 from raft.replicated import ReplicatedState
 

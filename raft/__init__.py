@@ -1,7 +1,8 @@
 """Replication over pysyncobj: log entries, the apply loop, snapshots, durability, versions.
 
-Public surface: `RaftNode` / `RaftSettings` (the node), `Entry` and its codec, `ReplicatedState`
-(fifo state + metadata, pure), `GroupCommitter` (batching client commands into entries).
+The node uses `raft.replica.Replica` (propose, applied effects, read-only views) and nothing
+else; `Entry` and its codec are exported for tools that read or write logs (pipeline, export),
+`ReplicatedState` (fifo state + metadata, pure) for replays.
 """
 
 from raft.entry import SUB_INDEX_SPAN, Entry, command_index, decode_entry, encode_entry

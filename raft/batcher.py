@@ -21,14 +21,17 @@ from typing import Any
 import structlog
 from pysyncobj import FAIL_REASON
 
+from fifo.commands import Command
+from fifo.replies import Reply as FifoReply
 from raft.entry import SUB_INDEX_SPAN, Entry, Origin
 from raft.errors import SubmitError
 from raft.node import RaftNode
-from raft.replicated import Outcome
+from raft.replicated import InternalFailure, Outcome
 
 log = structlog.get_logger("raft.batcher")
 
-Sink = Callable[[Any], None]  # receives a fifo Reply, an InternalFailure or a SubmitError
+Reply = FifoReply | InternalFailure | SubmitError  # what a proposal is answered with
+Sink = Callable[[Reply], None]
 
 WINDOW_S_DEFAULT = 0.001
 COUNT_MAX_DEFAULT = SUB_INDEX_SPAN
@@ -80,7 +83,7 @@ class GroupCommitter:
         self.inflight_max = inflight_max
         self._buffer: list[bytes] = []
         self._sinks: list[Sink] = []
-        self._decoded: list[Any] = []
+        self._decoded: list[Command | None] = []
         self._bytes = 0
         self._timer: asyncio.Handle | None = None
         self._held = False  # a window elapsed while inflight_max entries were in flight
@@ -92,7 +95,7 @@ class GroupCommitter:
     def _origin(self, batch_id: int) -> Origin:
         return (self.node.settings.node_id, self.node.settings.incarnation, batch_id)
 
-    def submit(self, command_blob: bytes, sink: Sink, decoded: Any = None) -> None:
+    def submit(self, command_blob: bytes, sink: Sink, decoded: Command | None = None) -> None:
         """Queue one encoded command (loop thread); the sink gets its reply later.
 
         `decoded` is the command object the blob encodes, if the caller has it: this node's
@@ -137,7 +140,7 @@ class GroupCommitter:
         self._buffer, self._sinks, self._decoded, self._bytes = [], [], [], 0
         batch_id = next(self._ids)
         if all(d is not None for d in decoded):
-            self.node.decoded_cache[batch_id] = tuple(decoded)
+            self.node.hand_decoded(batch_id, tuple(d for d in decoded if d is not None))
         entry = Entry("cmds", self.node.now_ms(), self._origin(batch_id), cmds=cmds)
         self._send(batch_id, entry, sinks)
         self.commands_submitted += len(cmds)
@@ -181,7 +184,7 @@ class GroupCommitter:
 
     def fail(self, batch_id: int, error: SubmitError) -> None:
         """Fail every command of a batch that will not be answered."""
-        self.node.decoded_cache.pop(batch_id, None)
+        self.node.forget_decoded(batch_id)
         batch = self._pending.pop(batch_id, None)
         if batch is not None:
             for sink in batch.sinks:
@@ -201,7 +204,7 @@ class GroupCommitter:
             self.fail(batch_id, error)
 
 
-def _call(sink: Sink, value: Any) -> None:
+def _call(sink: Sink, value: Reply) -> None:
     try:
         sink(value)
     except Exception:

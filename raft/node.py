@@ -129,8 +129,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self.lock = threading.RLock()
         self.replicated_state = ReplicatedState([settings.node_id, *settings.peers])
         self.stopped_reason: str | None = None
-        # batch id -> the decoded commands of an entry this node submitted (skips a decode)
-        self.decoded_cache: dict[int, tuple[Any, ...]] = {}
+        # batch id -> the decoded commands of an entry this node submitted (skips a decode):
+        # a handoff from the loop thread (hand_decoded) to the tick thread (one pop per entry)
+        self._decoded_by_batch: dict[int, tuple[Any, ...]] = {}
         self._send_pending = False
         self._commit_send_at: float | None = None
         self._defer_acks = False
@@ -184,7 +185,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         decoded = None
         origin = entry.origin
         if origin is not None and origin[:2] == (self.settings.node_id, self.settings.incarnation):
-            decoded = self.decoded_cache.pop(origin[2], None)
+            decoded = self._decoded_by_batch.pop(origin[2], None)
         try:
             outcome = self.replicated_state.apply_entry(
                 index, self._entry_term(index), entry, self.settings.supported_version, decoded
@@ -427,6 +428,15 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 conn.disconnect()
 
     # --- submitting and status ---------------------------------------------------------------
+
+    def hand_decoded(self, batch_id: int, commands: tuple[Any, ...]) -> None:
+        """The decoded commands of the entry this node submits as `batch_id` (loop thread): its
+        apply here takes them instead of decoding the blobs again (dict ops are atomic)."""
+        self._decoded_by_batch[batch_id] = commands
+
+    def forget_decoded(self, batch_id: int) -> None:
+        """Drop the handed-over commands of a batch that failed (will never be applied here)."""
+        self._decoded_by_batch.pop(batch_id, None)
 
     def submit(self, entry: Entry, callback: Callable[[Any, int], None] | None = None) -> None:
         """Queue an entry for replication (thread-safe); `callback(result, fail_reason)`."""

@@ -1,9 +1,13 @@
 """The replicated state: the fifo state plus cluster metadata, and how an entry is applied.
 
 Pure and single-threaded (the pysyncobj node calls it from its tick thread under a lock), so it
-is tested without any process. Metadata: members, each node's supported machine version and
-incarnation, the effective version and the index of every switch, client connections by node
-(so a restarted node's old connections are closed), nodes marked down, the monotonic clock.
+is tested without any process. The metadata (members, versions, connections by node, down
+nodes, the monotonic clock) changes only through `raft.metadata.apply_metadata`.
+
+An exception raised while applying one command (a bug: fifo.apply never raises by contract) is
+contained here, for that command alone: its reply is an `InternalFailure`, the message goes to
+`Outcome.failures` (logged loudly by the node), and the rest of the entry applies. Every replica
+raises the same way on the same entry, so the replicas stay equal.
 """
 
 from __future__ import annotations
@@ -15,77 +19,20 @@ from typing import Any
 import cbor2
 
 import fifo
-from fifo.commands import (
-    Checkout,
-    Command,
-    ConnectionDown,
-    ConnectionId,
-    Enqueue,
-    NodeDown,
-    NodeUp,
-    RegisterEnqueuer,
-)
+from fifo.commands import ConnectionDown
+from fifo.effects import Effect
 from fifo.meta import Meta
-from fifo.replies import Error, Ok
+from fifo.replies import Error, Ok, Reply
+from fifo.state import State
+from raft import metadata
 from raft.entry import Entry, Origin, command_index
 from raft.errors import VersionTooOldError
 from raft.fastcodec import decode_command
+from raft.metadata import INITIAL_MACHINE_VERSION, Hello, Metadata, Switch, apply_metadata
+
+__all__ = ["INITIAL_MACHINE_VERSION", "InternalFailure", "Metadata", "Outcome", "ReplicatedState"]
 
 SNAPSHOT_FORMAT = 1
-INITIAL_MACHINE_VERSION = 1
-
-
-@dataclass
-class Metadata:
-    """Cluster metadata kept in the log next to the fifo state."""
-
-    members: list[str]
-    supported: dict[str, int] = field(default_factory=dict)
-    incarnations: dict[str, int] = field(default_factory=dict)
-    effective_version: int = INITIAL_MACHINE_VERSION
-    switches: list[tuple[int, int]] = field(default_factory=list)  # (entry index, version)
-    refused: dict[str, int] = field(default_factory=dict)  # node -> version it was refused with
-    down_nodes: list[str] = field(default_factory=list)
-    last_time_ms: int = 0
-    last_index: int = 0
-    connections: dict[str, dict[tuple[int, int], None]] = field(default_factory=dict)
-
-    def to_plain(self) -> dict[str, Any]:
-        """CBOR-able form (connections sorted, so the encoding is canonical)."""
-        return {
-            "members": list(self.members),
-            "supported": dict(sorted(self.supported.items())),
-            "incarnations": dict(sorted(self.incarnations.items())),
-            "effective_version": self.effective_version,
-            "switches": [list(s) for s in self.switches],
-            "refused": dict(sorted(self.refused.items())),
-            "down_nodes": sorted(self.down_nodes),
-            "last_time_ms": self.last_time_ms,
-            "last_index": self.last_index,
-            "connections": {
-                node: sorted([inc, num] for inc, num in conns)
-                for node, conns in sorted(self.connections.items())
-            },
-        }
-
-    @classmethod
-    def from_plain(cls, raw: dict[str, Any]) -> Metadata:
-        """Inverse of `to_plain`."""
-        return cls(
-            members=list(raw["members"]),
-            supported=dict(raw["supported"]),
-            incarnations=dict(raw["incarnations"]),
-            effective_version=int(raw["effective_version"]),
-            switches=[(int(i), int(v)) for i, v in raw["switches"]],
-            refused=dict(raw["refused"]),
-            down_nodes=list(raw["down_nodes"]),
-            last_time_ms=int(raw["last_time_ms"]),
-            last_index=int(raw["last_index"]),
-            connections={
-                node: {(int(inc), int(num)): None for inc, num in conns}
-                for node, conns in raw["connections"].items()
-            },
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +48,8 @@ class Outcome:
 
     index: int
     origin: Origin | None
-    replies: list[Any]
-    effects: list[Any]
+    replies: list[Reply | InternalFailure]
+    effects: list[Effect]
     failures: list[str] = field(default_factory=list)
 
 
@@ -111,7 +58,7 @@ class ReplicatedState:
 
     def __init__(self, members: list[str]) -> None:
         self.meta = Metadata(members=sorted(members))
-        self.state: Any = fifo.init_state(INITIAL_MACHINE_VERSION)
+        self.state: State = fifo.init_state(INITIAL_MACHINE_VERSION)
 
     # --- apply -------------------------------------------------------------------------------
 
@@ -165,84 +112,37 @@ class ReplicatedState:
             meta = Meta(command_index(index, position), term, now, version)
             try:
                 reply, effects = fifo.apply(meta, command, self.state)
-            except Exception as err:  # fifo.apply must not raise; if it does, keep going
+                apply_metadata(self.meta, command, reply)
+            except Exception as err:  # the one place a bug in apply is contained (see module doc)
                 message = f"{type(command).__name__} at index {meta.index} raised {err!r}"
                 outcome.failures.append(message)
                 outcome.replies.append(InternalFailure(message))
                 continue
-            self._track(command, reply)
             outcome.replies.append(reply)
             outcome.effects.extend(effects)
 
-    def _track(self, command: Command, reply: Any) -> None:
-        """Keep connections by node and down nodes in step with the commands applied."""
-        connection: ConnectionId | None = None
-        if isinstance(command, (Enqueue, RegisterEnqueuer)):
-            connection = command.connection
-        elif isinstance(command, Checkout):
-            connection = command.consumer.connection
-        elif isinstance(command, ConnectionDown):
-            conns = self.meta.connections.get(command.connection.node)
-            if conns is not None:
-                conns.pop((command.connection.incarnation, command.connection.number), None)
-        elif isinstance(command, NodeDown) and command.node not in self.meta.down_nodes:
-            self.meta.down_nodes.append(command.node)
-        elif isinstance(command, NodeUp) and command.node in self.meta.down_nodes:
-            self.meta.down_nodes.remove(command.node)
-        if connection is not None and not isinstance(reply, Error):
-            key = (connection.incarnation, connection.number)
-            self.meta.connections.setdefault(connection.node, {})[key] = None
-
     def _apply_hello(self, index: int, term: int, now: int, entry: Entry, outcome: Outcome) -> None:
-        if entry.version < self.meta.effective_version:
-            self.meta.refused[entry.node] = entry.version
-            outcome.replies.append(
-                Error(
-                    "unsupported",
-                    f"refused: the cluster runs machine version {self.meta.effective_version}, "
-                    f"node {entry.node} supports only up to {entry.version}",
-                )
-            )
+        hello = Hello(entry.node, entry.version, entry.incarnation)
+        reply = apply_metadata(self.meta, hello)
+        if isinstance(reply, Error):
+            outcome.replies.append(reply)
             return
-        self.meta.refused.pop(entry.node, None)
-        self.meta.supported[entry.node] = entry.version
-        self.meta.incarnations[entry.node] = entry.incarnation
         stale = self.stale_connection_downs(entry.node, entry.incarnation)
         self._apply_commands(index, term, now, list(stale), outcome)
         outcome.replies = [Ok()]
 
     def stale_connection_downs(self, node: str, incarnation: int) -> list[ConnectionDown]:
-        """The ConnectionDowns a hello of `node` at `incarnation` applies: its connections of
-        earlier incarnations died with that process.
-
-        In sorted order, never the dict's: a replica that applied the log has the connections in
-        the order it first saw them, one restored from a snapshot has them sorted, and the order
-        decides the order their messages come back in (so which message gets which id)."""
-        return [
-            ConnectionDown(ConnectionId(node, inc, num), "normal")
-            for inc, num in sorted(self.meta.connections.get(node, {}))
-            if inc != incarnation
-        ]
+        """The ConnectionDowns a hello of `node` at `incarnation` applies (sorted; see
+        `raft.metadata.stale_connection_downs`)."""
+        return metadata.stale_connection_downs(self.meta, node, incarnation)
 
     def upgrade_target(self) -> int | None:
         """The version every member supports, if it is above the effective one."""
-        if any(m not in self.meta.supported for m in self.meta.members):
-            return None
-        target = min(self.meta.supported[m] for m in self.meta.members)
-        return target if target > self.meta.effective_version else None
+        return metadata.upgrade_target(self.meta)
 
     def upgrade_refusal(self, version: int) -> str | None:
         """Why an upgrade to `version` must be refused now, or None if every member supports it."""
-        if version <= self.meta.effective_version:
-            return None
-        lagging = [
-            f"{m} supports {self.meta.supported.get(m, 'unknown')}"
-            for m in self.meta.members
-            if self.meta.supported.get(m, 0) < version
-        ]
-        if lagging:
-            return f"cannot upgrade to machine version {version}: " + ", ".join(lagging)
-        return None
+        return metadata.upgrade_refusal(self.meta, version)
 
     def _apply_upgrade(
         self, index: int, term: int, now: int, entry: Entry, outcome: Outcome
@@ -254,9 +154,7 @@ class ReplicatedState:
         if entry.version > self.meta.effective_version:
             meta = Meta(command_index(index, 0), term, now, entry.version)
             self.state = fifo.convert(self.state, self.meta.effective_version, entry.version, meta)
-            self.meta.effective_version = entry.version
-            self.meta.switches.append((index, entry.version))
-        outcome.replies.append(Ok())
+        outcome.replies.append(apply_metadata(self.meta, Switch(index, entry.version)))
 
     # --- snapshots ---------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Cluster benchmark: confirmed publish throughput and latency, consume + ack, leader-kill recovery.
 
 Runs against a fresh local 3-node cluster (100-byte bodies), prints JSON and writes
-`results/bench_cluster.json`. The publish and consume phases run with the threaded `Client` and
+`bench_cluster.json` into --out (default: a fresh temp dir, never the checkout). The publish
+and consume phases run with the threaded `Client` and
 again with `AsyncClient` (under "asyncio"), on the same cluster, one after the other.
 Example: `python scripts/bench_cluster.py --json`.
 """
@@ -340,13 +341,17 @@ def main() -> None:
         "--repeat", type=int, default=5, help="Alternating threaded/asyncio window-1000 runs."
     )
     parser.add_argument("--fsync", choices=["always", "batch", "never"], default="batch")
-    parser.add_argument("--out", type=Path, default=Path("results/bench_cluster.json"))
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results file (default: in a fresh temp dir)"
+    )
     args = parser.parse_args()
     # client logs (reconnects during the leader kill) go to stderr, never into the JSON
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     results = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    out = args.out or Path(tempfile.mkdtemp(prefix="quorumq-bench-")) / "bench_cluster.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out}", file=sys.stderr)
     if args.json:
         print(json.dumps(results, indent=2))
     else:

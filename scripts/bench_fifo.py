@@ -2,7 +2,8 @@
 
     python scripts/bench_fifo.py --json [--messages 200000] [--repeat 3] [--profile]
 
-Prints JSON and writes results/bench_fifo.json. The steady mix is enqueue -> deliver -> settle with
+Prints JSON and writes bench_fifo.json into --output (default: a fresh temp dir). The steady mix
+is enqueue -> deliver -> settle with
 100-byte bodies and one consumer with prefetch 100; every enqueue and every settle is one command.
 """
 
@@ -13,6 +14,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections import deque
@@ -37,7 +39,6 @@ from fifo.meta import Meta
 from fifo.state import State
 
 BODY = b"x" * 100
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_fifo.json"
 
 
 class Bench:
@@ -199,7 +200,9 @@ def main() -> None:
         help="runs per figure; the best is kept (the host is shared and noisy)",
     )
     parser.add_argument("--profile", action="store_true", help="print a pyinstrument profile")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="results file")
+    parser.add_argument(
+        "--output", type=Path, default=None, help="results file (default: in a fresh temp dir)"
+    )
     args = parser.parse_args()
     version, messages = args.machine_version, args.messages
     if args.profile:
@@ -217,8 +220,10 @@ def main() -> None:
         "host": machine_info(),
     }
     report["commands_per_s"] = report["steady_mix"]["commands_per_s"]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    out = args.output or Path(tempfile.mkdtemp(prefix="quorumq-bench-")) / "bench_fifo.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"written to {out}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -10,7 +10,7 @@ process, recording commands/s, the peak memory of the driver (Python and JVM; in
 executors run inside that JVM) and of the executors' Python workers, and the time a 1 GiB export
 would take at the local[2] rate (extrapolated linearly unless the log is 1 GiB).
 
-Prints JSON and writes results/bench_pipeline.json.
+Prints JSON and writes bench_pipeline.json into --out (default: a fresh temp dir).
 
     python scripts/bench_pipeline.py --json
     python scripts/bench_pipeline.py --only analyze --log-mib 128 --json
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 MASTERS = ("local[1]", "local[2]")
 RATIO_TARGET = 1.6
-RESULTS_PATH = Path(__file__).resolve().parent.parent / "results" / "bench_pipeline.json"
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -48,7 +47,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-mib", type=float, default=64.0, help="analyze: generated size")
     parser.add_argument("--log", type=Path, default=None, help="analyze: use this export")
     parser.add_argument("--json", action="store_true", help="print the JSON document only")
-    parser.add_argument("--out", type=Path, default=RESULTS_PATH, help="results file")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results file (default: in a fresh temp dir)"
+    )
     parser.add_argument("--worker", metavar="MASTER", help=argparse.SUPPRESS)
     parser.add_argument("--analyze-worker", metavar="MASTER", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -278,8 +279,9 @@ def main(argv: list[str] | None = None) -> None:
         document["fuzz"] = _fuzz_benchmark(args)
     if args.only in ("analyze", "all"):
         document["analyze"] = _analyze_benchmark(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    out = args.out or Path(tempfile.mkdtemp(prefix="quorumq-bench-")) / "bench_pipeline.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
     if args.json:
         print(json.dumps(document, indent=2))
         return
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name} ratio {part['ratio_local2_over_local1']} (target {RATIO_TARGET})")
     if "analyze" in document:
         print(f"1 GiB at the local[2] rate: {document['analyze']['one_gib_s_at_local2_rate']} s")
-    print(f"written to {args.out}")
+    print(f"written to {out}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 
 For each fsync policy: confirmed Enqueue/s with a window of 100 and 1000 pipelined commands, and
 one-at-a-time confirmed latency (p50/p99), all through the leader's client port with 100-byte
-bodies. Prints JSON and writes results/bench_raft.json.
+bodies. Prints JSON and writes bench_raft.json into --out (default: a fresh temp dir).
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fifo
 from cluster import config, protocol
-from cluster.testing import LocalCluster, start_cluster
+from cluster.launcher import LocalCluster, start_cluster
 from fifo.commands import DeclareQueue, Enqueue
 
 BODY = b"x" * 100
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench_raft.json"
 
 
 class PipelinedClient:
@@ -84,7 +83,7 @@ class PipelinedClient:
 async def measure(cluster: LocalCluster, messages: int, window: int, queue: str) -> dict[str, Any]:
     leader = cluster.leader()
     client = await PipelinedClient.connect(
-        cluster.config.node(leader).client_address, cluster.client_key
+        cluster.config.node(leader).client_address, cluster.key
     )
     await client.run([fifo.encode(DeclareQueue(queue))], 1)
     blobs = [fifo.encode(Enqueue(queue, BODY)) for _ in range(messages)]
@@ -105,7 +104,7 @@ async def measure(cluster: LocalCluster, messages: int, window: int, queue: str)
 
 def bench_policy(policy: str, messages: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-raft-") as tmp:
-        cluster = start_cluster(Path(tmp) / "D", 3, fsync=policy)
+        cluster = start_cluster(Path(tmp) / "D", 3, fsync=cast(config.FsyncPolicy, policy))
         try:
             runs = [
                 asyncio.run(measure(cluster, messages, 100, "w100")),
@@ -113,7 +112,7 @@ def bench_policy(policy: str, messages: int) -> dict[str, Any]:
                 asyncio.run(measure(cluster, max(200, messages // 20), 1, "w1")),
             ]
             leader = cluster.leader()
-            log_len = cluster.status()[leader]["log_len"]  # type: ignore[index]
+            log_len = cluster.statuses()[leader]["log_len"]  # type: ignore[index]
         finally:
             cluster.stop()
     return {"fsync": policy, "runs": runs, "leader_log_len_after": log_len}
@@ -124,6 +123,9 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--fsync", default="batch,always,never", help="comma-separated policies")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results file (default: in a fresh temp dir)"
+    )
     args = parser.parse_args()
     results = {
         "benchmark": "bench_raft",
@@ -132,8 +134,10 @@ def main() -> int:
         "body_bytes": len(BODY),
         "policies": [bench_policy(p, args.messages) for p in args.fsync.split(",")],
     }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    out = args.out or Path(tempfile.mkdtemp(prefix="quorumq-bench-")) / "bench_raft.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out}", file=sys.stderr)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -145,5 +149,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _ = config  # the data dir layout is written by cluster.testing through cluster.config
+    _ = config  # the data dir layout is written by cluster.launcher through cluster.config
     sys.exit(main())

@@ -2,7 +2,7 @@
 
     python scripts/chaos.py --duration 120 --faults kill,pause,partition --seed 1 --json
 
-Writes history.jsonl, report.json and timeline.png into --out (default results/chaos-seed<N>),
+Writes history.jsonl, report.json and timeline.png into --out (default: a fresh temp dir),
 prints a summary (or the whole report with --json) and exits 0 when the run is valid (nothing
 lost, nothing unexpected, equal digests, every queue empty after the drain), 1 otherwise.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,6 @@ import structlog
 from cluster.chaos.nemesis import FAULT_KINDS, LEADER_TOKEN, expand_faults
 from cluster.chaos.run import RunParams, run
 from cluster.chaos.workload import WorkloadParams
-
-RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def _quiet_logs(verbose: bool) -> None:
@@ -55,7 +54,7 @@ def _quiet_logs(verbose: bool) -> None:
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Output dir (default results/chaos-seed<N>).",
+    help="Output dir (default: a fresh temp dir, never the checkout).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 @click.option("--producers", type=click.IntRange(1, 32), default=3, show_default=True)
@@ -114,7 +113,7 @@ def main(
         duration_s=duration_s,
         faults=tuple(tokens),
         seed=seed,
-        out_dir=out_dir or RESULTS / f"chaos-seed{seed}",
+        out_dir=out_dir or Path(tempfile.mkdtemp(prefix=f"quorumq-chaos-seed{seed}-")),
         fsync=fsync,  # type: ignore[arg-type]  # click.Choice checked the value
         workload=WorkloadParams(
             producers=producers,

@@ -1,15 +1,14 @@
-"""A ClusterHandle over real node processes started by `cluster.launcher`.
+"""A ClusterHandle over the nodes of a `cluster.launcher.LocalCluster`.
 
-Keeps the Popen handle of every node it starts so killed nodes are reaped (no zombies), and
-routes every node's peer traffic through a ProxyMesh when the cluster config can express it.
+The LocalCluster keeps the Popen handle of every node it starts so killed nodes are reaped (no
+zombies); this adds the nemesis' verbs (pause, power loss, crash-stop) and routes every node's
+peer traffic through a ProxyMesh when the cluster config can express it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +51,10 @@ class LauncherCluster:
     """Start, kill, pause and query the nodes of one local data dir."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir.resolve()
-        self.config: ClusterConfig = cluster_config.load(self.data_dir)
-        self.key = launcher.client_key(self.data_dir)
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.local = launcher.LocalCluster(data_dir)
+        self.data_dir = self.local.data_dir
+        self.config: ClusterConfig = self.local.config
+        self.key = self.local.key
         self.starts: dict[str, int] = dict.fromkeys(self.config.node_ids(), 0)
 
     def node_ids(self) -> list[str]:
@@ -86,10 +85,9 @@ class LauncherCluster:
 
     def start(self, node: str) -> None:
         """Start one node from its journal and dump (no-op if it is running)."""
-        self._reap(node)
         if launcher.node_pid(self.node(node)) is not None:
             return
-        self._procs[node] = launcher.spawn_node(self.data_dir, node)
+        self.local.start_node(node)
         self.starts[node] += 1
 
     def start_all(self) -> None:
@@ -101,7 +99,7 @@ class LauncherCluster:
         """SIGKILL the node and reap it."""
         self._signal(node, signal.SIGCONT)  # a paused node must die too, not linger stopped
         launcher.kill_node(self.node(node), signal.SIGKILL)
-        self._reap(node, wait=True)
+        self.local.reap(node, wait_s=REAP_TIMEOUT_S)
 
     def lose_power(self, node: str, seed: int) -> str:
         """SIGKILL the node, then drop its journal writes that were not fsynced (seeded)."""
@@ -125,7 +123,7 @@ class LauncherCluster:
             self._signal(node, signal.SIGCONT)
             launcher.kill_node(self.node(node), signal.SIGKILL)
         for node in self.node_ids():
-            self._reap(node, wait=True)
+            self.local.reap(node, wait_s=REAP_TIMEOUT_S)
 
     def shutdown(self) -> None:
         """Stop every node for good (resume paused ones first so SIGTERM is handled)."""
@@ -133,7 +131,7 @@ class LauncherCluster:
             self._signal(node, signal.SIGCONT)
         launcher.stop_cluster(self.config, grace_s=3.0)
         for node in self.node_ids():
-            self._reap(node, wait=True)
+            self.local.reap(node, wait_s=REAP_TIMEOUT_S)
 
     def pids(self) -> dict[str, int]:
         """Node id -> pid of every running node."""
@@ -143,14 +141,3 @@ class LauncherCluster:
         pid = launcher.node_pid(self.node(node))
         if pid is not None:
             launcher.kill_node(self.node(node), sig)
-
-    def _reap(self, node: str, wait: bool = False) -> None:
-        proc = self._procs.get(node)
-        if proc is None:
-            return
-        if wait:
-            deadline = time.monotonic() + REAP_TIMEOUT_S
-            while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.02)
-        if proc.poll() is not None:
-            del self._procs[node]

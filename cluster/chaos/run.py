@@ -30,7 +30,7 @@ from cluster.chaos.history import Recorder
 from cluster.chaos.linkproxy import ProxyMesh
 from cluster.chaos.nemesis import Nemesis, ScheduleParams, expand_faults, make_schedule
 from cluster.chaos.replicas import ReplicaCheck, check_replicas, queue_total
-from cluster.chaos.timeline import plot_timeline
+from cluster.chaos.timeline import plot_timeline, plotting_missing
 from cluster.chaos.workload import (
     Drainer,
     Producer,
@@ -56,7 +56,7 @@ class RunParams:
     duration_s: float = 60.0
     faults: tuple[str, ...] = ("kill", "pause", "partition")
     seed: int = 1
-    out_dir: Path = Path("results/chaos")
+    out_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="quorumq-chaos-")))
     nodes: int = 3
     fsync: FsyncPolicy | None = None  # None: the cluster's default policy
     workload: WorkloadParams = field(default_factory=WorkloadParams)
@@ -87,6 +87,8 @@ DuringHook = Callable[[LauncherCluster, Recorder], None]
 
 def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     """Run the whole experiment and return the report (also written to out_dir)."""
+    if (missing := plotting_missing()) is not None:
+        raise RuntimeError(missing)  # say so now, not after the whole run
     out_dir = params.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="quorumq-chaos-", dir="/tmp"))

@@ -15,6 +15,15 @@ FAULT_COLOURS = {
 }
 
 
+def plotting_missing() -> str | None:
+    """What to install to draw timelines, or None when matplotlib is there (the `chaos` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "the chaos runner draws its timeline with matplotlib: pip install 'quorumq[chaos]'"
+    return None
+
+
 def plot_timeline(
     series: Series,
     faults: Sequence[FaultWindow],

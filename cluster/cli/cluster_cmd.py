@@ -112,7 +112,7 @@ def start(
       quorumq cluster start --nodes 3 --data-dir /tmp/qq --metrics-base-port 9419
     """
     data_dir = resolve_data_dir(ctx, local_data_dir)
-    config, leader = start_cluster(
+    cluster = start_cluster(
         data_dir,
         nodes,
         base_port=base_port,
@@ -121,6 +121,7 @@ def start(
         timeout_s=timeout_s,
         metrics_base_port=metrics_base_port,
     )
+    config, leader = cluster.config, cluster.leader(timeout_s=timeout_s)
     rows = [
         {"id": n.id, "endpoint": n.client_address, "raft": n.raft_address, "leader": n.id == leader}
         for n in config.nodes

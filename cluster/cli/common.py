@@ -14,6 +14,7 @@ import structlog
 
 from cluster import config as cluster_config
 from cluster.cli.exits import (
+    CANT_CREATE,
     CONFIG,
     DATA,
     NO_INPUT,
@@ -34,10 +35,46 @@ from cluster.client.errors import (
     Unavailable,
 )
 from cluster.config import ClusterConfig
-from cluster.launcher import LauncherError
+from cluster.errors import ConfigMissing
+from cluster.launcher import DataDirTaken, LauncherError, LaunchRefused, NoLeader
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+# Library exception class -> (exit code, message prefix): the one table the CLI exits by.
+# Looked up along the exception's MRO, so a subclass listed here wins over its base class.
+EXIT_CODES: dict[type[BaseException], tuple[int, str]] = {
+    AuthError: (NO_PERMISSION, "authentication failed: "),
+    RequestTimeout: (TEMPORARY, "timed out: "),
+    Unavailable: (UNAVAILABLE, "cluster unavailable: "),
+    CommandRefused: (DATA, ""),
+    ConfigMissing: (NO_INPUT, ""),
+    ConfigError: (CONFIG, ""),
+    LaunchRefused: (USAGE, ""),
+    DataDirTaken: (CANT_CREATE, ""),
+    NoLeader: (UNAVAILABLE, ""),
+    LauncherError: (SOFTWARE, ""),
+    ClusterError: (SOFTWARE, ""),
+}
+
+
+def cli_error(err: ClusterError) -> CliError:
+    """The CliError (message and exit code, from EXIT_CODES) for a library error."""
+    cls = next(c for c in type(err).__mro__ if c in EXIT_CODES)
+    code, prefix = EXIT_CODES[cls]
+    if isinstance(err, AuthError):
+        message = (
+            f"{prefix}{err}. Check --credentials (or the data dir's client.key): it must be "
+            "the key of this cluster."
+        )
+    elif isinstance(err, CommandRefused):
+        message = f"refused ({err.code}): {err.message}"
+    elif cls is ClusterError:
+        message = f"{type(err).__name__}: {err}"
+    else:
+        message = f"{prefix}{err}"
+    return CliError(message, code)
 
 
 def translate_errors(func: Callable[P, R]) -> Callable[P, R]:
@@ -47,25 +84,8 @@ def translate_errors(func: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
-        except AuthError as err:
-            raise CliError(
-                f"authentication failed: {err}. Check --credentials (or the data dir's "
-                "client.key): it must be the key of this cluster.",
-                NO_PERMISSION,
-            ) from err
-        except RequestTimeout as err:
-            raise CliError(f"timed out: {err}", TEMPORARY) from err
-        except Unavailable as err:
-            raise CliError(f"cluster unavailable: {err}", UNAVAILABLE) from err
-        except CommandRefused as err:
-            raise CliError(f"refused ({err.code}): {err.message}", DATA) from err
-        except ConfigError as err:
-            code = NO_INPUT if "not found" in str(err) else CONFIG
-            raise CliError(str(err), code) from err
-        except LauncherError as err:
-            raise CliError(str(err), err.exit_code) from err
         except ClusterError as err:
-            raise CliError(f"{type(err).__name__}: {err}", SOFTWARE) from err
+            raise cli_error(err) from err
 
     return wrapper
 
@@ -193,7 +213,7 @@ def load_config(data_dir: Path) -> ClusterConfig:
     try:
         return cluster_config.load(data_dir)
     except ConfigError as err:
-        raise CliError(str(err), NO_INPUT if "not found" in str(err) else CONFIG) from err
+        raise cli_error(err) from err
 
 
 def connection_args(ctx: click.Context) -> tuple[list[str], bytes]:
@@ -210,7 +230,7 @@ def connection_args(ctx: click.Context) -> tuple[list[str], bytes]:
         try:
             key = cluster_config.read_client_key(Path(options.credentials))
         except ConfigError as err:
-            raise CliError(str(err), NO_INPUT if "not found" in str(err) else CONFIG) from err
+            raise cli_error(err) from err
         return endpoints, key
     if options.data_dir is None:
         raise CliError("give --data-dir D, or --endpoints h:p,... with --credentials FILE", USAGE)
@@ -220,7 +240,7 @@ def connection_args(ctx: click.Context) -> tuple[list[str], bytes]:
     try:
         key = cluster_config.read_client_key(key_path)
     except ConfigError as err:
-        raise CliError(str(err), NO_INPUT if "not found" in str(err) else CONFIG) from err
+        raise cli_error(err) from err
     return list(config.endpoints().values()), key
 
 

@@ -49,7 +49,8 @@ def demo(ctx: click.Context, local_data_dir: Path | None, keep: bool, messages: 
     """
     data_dir = local_data_dir or Path(tempfile.mkdtemp(prefix="quorumq-demo-"))
     _step(1, f"starting a 3-node cluster in {data_dir}")
-    config, leader = start_cluster(data_dir, 3)
+    cluster = start_cluster(data_dir, 3)
+    config, leader = cluster.config, cluster.leader()
     try:
         for node in config.nodes:
             click.echo(

@@ -31,7 +31,7 @@ import fifo
 from fifo.commands import Checkout, Discard, Enqueue, Modify, Return, Settle
 from fifo.effects import DeadLettered, Deliver
 from fifo.replies import DequeueOk, Ok
-from raft.node import RaftNode
+from raft.replica import Replica, ReplicaView
 from raft.replicated import Outcome
 
 if TYPE_CHECKING:  # prometheus-client is imported only when metrics are on (an extra)
@@ -77,7 +77,7 @@ class NodeMetrics(NoMetrics):
     def __init__(
         self,
         node_id: str,
-        raft: Callable[[], RaftNode],
+        replica: Callable[[], Replica],
         connections: Callable[[], int],
         port: int,
         bind: str = "127.0.0.1",
@@ -91,7 +91,7 @@ class NodeMetrics(NoMetrics):
         self.node_id = node_id
         self.port = port
         self.bind = bind
-        self._raft = raft
+        self._replica = replica
         self._connections = connections
         self._server: Any = None
         self._labelled: set[str] = set()
@@ -201,11 +201,10 @@ class NodeMetrics(NoMetrics):
 
     def on_outcome(self, outcome: Outcome, mine: bool) -> None:
         for effect in outcome.effects:
-            kind = type(effect)
-            if kind is Deliver:
+            if type(effect) is Deliver:
                 if effect.connection.node == self.node_id:
                     self.delivered.labels(self.label(effect.queue)).inc(len(effect.messages))
-            elif kind is DeadLettered:
+            elif type(effect) is DeadLettered:
                 self.dead_lettered.labels(self.label(effect.queue), effect.reason).inc(effect.count)
         if mine and outcome.replies:
             self.batch_size.observe(len(outcome.replies))
@@ -226,9 +225,7 @@ class NodeMetrics(NoMetrics):
     def start(self) -> None:
         from prometheus_client import start_http_server
 
-        raft = self._raft()
-        raft.observe_fsync = self.observe_fsync
-        raft.observe_apply = self.observe_apply
+        self._replica().observe_io(self.observe_fsync, self.observe_apply)
         try:
             self._server, _thread = start_http_server(self.port, self.bind, self.registry)
         except OSError as err:
@@ -254,11 +251,9 @@ class _StateCollector:
         return list(self._families().values())
 
     def collect(self) -> Iterator[Metric]:
-        raft = self.metrics._raft()
-        status = raft.status(with_digest=False)
-        with raft.lock:
-            state = raft.replicated_state.state
-            overviews = [fifo.overview(state, q) for q in fifo.list_queues(state)]
+        replica = self.metrics._replica()
+        status = replica.status(with_digest=False)
+        overviews = replica.read(_overviews)
         families = self._families()
         ready, returned, unacked, total, ready_bytes, unacked_bytes, consumers = (
             families[name]
@@ -344,3 +339,8 @@ class _StateCollector:
             labels=["leader"],
         )
         return families
+
+
+def _overviews(view: ReplicaView) -> list[Any]:
+    """Every queue's overview (read under the replica's apply lock)."""
+    return [fifo.overview(view.state, queue) for queue in fifo.list_queues(view.state)]

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 import fifo
-from raft.node import RaftNode
+from raft.replica import Replica, ReplicaView
 
 
 class QueryError(Exception):
@@ -34,40 +34,44 @@ def _queue_arg(args: dict[str, Any]) -> str:
     return queue
 
 
-def run_query(node: RaftNode, name: str, args: dict[str, Any], extra: dict[str, Any]) -> Any:
+def run_query(replica: Replica, name: str, args: dict[str, Any], extra: dict[str, Any]) -> Any:
     """Answer query `name`; `extra` is merged into the status map (address, pid, ...)."""
     if name == "status":
-        return {**extra, **node.status(), "pid": os.getpid()}
-    with node.lock:
-        state = node.replicated_state.state
-        if name == "queues":
-            return list(fifo.list_queues(state))
-        if name == "overview":
-            if "queue" not in args:
-                return [plain(fifo.overview(state, q)) for q in fifo.list_queues(state)]
-            return plain(fifo.overview(state, _queue_arg(args)))
-        if name == "consumers":
-            queues = [_queue_arg(args)] if "queue" in args else list(fifo.list_queues(state))
-            return {q: plain(fifo.consumers(state, q)) for q in queues}
-        if name == "messages":
-            limit = args.get("limit", 100)
-            if not isinstance(limit, int) or limit < 0:
-                raise QueryError("argument 'limit' must be a non-negative integer")
-            return plain(fifo.messages(state, _queue_arg(args), limit))
-        if name == "machine":
-            return machine_status(node)
+        return {**extra, **replica.status(), "pid": os.getpid()}
+    supported = replica.settings.supported_version
+    return replica.read(lambda view: _answer(view, name, args, supported))
+
+
+def _answer(view: ReplicaView, name: str, args: dict[str, Any], supported: int) -> Any:
+    state = view.state
+    if name == "queues":
+        return list(fifo.list_queues(state))
+    if name == "overview":
+        if "queue" not in args:
+            return [plain(fifo.overview(state, queue)) for queue in fifo.list_queues(state)]
+        return plain(fifo.overview(state, _queue_arg(args)))
+    if name == "consumers":
+        queues = [_queue_arg(args)] if "queue" in args else list(fifo.list_queues(state))
+        return {queue: plain(fifo.consumers(state, queue)) for queue in queues}
+    if name == "messages":
+        limit = args.get("limit", 100)
+        if not isinstance(limit, int) or limit < 0:
+            raise QueryError("argument 'limit' must be a non-negative integer")
+        return plain(fifo.messages(state, _queue_arg(args), limit))
+    if name == "machine":
+        return machine_status(view, supported)
     raise QueryError(f"unknown query {name!r}")
 
 
-def machine_status(node: RaftNode) -> dict[str, Any]:
+def machine_status(view: ReplicaView, supported: int) -> dict[str, Any]:
     """Effective version, every member's supported version, and the index of every switch."""
-    meta = node.replicated_state.meta
+    meta = view.meta
     return {
         "effective_version": meta.effective_version,
         "supported": dict(sorted(meta.supported.items())),
         "members": list(meta.members),
         "switches": [{"index": i, "version": v} for i, v in meta.switches],
         "refused": dict(sorted(meta.refused.items())),
-        "upgrade_target": node.replicated_state.upgrade_target(),
-        "this_node_supports": node.settings.supported_version,
+        "upgrade_target": view.upgrade_target(),
+        "this_node_supports": supported,
     }

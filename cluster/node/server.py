@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import os
@@ -32,11 +31,9 @@ from cluster.node.timers import LeaderTimers
 from fifo.commands import ConnectionDown, ConnectionId
 from fifo.replies import Error
 from raft import storage
-from raft.batcher import GroupCommitter
-from raft.entry import Entry, Origin
 from raft.errors import StorageError, SubmitError
-from raft.node import RaftNode, RaftSettings
-from raft.replicated import Outcome
+from raft.node import RaftSettings
+from raft.replica import Applied, Replica, ReplicaView, Reply
 
 log = structlog.get_logger("cluster.node")
 
@@ -96,13 +93,16 @@ class NodeServer:
             peer_dial={peer: dial for peer, dial in node.peer_addresses.items() if peer != node.id},
             compaction_min_entries=cluster.snapshot_every_entries,
         )
-        self.raft: RaftNode
-        self.committer: GroupCommitter
+        self.replica: Replica
         self.timers: LeaderTimers
         self.metrics: NoMetrics = NoMetrics()
         if metrics_port is not None:
             self.metrics = NodeMetrics(
-                node.id, lambda: self.raft, lambda: len(self._sessions), metrics_port, metrics_bind
+                node.id,
+                lambda: self.replica,
+                lambda: len(self._sessions),
+                metrics_port,
+                metrics_bind,
             )
 
     def new_connection(self) -> ConnectionId:
@@ -122,32 +122,7 @@ class NodeServer:
             extra["reason"] = self.refused_reason
         return extra
 
-    # --- outcomes from the tick thread -------------------------------------------------------
-
-    def _on_outcome(self, outcome: Outcome) -> None:
-        """Tick thread: forward what concerns this node incarnation to the loop, in order."""
-        loop = self._loop
-        origin = outcome.origin
-        mine = origin is not None and origin[0] == self.node_id and origin[1] == self.incarnation
-        self.metrics.on_outcome(outcome, mine)
-        effects = [
-            e
-            for e in outcome.effects
-            if getattr(getattr(e, "connection", None), "node", None) == self.node_id
-        ]
-        if loop is None or not (mine or effects):
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
-            loop.call_soon_threadsafe(self._deliver, outcome, effects)
-
-    def _on_snapshot_loaded(self, index: int) -> None:
-        """Tick thread: the state jumped to a snapshot; reset the sessions on the loop, in order
-        with the outcomes (the effects of the entries it covers never reach our clients)."""
-        loop = self._loop
-        if loop is None:
-            return  # starting: no session yet
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._reset_sessions, index)
+    # --- what the replica hands over (loop thread) ------------------------------------------
 
     def _reset_sessions(self, index: int) -> None:
         """Close every client session: what they were sent no longer matches the state (deliveries
@@ -160,25 +135,29 @@ class NodeServer:
         for session in list(self._sessions):
             session.close()
 
-    def _deliver(self, outcome: Outcome, effects: list[Any]) -> None:
-        self.committer.resolve(outcome)  # replies first, then the effects of the same entry
-        self.router.dispatch(effects)
+    def _on_applied(self, applied: Applied) -> None:
+        self.router.dispatch(applied.effects)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Start raft and the client server; run until `stop` is set; shut down cleanly."""
         self._loop = asyncio.get_running_loop()
-        self.raft = RaftNode(self.settings, self._on_outcome, self._on_snapshot_loaded)
-        self.committer = GroupCommitter(self.raft, self._loop)
-        self.timers = LeaderTimers(self.raft, self.committer)
+        self.replica = Replica(
+            self.settings,
+            self._loop,
+            self._on_applied,
+            self._reset_sessions,
+            self.metrics.on_outcome,
+        )
+        self.timers = LeaderTimers(self.replica)
         try:
             server = await asyncio.start_server(
                 self._on_client, host=self.cluster.bind, port=self.node.client_port
             )
             self.metrics.start()
         except (OSError, MetricsUnavailable):
-            self.raft.destroy_synchronous()
+            self.replica.destroy()
             raise
         log.info(
             "node_started",
@@ -203,10 +182,9 @@ class NodeServer:
             if not self._sessions:
                 break
             await asyncio.sleep(0.01)
-        self.committer.fail_all(SubmitError("unavailable", "the node is shutting down"))
+        self.replica.fail_pending(SubmitError("unavailable", "the node is shutting down"))
         await asyncio.sleep(0)
-        self.raft.sync_journal()
-        self.raft.destroy_synchronous()
+        self.replica.destroy()
         self.metrics.stop()
         log.info("node_stopped")
 
@@ -223,14 +201,14 @@ class NodeServer:
         started = time.monotonic()
         while True:
             await asyncio.sleep(TIMER_PERIOD_S)
-            if not self.raft.bound() and time.monotonic() - started > RAFT_BIND_TIMEOUT_S:
+            if not self.replica.bound() and time.monotonic() - started > RAFT_BIND_TIMEOUT_S:
                 log.error("raft_port_unavailable", raft=self.node.raft_address)
                 self.exit_code = EX_UNAVAILABLE  # pysyncobj would retry the bind forever
                 stop.set()
                 return
             try:
                 self.timers.tick()
-                self.committer.sweep()
+                self.replica.sweep()
                 self._reconcile_connections()
                 if time.monotonic() - last_status > STATUS_PERIOD_S:
                     last_status = time.monotonic()
@@ -248,13 +226,12 @@ class NodeServer:
         this node restarts). Retried every `CONNECTION_DOWN_RESUBMIT_S` until applied."""
         if self.stopping:
             return  # a stopping node leaves its connections to the next incarnation's hello
-        with self.raft.lock:
-            listed = self.raft.replicated_state.meta.connections.get(self.node_id, {})
-            dead = [
-                number
-                for incarnation, number in listed
-                if incarnation == self.incarnation and not self.router.is_live(number)
-            ]
+        listed = self.replica.read(partial(ReplicaView.connections_of, node=self.node_id))
+        dead = [
+            number
+            for incarnation, number in listed
+            if incarnation == self.incarnation and not self.router.is_live(number)
+        ]
         now = time.monotonic()
         for number in dead:
             if now - self._down_submitted.get(number, -1e9) < CONNECTION_DOWN_RESUBMIT_S:
@@ -262,12 +239,16 @@ class NodeServer:
             self._down_submitted[number] = now
             down = ConnectionDown(ConnectionId(self.node_id, self.incarnation, number), "normal")
             log.info("connection_down_reconciled", connection=number)
-            self.committer.submit(fifo.encode(down), lambda _reply: None, down)
+            self.replica.propose(down, _ignore)
         for number in [n for n in self._down_submitted if n not in dead]:
             del self._down_submitted[number]
 
     def _write_status(self) -> None:
-        status = {**self.status_extra(), **self.raft.status(with_digest=False), "pid": os.getpid()}
+        status = {
+            **self.status_extra(),
+            **self.replica.status(with_digest=False),
+            "pid": os.getpid(),
+        }
         tmp = self.node_dir / "status.json.tmp"
         tmp.write_text(json.dumps(status, default=str) + "\n", encoding="utf-8")
         os.replace(tmp, self.node_dir / "status.json")
@@ -275,22 +256,10 @@ class NodeServer:
     async def _hello(self) -> None:
         """Record, through the log, the machine version this node's code supports."""
         while True:
-            if self.raft.stopped_reason is not None:
+            if self.replica.stopped_reason is not None:
                 return  # older code than the log needs: a hello would only be refused again
-            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            now = self.raft.now_ms()
-
-            def make(origin: Origin, now: int = now) -> Entry:
-                return Entry(
-                    "hello",
-                    now,
-                    origin,
-                    node=self.node_id,
-                    version=self.settings.supported_version,
-                    incarnation=self.incarnation,
-                )
-
-            self.committer.submit_entry(make, partial(_settle, done))
+            done: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+            self.replica.propose_hello(partial(_settle, done))
             reply = await done
             if isinstance(reply, SubmitError):
                 await asyncio.sleep(0.5)
@@ -303,9 +272,13 @@ class NodeServer:
             return
 
 
-def _settle(future: asyncio.Future[Any], value: Any) -> None:
+def _settle(future: asyncio.Future[Reply], value: Reply) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def _ignore(_reply: Reply) -> None:
+    """A ConnectionDown needs no reply: it is retried until the state no longer lists it."""
 
 
 def next_incarnation(node_dir: Path) -> int:
@@ -370,7 +343,10 @@ def run_node(
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     incarnation = next_incarnation(node_dir)
     pid_file = node_dir / "node.pid"
-    pid_file.write_text(f"{os.getpid()}\n", encoding="ascii")
+    # atomically: the launcher may read it at any moment (a truncated file reads as "no node")
+    pid_tmp = node_dir / "node.pid.tmp"
+    pid_tmp.write_text(f"{os.getpid()}\n", encoding="ascii")
+    os.replace(pid_tmp, pid_file)
     try:
         server = NodeServer(
             cluster,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -36,9 +37,9 @@ from fifo.commands import (
 )
 from fifo.replies import Error, Ok
 from fifo.wire import field_splicer
-from raft.entry import Entry, Origin
 from raft.errors import SubmitError
 from raft.fastcodec import decode_command, encode_command
+from raft.replica import ReplicaView, Reply
 from raft.replicated import InternalFailure
 
 if TYPE_CHECKING:
@@ -231,7 +232,7 @@ class ClientSession:
             protocol.welcome(
                 self.server.node_id,
                 fifo.encode(self.connection),
-                self.server.raft.leader_id(),
+                self.server.replica.leader_id(),
                 self.server.endpoints,
             )
         )
@@ -290,7 +291,7 @@ class ClientSession:
             blob = self._rebound_blob(blob, command, bound)
         self.used = True
         sink = self.server.metrics.count(bound, self._reply_sink(request_id))
-        self.server.committer.submit(blob, sink, bound)
+        self.server.replica.propose(bound, sink, blob)
 
     def _rebound_blob(self, blob: bytes, command: Any, bound: Any) -> bytes:
         # a publish arrives without its connection: splicing ours in is far cheaper than
@@ -303,8 +304,8 @@ class ClientSession:
                 return spliced
         return bytes(encode_command(bound))
 
-    def _reply_sink(self, request_id: int) -> Any:
-        def sink(reply: Any) -> None:
+    def _reply_sink(self, request_id: int) -> Callable[[Reply], None]:
+        def sink(reply: Reply) -> None:
             if isinstance(reply, SubmitError):
                 self.error(reply.code, reply.message, request_id)
             elif isinstance(reply, InternalFailure):
@@ -320,7 +321,7 @@ class ClientSession:
             self.error(protocol.BAD_REQUEST, "'query' must be a string, 'args' a map", request_id)
             return
         try:
-            value = run_query(self.server.raft, name, args, self.server.status_extra())
+            value = run_query(self.server.replica, name, args, self.server.status_extra())
         except QueryError as err:
             self.error(protocol.BAD_REQUEST, str(err), request_id)
             return
@@ -334,7 +335,7 @@ class ClientSession:
         if action == "machine_upgrade" and isinstance(args, dict):
             self._machine_upgrade(request_id, args.get("to"))
         elif action == "snapshot":
-            self.server.raft.forceLogCompaction()
+            self.server.replica.force_snapshot()
             self.send(protocol.result(request_id, {"requested": True}))
         elif action in ("member_add", "member_remove"):
             message = "membership is static (cluster.toml) in this version"
@@ -343,12 +344,12 @@ class ClientSession:
             self.error(protocol.BAD_REQUEST, f"unknown admin action {action!r}", request_id)
 
     def _machine_upgrade(self, request_id: int, to: Any) -> None:
-        raft = self.server.raft
-        with raft.lock:
-            state = raft.replicated_state
-            effective = state.meta.effective_version
-            target = to if isinstance(to, int) else max(fifo.SUPPORTED_VERSIONS)
-            refusal = state.upgrade_refusal(target)
+        target = to if isinstance(to, int) else max(fifo.SUPPORTED_VERSIONS)
+
+        def check(view: ReplicaView) -> tuple[int, str | None]:
+            return view.meta.effective_version, view.upgrade_refusal(target)
+
+        effective, refusal = self.server.replica.read(check)
         if target <= effective:
             self.send(
                 protocol.result(request_id, {"effective_version": effective, "changed": False})
@@ -357,12 +358,7 @@ class ClientSession:
         if refusal is not None:
             self.error(protocol.REFUSED, refusal, request_id)
             return
-        now = raft.now_ms()
-
-        def make(origin: Origin) -> Entry:
-            return Entry("upgrade", now, origin, version=target)
-
-        def sink(reply: Any) -> None:
+        def sink(reply: Reply) -> None:
             if isinstance(reply, Error):
                 self.error(protocol.REFUSED, reply.message, request_id)
             elif isinstance(reply, (SubmitError, InternalFailure)):
@@ -372,15 +368,13 @@ class ClientSession:
                 result = {"effective_version": target, "changed": True}
                 self.send(protocol.result(request_id, result))
 
-        self.server.committer.submit_entry(make, sink)
+        self.server.replica.propose_upgrade(target, sink)
 
     def _registered(self) -> bool:
         """Whether the replicated metadata knows this connection (else no ConnectionDown)."""
         assert self.connection is not None
-        key = (self.connection.incarnation, self.connection.number)
-        with self.server.raft.lock:
-            conns = self.server.raft.replicated_state.meta.connections.get(self.node_id_of_conn())
-            return conns is not None and key in conns
+        connection = self.connection
+        return self.server.replica.read(lambda view: view.lists_connection(connection))
 
     def node_id_of_conn(self) -> str:
         """The node id in this session's connection id."""
@@ -395,4 +389,4 @@ class ClientSession:
         log.info("client_disconnected", connection=self.connection.number)
         if self.used and not self.server.stopping and self._registered():
             down = ConnectionDown(self.connection, "normal")
-            self.server.committer.submit(fifo.encode(down), lambda _reply: None, down)
+            self.server.replica.propose(down, lambda _reply: None)

@@ -1,107 +1,148 @@
-"""Leader-side timers, outside the log: they only submit commands, which come back through it.
+"""Leader-side timers, outside the log: they only propose commands, which come back through it.
 
-Every tick, on the leader only: `fifo.due_commands` (consumer timeouts when a lock expired,
-expiry, disconnected timeouts), `NodeDown` / `NodeUp` for lost and returned peers (deduplicated
-against the replicated list of down nodes), and the machine upgrade once every member supports it.
-A command is not resubmitted while an identical one is in flight (`resubmit_s`).
+`TimerPlan.due(now_s, view)` is the whole decision, pure and in virtual time (tested with golden
+files): on the leader only, `fifo.due_commands` (consumer timeouts when a lock expired, expiry,
+disconnected timeouts, computed by the caller into the view), `NodeDown` / `NodeUp` for lost and
+returned peers (deduplicated against the replicated list of down nodes; a leader listed down
+brings itself up), and the machine upgrade once every member supports it. Nothing identical is
+proposed again while one is in flight (`resubmit_s`). `LeaderTimers` is the thin loop around it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
 
 import structlog
 
 import fifo
-from fifo.commands import NodeDown, NodeUp
-from raft.batcher import GroupCommitter
-from raft.entry import Entry, Origin
-from raft.node import RaftNode
+from fifo.commands import Command, NodeDown, NodeUp
+from raft.replica import Replica, ReplicaView, Reply
 
 log = structlog.get_logger("cluster.timers")
 
+DOWN_AFTER_S_DEFAULT = 1.5
+RESUBMIT_S_DEFAULT = 2.0
 
-class LeaderTimers:
-    """Decides, on the leader, which timer commands to submit now."""
+
+@dataclass(frozen=True, slots=True)
+class Upgrade:
+    """Propose switching the effective machine version to `version`."""
+
+    version: int
+
+
+Proposal = Command | Upgrade
+
+
+@dataclass(frozen=True, slots=True)
+class TimerView:
+    """What the timers read at one instant: role, peers, and the replicated state's part."""
+
+    leader: bool
+    me: str
+    connected: dict[str, bool]  # peer -> has a live raft connection, every peer listed
+    down_nodes: tuple[str, ...] = ()
+    due_commands: tuple[Command, ...] = ()  # fifo.due_commands(state, now_ms)
+    upgrade_target: int | None = None
+
+
+class TimerPlan:
+    """The leader timers' decision and its memory (lost peers, proposals in flight)."""
 
     def __init__(
-        self,
-        node: RaftNode,
-        committer: GroupCommitter,
-        down_after_s: float = 1.5,
-        resubmit_s: float = 2.0,
+        self, down_after_s: float = DOWN_AFTER_S_DEFAULT, resubmit_s: float = RESUBMIT_S_DEFAULT
     ) -> None:
-        self.node = node
-        self.committer = committer
         self.down_after_s = down_after_s
         self.resubmit_s = resubmit_s
         self._in_flight: dict[bytes, float] = {}
         self._lost_since: dict[str, float] = {}
-        self.submitted: list[Any] = []  # every timer command submitted (for status and tests)
 
-    def tick(self, now_ms: int | None = None) -> None:
-        """Run one round; does nothing unless this node is the leader and applying."""
-        if self.node.role() != "leader":
+    def due(self, now_s: float, view: TimerView) -> list[Proposal]:
+        """What to propose at monotonic time `now_s` given `view` (nothing unless leader)."""
+        if not view.leader:
             self._lost_since.clear()
-            return
-        now_ms = self.node.now_ms() if now_ms is None else now_ms
-        with self.node.lock:
-            state = self.node.replicated_state
-            due = list(fifo.due_commands(state.state, now_ms))
-            down_nodes = list(state.meta.down_nodes)
-            target = state.upgrade_target()
-        for command in due + self._node_changes(down_nodes):
-            self._submit(command)
-        if target is not None:
-            self._upgrade(target)
+            return []
+        proposals: list[Proposal] = []
+        for command in [*view.due_commands, *self._node_changes(now_s, view)]:
+            if self._fresh(now_s, fifo.encode(command)):
+                proposals.append(command)
+        target = view.upgrade_target
+        if target is not None and self._fresh(now_s, f"upgrade:{target}".encode()):
+            proposals.append(Upgrade(target))
+        return proposals
 
-    def _node_changes(self, down_nodes: list[str]) -> list[Any]:
-        changes: list[Any] = []
-        now = time.monotonic()
-        me = self.node.settings.node_id
-        if me in down_nodes:
+    def _node_changes(self, now_s: float, view: TimerView) -> list[Command]:
+        changes: list[Command] = []
+        if view.me in view.down_nodes:
             # an earlier leader lost us and we now lead: no peer would ever see us come back,
             # so our own consumers would stay suspected (nothing delivered to them) for ever
-            changes.append(NodeUp(me))
-        for peer in self.node.settings.peers:
-            if self.node.peer_connected(peer):
+            changes.append(NodeUp(view.me))
+        for peer, connected in view.connected.items():
+            if connected:
                 self._lost_since.pop(peer, None)
-                if peer in down_nodes:
+                if peer in view.down_nodes:
                     changes.append(NodeUp(peer))
             else:
-                since = self._lost_since.setdefault(peer, now)
-                if now - since >= self.down_after_s and peer not in down_nodes:
+                since = self._lost_since.setdefault(peer, now_s)
+                if now_s - since >= self.down_after_s and peer not in view.down_nodes:
                     changes.append(NodeDown(peer))
         return changes
 
-    def _fresh(self, key: bytes) -> bool:
-        now = time.monotonic()
-        if now - self._in_flight.get(key, -1e9) < self.resubmit_s:
+    def _fresh(self, now_s: float, key: bytes) -> bool:
+        if now_s - self._in_flight.get(key, -1e9) < self.resubmit_s:
             return False
-        self._in_flight = {k: t for k, t in self._in_flight.items() if now - t < self.resubmit_s}
-        self._in_flight[key] = now
+        self._in_flight = {k: t for k, t in self._in_flight.items() if now_s - t < self.resubmit_s}
+        self._in_flight[key] = now_s
         return True
 
-    def _submit(self, command: Any) -> None:
-        blob = fifo.encode(command)
-        if not self._fresh(blob):
-            return
-        self.submitted.append(command)
-        log.info("timer_command", command=type(command).__name__, detail=repr(command)[:200])
-        self.committer.submit(blob, _ignore, command)
 
-    def _upgrade(self, target: int) -> None:
-        if not self._fresh(f"upgrade:{target}".encode()):
-            return
-        log.info("machine_upgrade_proposed", to=target)
-        now = self.node.now_ms()
+class LeaderTimers:
+    """The loop around `TimerPlan`: read a view from the replica, propose what is due."""
 
-        def make(origin: Origin) -> Entry:
-            return Entry("upgrade", now, origin, version=target)
+    def __init__(
+        self,
+        replica: Replica,
+        down_after_s: float = DOWN_AFTER_S_DEFAULT,
+        resubmit_s: float = RESUBMIT_S_DEFAULT,
+    ) -> None:
+        self.replica = replica
+        self.plan = TimerPlan(down_after_s, resubmit_s)
+        self.submitted: list[Command] = []  # every timer command proposed (status and tests)
 
-        self.committer.submit_entry(make, _ignore)
+    def tick(self, now_ms: int | None = None) -> None:
+        """Run one round; does nothing unless this node is the leader and applying."""
+        for proposal in self.plan.due(time.monotonic(), self.view(now_ms)):
+            if isinstance(proposal, Upgrade):
+                log.info("machine_upgrade_proposed", to=proposal.version)
+                self.replica.propose_upgrade(proposal.version, _ignore)
+            else:
+                self.submitted.append(proposal)
+                name, detail = type(proposal).__name__, repr(proposal)[:200]
+                log.info("timer_command", command=name, detail=detail)
+                self.replica.propose(proposal, _ignore)
+
+    def view(self, now_ms: int | None = None) -> TimerView:
+        """What the timers read now (the replicated part under one read)."""
+        replica = self.replica
+        me = replica.settings.node_id
+        if replica.role() != "leader":
+            return TimerView(leader=False, me=me, connected={})
+        now_ms = replica.now_ms() if now_ms is None else now_ms
+        connected = {peer: replica.peer_connected(peer) for peer in replica.settings.peers}
+
+        def read(view: ReplicaView) -> TimerView:
+            return TimerView(
+                leader=True,
+                me=me,
+                connected=connected,
+                down_nodes=tuple(view.meta.down_nodes),
+                due_commands=tuple(fifo.due_commands(view.state, now_ms)),
+                upgrade_target=view.upgrade_target(),
+            )
+
+        return replica.read(read)
 
 
-def _ignore(_reply: Any) -> None:
+def _ignore(_reply: Reply) -> None:
     """Timer commands need no reply: their effect comes back through the log."""

@@ -1,4 +1,4 @@
-"""Fixtures starting real node processes (helpers live in `cluster.testing`)."""
+"""Fixtures starting real node processes (helpers live in `cluster.launcher`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.testing import LocalCluster, start_cluster
+from cluster.launcher import LocalCluster, start_cluster
 from tests.cluster.shells import Shells
 
 

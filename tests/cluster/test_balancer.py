@@ -13,7 +13,7 @@ import pytest
 
 from cluster.balance.decision import app_of
 from cluster.client import Client, LeaderlessBalancer
-from cluster.testing import LocalCluster, wait_until
+from cluster.launcher import LocalCluster, wait_until
 from fifo.commands import QueueConfig
 
 pytestmark = pytest.mark.cluster

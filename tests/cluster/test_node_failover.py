@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster import config
-from cluster.testing import LocalCluster, wait_until, write_cluster
+from cluster.launcher import LocalCluster, init_cluster, wait_until
 from fifo.commands import Checkout, ConsumerId, DeclareQueue, Enqueue, SimplePrefetch
 from fifo.effects import Deliver
 from fifo.replies import CheckoutOk, Ok
@@ -28,7 +28,7 @@ def test_killing_the_leader_elects_a_new_one_and_commands_keep_working(
 ) -> None:
     """kill -9 of the leader: a survivor leads, publishes succeed, the restarted node catches up."""
     old = cluster3.leader()
-    client = cluster3.client(others(old)[0])
+    client = cluster3.raw_client(others(old)[0])
     client.command(DeclareQueue("fail"))
     for i in range(20):
         assert client.command(Enqueue("fail", b"before%d" % i)) == Ok()
@@ -55,7 +55,7 @@ def test_a_restarted_follower_catches_up_from_journal_and_dump(cluster3: LocalCl
     """A follower killed, missing writes, then restarted (after a snapshot) has an equal digest."""
     leader = cluster3.leader()
     follower = others(leader)[0]
-    client = cluster3.client(leader)
+    client = cluster3.raw_client(leader)
     client.command(DeclareQueue("catch"))
     for i in range(30):
         client.command(Enqueue("catch", b"a%d" % i))
@@ -78,7 +78,7 @@ def test_effects_replayed_after_a_restart_are_not_resent_and_messages_return(
     """A consumer's node crashes: replayed deliveries go nowhere, its messages come back once."""
     leader = cluster3.leader()
     owner = others(leader)[0]
-    consumer_client = cluster3.client(owner)
+    consumer_client = cluster3.raw_client(owner)
     consumer_client.command(DeclareQueue("replay"))
     for i in range(3):
         consumer_client.command(Enqueue("replay", b"m%d" % i))
@@ -96,7 +96,7 @@ def test_effects_replayed_after_a_restart_are_not_resent_and_messages_return(
     # connection numbers restart at 1: open connections until the old number is reused
     clients = []
     while True:
-        fresh = cluster3.client(owner)
+        fresh = cluster3.raw_client(owner)
         clients.append(fresh)
         if fresh.connection.number >= old_number:
             break
@@ -123,11 +123,11 @@ def test_a_connection_closed_without_a_quorum_gives_its_messages_back_later(
     before, they stayed checked out to a dead connection until that node restarted)."""
     leader = cluster3.leader()
     owner = others(leader)[0]
-    setup = cluster3.client(owner)
+    setup = cluster3.raw_client(owner)
     setup.command(DeclareQueue("orphan"))
     for i in range(4):
         setup.command(Enqueue("orphan", b"m%d" % i))
-    consumer_client = cluster3.client(owner, name="doomed")
+    consumer_client = cluster3.raw_client(owner, name="doomed")
     reply = consumer_client.command(
         Checkout("orphan", ConsumerId("c", consumer_client.connection), SimplePrefetch(10))
     )
@@ -146,7 +146,7 @@ def test_a_connection_closed_without_a_quorum_gives_its_messages_back_later(
     for node in others(owner):
         cluster3.start_node(node)
     cluster3.converged()
-    observer = cluster3.client(owner)
+    observer = cluster3.raw_client(owner)
     wait_until(
         lambda: observer.query("overview", queue="orphan")["checked_out"] == 0,
         20,
@@ -172,7 +172,7 @@ def test_a_follower_that_installs_a_snapshot_resets_its_clients_and_nothing_stic
     deliveries to its own clients inside the skipped entries are never sent. It must reset its
     sessions so those messages come back (issue 17; before, they stayed checked out to a live
     consumer that never received them, and its prefetch stayed full: a stall)."""
-    cfg = write_cluster(tmp_path / "D", nodes=3)
+    cfg = init_cluster(tmp_path / "D", nodes=3)
     cfg = dataclasses.replace(cfg, snapshot_every_entries=40)
     config.write(tmp_path / "D", cfg)
     with LocalCluster(tmp_path / "D", cfg) as cluster:
@@ -180,15 +180,15 @@ def test_a_follower_that_installs_a_snapshot_resets_its_clients_and_nothing_stic
             cluster.start_node(node.id)
         leader = cluster.leader()
         lagging = others(leader)[0]
-        publisher = cluster.client(leader)
+        publisher = cluster.raw_client(leader)
         publisher.command(DeclareQueue("snap"))
         publisher.command(DeclareQueue("filler"))
-        consumer = cluster.client(lagging, name="behind")
+        consumer = cluster.raw_client(lagging, name="behind")
         reply = consumer.command(
             Checkout("snap", ConsumerId("c", consumer.connection), SimplePrefetch(100))
         )
         assert isinstance(reply, CheckoutOk)
-        cluster.procs[lagging].send_signal(signal.SIGSTOP)
+        cluster.kill(lagging, signal.SIGSTOP)
         try:
             for i in range(5):  # delivered, in the log, to the paused node's consumer
                 publisher.command(Enqueue("snap", b"m%d" % i))
@@ -196,7 +196,7 @@ def test_a_follower_that_installs_a_snapshot_resets_its_clients_and_nothing_stic
                 publisher.command(Enqueue("filler", b"f%d" % i))
             time.sleep(3.0)  # long enough for the leader to drop the silent connection
         finally:
-            cluster.procs[lagging].send_signal(signal.SIGCONT)
+            cluster.kill(lagging, signal.SIGCONT)
         wait_until(
             lambda: publisher.query("overview", queue="snap")["checked_out"] == 0,
             30,

@@ -12,7 +12,8 @@ import pytest
 import fifo
 from cluster import protocol
 from cluster.errors import ProtocolError
-from cluster.testing import LocalCluster, RawClient
+from cluster.launcher import LocalCluster
+from cluster.rawclient import RawClient
 from fifo.commands import (
     Checkout,
     ConnectionId,
@@ -44,7 +45,7 @@ def raw_frame(client: RawClient, body: bytes) -> dict[str, object]:
 
 def test_malformed_frames_get_an_error_and_change_nothing(shared_cluster3: LocalCluster) -> None:
     """Non-CBOR, non-map, unknown op, bad ids and undecodable or internal commands are refused."""
-    client = shared_cluster3.client("n1")
+    client = shared_cluster3.raw_client("n1")
     client.command(DeclareQueue("frames"))
     before = digests(shared_cluster3)
     cases = [
@@ -74,7 +75,7 @@ def test_an_oversized_frame_is_refused_and_the_connection_closed(
     shared_cluster3: LocalCluster,
 ) -> None:
     """A header announcing more than frame_bytes_max gets frame_too_large, then EOF."""
-    client = shared_cluster3.client("n2")
+    client = shared_cluster3.raw_client("n2")
     before = digests(shared_cluster3)
     client.sock.sendall(struct.pack(">I", protocol.FRAME_BYTES_MAX_DEFAULT + 1))
     frame = protocol.recv_frame(client.sock)
@@ -104,7 +105,7 @@ def test_commands_work_through_a_follower_and_are_bound_to_the_caller(
     """A follower forwards through the log; connection fields name the caller, whatever sent."""
     leader = shared_cluster3.leader()
     follower = next(n for n in ("n1", "n2", "n3") if n != leader)
-    client = shared_cluster3.client(follower)
+    client = shared_cluster3.raw_client(follower)
     forged = ConnectionId(leader, 1, 999)
     assert isinstance(client.command(DeclareQueue("bound")), DeclareOk)
     assert client.command(Enqueue("bound", b"x", connection=forged)) == Ok()
@@ -122,7 +123,7 @@ def test_pipelined_commands_are_group_committed_with_one_reply_each(
 ) -> None:
     """300 pipelined publishes: one reply per id, in far fewer log entries than commands."""
     leader = shared_cluster3.leader()
-    client = shared_cluster3.client(leader)
+    client = shared_cluster3.raw_client(leader)
     client.command(DeclareQueue("batched"))
     before = client.query("status")["commit_index"]
     frames = [

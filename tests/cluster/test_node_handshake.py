@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from cluster import protocol
+from cluster.launcher import LocalCluster, init_cluster
 from cluster.node import session
-from cluster.testing import LocalCluster, write_cluster
 from fifo.commands import DeclareQueue
 from fifo.replies import DeclareOk
 
@@ -35,12 +35,12 @@ def _closed(sock: socket.socket) -> bool:
 
 
 def test_unauthenticated_connections_are_bounded(tmp_path: Path) -> None:
-    cfg = write_cluster(tmp_path / "D", nodes=1)
+    cfg = init_cluster(tmp_path / "D", nodes=1)
     cluster = LocalCluster(tmp_path / "D", cfg)
     address = cfg.node("n1").client_address
     try:
         cluster.start_node("n1")
-        cluster.client("n1").close()  # up
+        cluster.raw_client("n1").close()  # up
         # a hello claiming more than HELLO_BYTES_MAX is refused before any of it is read
         big = _dial(address)
         big.sendall(protocol.HEADER.pack(session.HELLO_BYTES_MAX + 1))
@@ -60,7 +60,7 @@ def test_unauthenticated_connections_are_bounded(tmp_path: Path) -> None:
         assert time.monotonic() - started < session.HELLO_TIMEOUT_S + 5
         for sock in idle:
             sock.close()
-        client = cluster.client("n1")
+        client = cluster.raw_client("n1")
         assert client.command(DeclareQueue("after")) == DeclareOk(created=True)
         client.close()
     finally:

@@ -10,8 +10,8 @@ import pytest
 
 from cluster import protocol
 from cluster.errors import ProtocolError
+from cluster.launcher import LocalCluster, init_cluster
 from cluster.node.effects import split_delivery
-from cluster.testing import LocalCluster, write_cluster
 from fifo.commands import Checkout, ConsumerId, DeclareQueue, Enqueue, SimplePrefetch
 from fifo.effects import Deliver, Delivery
 from fifo.replies import CheckoutOk
@@ -31,18 +31,18 @@ def test_split_delivery_keeps_order_and_fits() -> None:
 
 
 def test_a_prefetch_of_large_messages_arrives_whole(tmp_path: Path) -> None:
-    cfg = write_cluster(tmp_path / "D", nodes=1)
+    cfg = init_cluster(tmp_path / "D", nodes=1)
     cluster = LocalCluster(tmp_path / "D", cfg)
     try:
         cluster.start_node("n1")
-        publisher = cluster.client("n1", name="publisher")
+        publisher = cluster.raw_client("n1", name="publisher")
         publisher.command(DeclareQueue("big"))
         for i in range(COUNT):
             publisher.command(Enqueue("big", bytes([i]) * BODY))
         with pytest.raises(ProtocolError) as caught:
             publisher.query("messages", queue="big", limit=COUNT)
         assert caught.value.code == protocol.REPLY_TOO_LARGE
-        consumer = cluster.client("n1", name="consumer")
+        consumer = cluster.raw_client("n1", name="consumer")
         reply = consumer.command(
             Checkout("big", ConsumerId("c", consumer.connection), SimplePrefetch(COUNT))
         )

@@ -20,8 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import config
 from cluster.client import Client
-from cluster.testing import ROOT, LocalCluster, free_ports, wait_until, write_cluster
+from cluster.launcher import LocalCluster, free_ports, init_cluster, wait_until
 from fifo.commands import QueueConfig
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -34,7 +36,7 @@ def metered(
 ) -> Iterator[tuple[LocalCluster, dict[str, int]]]:
     """A 3-node cluster whose nodes serve metrics (shared: tests use their own queues)."""
     data_dir = tmp_path_factory.mktemp("metered") / "D"
-    cfg = write_cluster(data_dir, 3)
+    cfg = init_cluster(data_dir, 3)
     ports = dict(zip(cfg.node_ids(), free_ports(3), strict=True))
     nodes = tuple(dataclasses.replace(n, metrics_port=ports[n.id]) for n in cfg.nodes)
     cfg = dataclasses.replace(cfg, nodes=nodes)
@@ -70,7 +72,7 @@ def test_metrics_match_a_known_workload(metered: tuple[LocalCluster, dict[str, i
     cluster, ports = metered
     node = "n2"  # every client command of the workload goes through this node
     address = cluster.config.node(node).client_address
-    with Client([address], cluster.client_key, prefer_leader=False) as client:
+    with Client([address], cluster.key, prefer_leader=False) as client:
         client.declare_queue("m-dead")
         client.declare_queue("m-jobs", QueueConfig(dead_letter_queue="m-dead"))
         with client.publisher("m-jobs", window=50) as publisher:
@@ -156,7 +158,7 @@ def test_dashboard_queries_only_exposed_metrics(
     metered: tuple[LocalCluster, dict[str, int]],
 ) -> None:
     cluster, ports = metered
-    with Client([cluster.config.nodes[0].client_address], cluster.client_key) as client:
+    with Client([cluster.config.nodes[0].client_address], cluster.key) as client:
         client.declare_queue("d-any")  # a queue, so per-queue series exist
         client.publish("d-any", b"x")
     with urllib.request.urlopen(f"http://127.0.0.1:{ports['n1']}/metrics", timeout=5) as answer:
@@ -170,7 +172,7 @@ def test_dashboard_queries_only_exposed_metrics(
 
 def test_metrics_port_taken_is_a_clear_error(tmp_path: Path) -> None:
     data_dir = tmp_path / "D"
-    cfg = write_cluster(data_dir, 1)
+    cfg = init_cluster(data_dir, 1)
     import socket
 
     with socket.socket() as taken:

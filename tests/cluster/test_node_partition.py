@@ -9,7 +9,7 @@ import pytest
 
 from cluster import config
 from cluster.chaos.linkproxy import ProxyMesh
-from cluster.testing import LocalCluster, wait_until, write_cluster
+from cluster.launcher import LocalCluster, init_cluster, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.replies import Ok
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cluster
 def test_an_isolated_leader_is_replaced_and_catches_up_after_healing(tmp_path: Path) -> None:
     """Blackhole every link of the leader: the majority elects a leader and goes on; heal: equal."""
     data_dir = tmp_path / "D"
-    cfg = write_cluster(data_dir, 3)
+    cfg = init_cluster(data_dir, 3)
     mesh = ProxyMesh({n.id: n.raft_address for n in cfg.nodes})
     nodes = tuple(
         dataclasses.replace(n, peer_addresses=mesh.peer_addresses(n.id)) for n in cfg.nodes
@@ -32,13 +32,13 @@ def test_an_isolated_leader_is_replaced_and_catches_up_after_healing(tmp_path: P
             cluster.start_node(node.id)
         old = cluster.leader()
         majority = [n for n in ("n1", "n2", "n3") if n != old]
-        client = cluster.client(majority[0])
+        client = cluster.raw_client(majority[0])
         client.command(DeclareQueue("part"))
         assert sum(p.bytes_forwarded()[0] for p in mesh.proxies.values()) > 0  # really proxied
         mesh.isolate(old)
 
         def majority_leader() -> str | None:
-            statuses = {n: s for n, s in cluster.status().items() if n in majority and s}
+            statuses = {n: s for n, s in cluster.statuses().items() if n in majority and s}
             leaders = {s["leader"] for s in statuses.values()}
             found = leaders.pop() if len(leaders) == 1 else None
             return found if found in majority else None

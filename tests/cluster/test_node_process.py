@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.testing import ROOT, write_cluster
+from cluster.launcher import init_cluster
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
 pytestmark = pytest.mark.cluster
 
@@ -17,7 +19,7 @@ pytestmark = pytest.mark.cluster
 def test_a_busy_client_port_is_a_clean_failure(tmp_path: Path) -> None:
     """Another process holds the client port: the node exits non-zero, says so, leaves no pid."""
     data_dir = tmp_path / "D"
-    cfg = write_cluster(data_dir, 1)
+    cfg = init_cluster(data_dir, 1)
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.bind(("127.0.0.1", cfg.nodes[0].client_port))

@@ -33,8 +33,9 @@ from cluster.launcher import (
     spawn_node,
     start_cluster,
     stop_node,
+    wait_until,
 )
-from cluster.testing import RawClient, wait_until
+from cluster.rawclient import RawClient
 from fifo.commands import Enqueue
 from raft import durability, storage
 

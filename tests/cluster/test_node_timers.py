@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cluster.testing import LocalCluster, wait_until
+from cluster.launcher import LocalCluster, wait_until
 from fifo.commands import Checkout, ConsumerId, DeclareQueue, Enqueue, Settle, SimplePrefetch
 from fifo.effects import Deliver, Released
 from fifo.replies import CheckoutOk, Ok
@@ -28,7 +28,7 @@ def timer_commands(cluster: LocalCluster, node_id: str, name: str) -> int:
 def test_consumer_timeouts_are_submitted_only_when_a_lock_expired(cluster3: LocalCluster) -> None:
     """A settled delivery causes no EvalConsumerTimeouts; an unsettled one does, once expired."""
     leader = cluster3.leader()
-    client = cluster3.client(leader)
+    client = cluster3.raw_client(leader)
     wait_until(lambda: client.query("machine")["effective_version"] == 2, 10, "machine v2")
     client.command(DeclareQueue("locks"))
     consumer = ConsumerId("c", client.connection)

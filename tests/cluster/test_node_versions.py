@@ -8,7 +8,7 @@ import pytest
 
 from cluster import protocol
 from cluster.errors import ProtocolError
-from cluster.testing import start_cluster, wait_until
+from cluster.launcher import start_cluster, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.replies import Ok
 
@@ -20,7 +20,7 @@ def test_upgrade_waits_for_every_member_then_switches_everywhere(tmp_path: Path)
     cluster = start_cluster(tmp_path / "D", 3, caps={"n3": 1})
     try:
         cluster.leader()
-        client = cluster.client("n1")  # not n3, which is restarted below (it may lead)
+        client = cluster.raw_client("n1")  # not n3, which is restarted below (it may lead)
         client.command(DeclareQueue("up"))
         wait_until(lambda: client.query("machine")["supported"].get("n3") == 1, 10, "hellos")
         with pytest.raises(ProtocolError) as info:
@@ -47,14 +47,14 @@ def test_a_node_with_older_code_stops_applying_and_never_leads(tmp_path: Path) -
     cluster = start_cluster(tmp_path / "D", 3)
     try:
         leader = cluster.leader()
-        client = cluster.client(leader)
+        client = cluster.raw_client(leader)
         wait_until(lambda: client.query("machine")["effective_version"] == 2, 10, "machine v2")
         client.command(DeclareQueue("old"))
         stale = next(n for n in ("n1", "n2", "n3") if n != leader)
         cluster.restart(stale, max_machine_version=1)
 
         def stopped() -> dict[str, object] | None:
-            status = cluster.status()[stale]
+            status = cluster.statuses()[stale]
             return status if status and status["role"] == "stopped" else None
 
         status = wait_until(stopped, 15, "the stale node to stop")
@@ -65,7 +65,7 @@ def test_a_node_with_older_code_stops_applying_and_never_leads(tmp_path: Path) -
         cluster.start_node(leader)
         new_leader = cluster.leader(20)
         assert new_leader in (leader, survivor)
-        assert cluster.status()[stale]["role"] == "stopped"  # type: ignore[index]
+        assert cluster.statuses()[stale]["role"] == "stopped"  # type: ignore[index]
         client.close()
     finally:
         cluster.stop()

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("celery")
 
 from cluster.client import Client
-from cluster.testing import LocalCluster, start_cluster, wait_until
+from cluster.launcher import LocalCluster, start_cluster, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -104,7 +104,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
         senders = [threading.Thread(target=send, args=(i,)) for i in range(SENDERS)]
         for sender in senders:
             sender.start()
-        with Client(endpoints.split(","), cluster3.client_key) as client:
+        with Client(endpoints.split(","), cluster3.key) as client:
             # the worker's credit is its prefetch: concurrency 4 x multiplier 1
             def attached() -> list[dict[str, Any]]:
                 found = client.consumers("celery").get("celery", [])
@@ -118,7 +118,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
         killed_pids = {pid for pid, _ in _ran(ran_path)}
 
         # the dead worker's connection is down: what it had checked out is back in the queue
-        with Client(endpoints.split(","), cluster3.client_key) as client:
+        with Client(endpoints.split(","), cluster3.key) as client:
             overview = wait_until(
                 lambda: (o := client.overview("celery")).checked_out == 0 and o,
                 15,

@@ -21,7 +21,9 @@ from kombu.exceptions import ChannelError
 from cluster.client import AuthError, Client
 from cluster.errors import ConfigError
 from cluster.integrations import kombu_transport
-from cluster.testing import ROOT, LocalCluster, start_cluster, wait_until
+from cluster.launcher import LocalCluster, start_cluster, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -41,7 +43,7 @@ def _url(cluster: LocalCluster) -> str:
 
 
 def _client(cluster: LocalCluster) -> Client:
-    return Client([n.client_address for n in cluster.config.nodes], cluster.client_key)
+    return Client([n.client_address for n in cluster.config.nodes], cluster.key)
 
 
 def _drain(connection: Connection, received: list[Any], count: int) -> None:

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import pyspark
 
-from cluster.testing import free_ports
+from cluster.launcher import free_ports
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"

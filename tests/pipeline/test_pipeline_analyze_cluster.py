@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 
 from cluster.cli.exits import CliError
 from cluster.cli.main import cli
-from cluster.testing import LocalCluster, RawClient, start_cluster, wait_until
+from cluster.launcher import LocalCluster, start_cluster, wait_until
+from cluster.rawclient import RawClient
 from fifo.commands import (
     Cancel,
     Checkout,
@@ -71,7 +72,7 @@ def record_workload(cluster: LocalCluster) -> None:
     """8 published on `work` (7 acked, 2 returned, 1 dead-lettered into `dlx`); 1 on `slow`
     (a consumer timeout, then acked by another consumer); 3 on the SAC queue `sac` (one SAC
     hand-over when the active consumer cancels)."""
-    client = cluster.client(cluster.leader())
+    client = cluster.raw_client(cluster.leader())
     wait_until(lambda: client.query("machine")["effective_version"] == 2, 15, "machine v2")
     for command in (
         DeclareQueue("dlx"),

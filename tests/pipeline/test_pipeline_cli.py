@@ -77,7 +77,7 @@ def test_planted_bug_exits_1_and_prints_each_failing_seed_with_its_command(
         "--upgrade-at",
         "random",
         "--apply-fn",
-        "pipeline.planted:lossy_enqueue",
+        "tests.pipeline.planted:lossy_enqueue",
         "--master",
         "local[2]",
         "--out",

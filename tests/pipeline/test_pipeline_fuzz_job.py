@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 from fifo import fuzz
 from pipeline.campaign import PARQUET_NAME, PLOT_NAME, SUMMARY_NAME, Campaign, execute
 from pipeline.fuzz_job import CampaignConfig, fuzz_seed
-from pipeline.planted import lossy_enqueue
 from pipeline.schemas import RESULT_SCHEMA
+from tests.pipeline.planted import lossy_enqueue
 
 pytestmark = [
     pytest.mark.spark,
@@ -27,7 +27,7 @@ pytestmark = [
 SEEDS = 20
 STEPS = 100
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PLANTED = "pipeline.planted:lossy_enqueue"
+PLANTED = "tests.pipeline.planted:lossy_enqueue"
 
 Outcome = tuple[dict[str, Any], Path]
 

@@ -15,7 +15,7 @@ import pysyncobj.journal as pysyncobj_journal
 import pytest
 
 import fifo
-from cluster.testing import free_ports, wait_until
+from cluster.launcher import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.replies import Ok
 from raft import storage

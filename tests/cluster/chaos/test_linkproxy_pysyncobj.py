@@ -16,7 +16,7 @@ from pysyncobj import SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.node import TCPNode
 
 from cluster.chaos.linkproxy import ProxyMesh
-from cluster.testing import free_ports
+from cluster.launcher import free_ports
 
 pytestmark = pytest.mark.slow
 

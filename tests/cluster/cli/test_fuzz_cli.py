@@ -22,7 +22,7 @@ from fifo.meta import Meta
 from fifo.replies import Reply
 from fifo.state import State
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 QUORUMQ = Path(sys.executable).with_name("quorumq")
 
 

@@ -1,7 +1,8 @@
 """Deliberately broken machines, to check that a campaign catches bugs (a mutation canary).
 
-Pass one by name to `quorumq pipeline fuzz --apply-fn pipeline.planted:lossy_enqueue`: a campaign
-that reports no failure with it is not checking anything. Never use these outside tests.
+Pass one by name to `quorumq pipeline fuzz --apply-fn tests.pipeline.planted:lossy_enqueue`: a
+campaign that reports no failure with it is not checking anything. Lives with the tests, not in
+the installed package (the spark fixture puts the checkout on the executors' PYTHONPATH).
 """
 
 from __future__ import annotations
