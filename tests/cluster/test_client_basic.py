@@ -153,9 +153,11 @@ def test_cluster_status_lists_every_node_with_one_leader(cluster: LocalCluster) 
 
 
 def test_data_dir_client_reads_the_endpoints_and_key(cluster: LocalCluster) -> None:
+    with cluster.client() as declaring:
+        declaring.declare_queue("data-dir-visible")
     with Client.from_data_dir(Path(cluster.data_dir)) as client:
         assert client.node in {"n1", "n2", "n3"}
-        assert "basic-threaded" in client.queues()
+        assert "data-dir-visible" in client.queues()
 
 
 def test_callback_style_consumer_gets_every_message_on_its_thread(cluster: LocalCluster) -> None:
