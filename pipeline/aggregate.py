@@ -152,7 +152,8 @@ class Facts:
 
 def percentile(ordered: list[tuple[int, int]], p: float) -> float | None:
     """Spark's exact `percentile` of (value, count) pairs sorted by value: the value at rank
-    p * (n - 1), linearly interpolated between the two closest ranks; None when empty."""
+    p * (n - 1), linearly interpolated between the two closest ranks (in Spark 4's order of
+    operations, so the doubles are equal); None when empty."""
     n = sum(count for _, count in ordered)
     if n == 0:
         return None
@@ -170,4 +171,4 @@ def percentile(ordered: list[tuple[int, int]], p: float) -> float | None:
     assert low_value is not None and high_value is not None
     if lower == higher or low_value == high_value:
         return float(low_value)
-    return (higher - position) * low_value + (position - lower) * high_value
+    return low_value + (position - lower) * (high_value - low_value)

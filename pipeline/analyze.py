@@ -349,8 +349,7 @@ def run_analysis(
         paths[table].mkdir(parents=True)
     shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
     (out / PROGRESS_DIR).mkdir()
-    lo, hi = (plan.first_ms or 0) // 1000, plan.last_ms // 1000
-    buckets = Buckets(lo, max(1, -(-(hi - lo + 1) // PLOT_POINTS_MAX)))
+    buckets = plot_buckets(plan)
     spec = _ReplaySpec(
         path, chunks, members, placement, plan.initial_version, list(plan.upgrades),
         config.window, str(out), buckets,
@@ -396,6 +395,12 @@ def run_analysis(
     summary["outputs"]["summary"] = str(out / "summary.json")
     say.done(f"report {out / 'report.md'} ({summary['elapsed_s']} s)")
     return summary
+
+
+def plot_buckets(plan: LogPlan) -> Buckets:
+    """At most PLOT_POINTS_MAX buckets of whole seconds over the log's time span."""
+    lo, hi = (plan.first_ms or 0) // 1000, plan.last_ms // 1000
+    return Buckets(lo, max(1, -(-(hi - lo + 1) // PLOT_POINTS_MAX)))
 
 
 def _verify(plan: LogPlan, states: list[dict[str, Any]]) -> dict[str, Any]:
