@@ -2,8 +2,9 @@
 
 The driver walks the file once (`scan_log`): it keeps only the header, the snapshot record, the
 upgrade points (with the exact time the cluster applied them) and byte offsets that cut the file
-into chunks at record boundaries. Executors then decode the chunks in parallel (`parse_chunk`),
-never holding more than one record; the driver never holds the commands.
+into chunks at record boundaries. Executors then count the chunks in parallel (`chunk_shape`)
+and stream them again to replay (`chunk_records`, `fast_route`), never holding more than one
+record; the driver never holds the commands.
 """
 
 from __future__ import annotations
@@ -285,18 +286,15 @@ def chunk_shape(path: str, start: int, end: int) -> dict[tuple[str, str | None, 
 
 
 def parse_chunk(path: str, start: int, end: int) -> Iterator[ParsedRow]:
-    """Rows of one chunk: ("cmd", queue|None, None, index, term, ms, version, blob) per
-    command, and ("link", queue, target, ...) per dead-letter link a config sets."""
-    with open(path, "rb") as stream:
-        stream.seek(start)
-        decoder = cbor2.CBORDecoder(stream)
-        while stream.tell() < end:
-            record = decoder.decode()
-            if record.get("t") not in ("cmds", "hello"):
-                continue
-            for index, term, ms, version, blob in record.get("commands", ()):
+    """Rows of one chunk, routed as the replay tasks route them: ("cmd", queue|None, None,
+    index, term, ms, version, blob) per command, and ("link", queue, target, ...) per
+    dead-letter link a config command sets."""
+    for record in chunk_records(path, start, end):
+        for index, term, ms, version, blob in record.get("commands", ()):
+            queue, tag = fast_route(blob)
+            yield ("cmd", queue, None, int(index), int(term), int(ms), int(version), blob)
+            if tag is None or tag in CONFIG_TAGS:
                 queue, target, config = route(blob)
-                yield ("cmd", queue, None, int(index), int(term), int(ms), int(version), blob)
                 if config:
                     yield ("link", queue, target, int(index), 0, 0, 0, None)
 
@@ -345,33 +343,3 @@ def place(sizes: dict[str, int], slots: int) -> dict[str, int]:
         out[group] = slot
         loads[slot] += size
     return out
-
-
-_M32 = 0xFFFFFFFF
-
-
-def _rotl(x: int, r: int) -> int:
-    return ((x << r) | (x >> (32 - r))) & _M32
-
-
-def spark_int_hash(value: int, seed: int = 42) -> int:
-    """Spark's Murmur3 hash of an IntegerType value (what `repartition(n, col)` uses)."""
-    k1 = _rotl((value & _M32) * 0xCC9E2D51 & _M32, 15) * 0x1B873593 & _M32
-    h1 = (_rotl(seed ^ k1, 13) * 5 + 0xE6546B64) & _M32
-    h1 ^= 4
-    h1 ^= h1 >> 16
-    h1 = h1 * 0x85EBCA6B & _M32
-    h1 ^= h1 >> 13
-    h1 = h1 * 0xC2B2AE35 & _M32
-    h1 ^= h1 >> 16
-    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
-
-
-def partition_keys(slots: int) -> list[int]:
-    """For each partition p < slots, an int key that Spark's hash partitioning sends to p."""
-    keys: dict[int, int] = {}
-    candidate = 0
-    while len(keys) < slots:
-        keys.setdefault(spark_int_hash(candidate) % slots, candidate)
-        candidate += 1
-    return [keys[p] for p in range(slots)]
