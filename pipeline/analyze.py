@@ -2,49 +2,72 @@
 
 Stages (each reported on the progress stream):
 1. scan (driver, streaming): header, snapshot, upgrade points, chunk offsets, end record;
-2. parse (executors, one task per chunk): decode records, route each command to its queue;
-3. group: queues linked by dead-lettering replay together; groups are placed on partitions,
-   largest first (a group is the unit of parallelism);
-4. replay (executors): per group, in index order, `fifo.apply` with the recorded metas and
-   `fifo.convert` at the recorded upgrades, emitting messages / rates / consumers rows;
-5. write: Parquet tables, latency percentiles, plots, `report.md` and `summary.json`; the merged
-   final states of the groups are checked against the log's `fifo_digest`.
+2. parse (executors, one task per chunk): count the commands of each queue and the dead-letter
+   links; only these counts come back, never the commands;
+3. group: queues linked by dead-lettering replay together; groups are placed on tasks, largest
+   first (a group is the unit of parallelism);
+4. replay (executors, one task per slot): each task streams the log itself, keeps the commands
+   of its groups (and the cluster-wide ones), replays each group in index order with
+   `fifo.apply` at the recorded metas and `fifo.convert` at the recorded upgrades, and writes
+   the messages / queue_rates / consumers rows straight to Parquet part files; the groups'
+   final states come back to the driver and are checked against the log's `fifo_digest`;
+5. aggregate: latency percentiles, totals and series with Spark SQL over the written tables,
+   then plots, `report.md` and `summary.json`.
 
-The log file must be readable at the same path by every executor, and `out_dir` must be shared
-(the executors write the Parquet tables, the driver writes the plots and the report).
+No command crosses a shuffle or goes through the JVM: Spark schedules the tasks, the data moves
+from the log file to the Parquet files inside one Python worker. The log file must be readable
+at the same path by every executor, and `out_dir` must be shared (the executors write the
+Parquet tables and their progress files there, the driver writes the plots and the report).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import pyarrow as pa
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from pipeline.logscan import Groups, LogPlan, parse_chunk, partition_keys, place, scan_log
+from pipeline.aggregate import Buckets, Facts
+from pipeline.logscan import (
+    Groups,
+    LogPlan,
+    chunk_records,
+    chunk_shape,
+    fast_route,
+    place,
+    scan_log,
+)
 from pipeline.progress import report_progress
 from pipeline.replay import GroupReplay, Upgrade, merged_digest
 from pipeline.schemas import (
     CONSUMER_SCHEMA,
     LATENCY_SCHEMA,
     MESSAGE_SCHEMA,
-    PARSED_SCHEMA,
     RATE_SCHEMA,
-    REPLAY_OUT_SCHEMA,
 )
 
 BATCH_ROWS = 8192
 TABLES = ("messages", "queue_rates", "consumers", "latency")
+TABLE_SCHEMAS = {
+    "messages": MESSAGE_SCHEMA,
+    "queue_rates": RATE_SCHEMA,
+    "consumers": CONSUMER_SCHEMA,
+}
 STAGES = 5
 PLOT_POINTS_MAX = 600
+PROGRESS_DIR = "_progress"  # under --out: one file per replay task, commands done so far
+PROGRESS_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,97 +101,191 @@ class _Progress:
 
 # --- executor functions (module level: pickled by reference, imported on executors) ----------
 
+Shape = dict[tuple[str, str | None, str | None], int]
 
-def _parse_batches(
-    path: str, chunks: list[tuple[int, int]], batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    schema = to_arrow_schema(PARSED_SCHEMA)
-    for batch in batches:
-        for chunk_id in batch.column(0).to_pylist():
-            start, end = chunks[chunk_id]
-            columns: list[list[Any]] = [[] for _ in range(8)]
-            for row in parse_chunk(path, start, end):
-                for column, value in zip(columns, row, strict=True):
-                    column.append(value)
-                if len(columns[0]) >= BATCH_ROWS:
-                    yield pa.RecordBatch.from_arrays(
-                        [pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)],
-                        schema=schema,
-                    )
-                    columns = [[] for _ in range(8)]
-            if columns[0]:
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)],
-                    schema=schema,
-                )
+
+def _shape_task(path: str, chunks: list[tuple[int, int]], ids: Iterable[int]) -> Iterator[Shape]:
+    """Stage 2 on an executor: the counts of some chunks (nothing of the commands is kept)."""
+    for chunk_id in ids:
+        yield chunk_shape(path, *chunks[chunk_id])
 
 
 @dataclass(frozen=True, slots=True)
 class _ReplaySpec:
+    """What every replay task needs (small: shipped with the task)."""
+
+    path: str
+    chunks: list[tuple[int, int]]
     members: dict[str, list[str]]
+    placement: dict[str, int]
     initial_version: int
     upgrades: list[Upgrade]
     window: tuple[int | None, int | None]
+    out_dir: str
+    buckets: Buckets
 
 
-def _replay_batches(
-    spec: _ReplaySpec, snapshot: Any, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    schema = to_arrow_schema(REPLAY_OUT_SCHEMA)
-    rows: list[dict[str, Any]] = []
-    field_of = {"messages": "message", "queue_rates": "rate", "consumers": "consumer"}
+class _TableWriter:
+    """One task's Parquet part file of one table, written in batches of BATCH_ROWS rows."""
+
+    def __init__(self, directory: Path, part: int, schema: pa.Schema) -> None:
+        self.final = directory / f"part-{part:05d}.parquet"
+        self.temp = directory / f".part-{part:05d}.parquet.{os.getpid()}.tmp"
+        self.schema = schema
+        self.rows: list[dict[str, Any]] = []
+        self.count = 0
+        self.writer = pq.ParquetWriter(str(self.temp), schema)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= BATCH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.writer.write_batch(pa.RecordBatch.from_pylist(self.rows, schema=self.schema))
+            self.count += len(self.rows)
+            self.rows = []
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+        os.replace(self.temp, self.final)  # a retried task replaces its part whole
+
+
+def _progress_file(out_dir: str, part: int) -> Path:
+    return Path(out_dir) / PROGRESS_DIR / f"part-{part:05d}"
+
+
+def _replay_task(
+    spec: _ReplaySpec, snapshot: Any, parts: Iterable[int]
+) -> Iterator[dict[str, Any]]:
+    """Stage 4 on an executor: one `_PartReplay` per part (slot) given to this task."""
     snapshot_fifo = snapshot.value if snapshot is not None else None
+    for part in parts:
+        yield _PartReplay(spec, snapshot_fifo, part).run()
 
-    def add(pairs: Iterator[tuple[str, dict[str, Any]]], replay: GroupReplay) -> None:
+
+class _PartReplay:
+    """Streams the whole log once and replays the groups placed on one part (each group in index
+    order, with its own upgrades), writing their rows straight to the tables' part files."""
+
+    def __init__(self, spec: _ReplaySpec, snapshot_fifo: bytes | None, part: int) -> None:
+        self.spec = spec
+        self.part = part
+        self.mine = [g for g, p in spec.placement.items() if p == part]
+        self.replays = {
+            g: GroupReplay(spec.members[g], spec.initial_version, snapshot_fifo, spec.window)
+            for g in self.mine
+        }
+        self.pending = {g: list(spec.upgrades) for g in self.mine}
+        self.group_of = {name: g for g in self.mine for name in spec.members[g]}
+        out = Path(spec.out_dir)
+        self.writers = {
+            t: _TableWriter(out / f"{t}.parquet", part, to_arrow_schema(schema))
+            for t, schema in TABLE_SCHEMAS.items()
+        }
+        self.states: list[dict[str, Any]] = []
+        self.progress = _progress_file(spec.out_dir, part)
+        self.facts = Facts(spec.buckets)
+        self.fold = {
+            "messages": self.facts.add_message,
+            "queue_rates": self.facts.add_rate,
+            "consumers": self.facts.add_consumer,
+        }
+
+    def take(self, group: str, pairs: Iterable[tuple[str, dict[str, Any]]]) -> None:
         for table, row in pairs:
             if table == "state":
-                row = {**row, **{k: replay.stats[k] for k in ("commands", "errors", "resyncs")}}
-                rows.append({"table": "state", "state": row})
+                stats = self.replays[group].stats
+                extra = {k: stats[k] for k in ("commands", "errors", "resyncs")}
+                self.states.append({**row, **extra})
             else:
-                rows.append({"table": table, field_of[table]: row})
+                self.writers[table].add(row)
+                self.fold[table](row)
 
-    def flush() -> Iterator[pa.RecordBatch]:
-        if rows:
-            yield pa.RecordBatch.from_pylist(rows, schema=schema)
-            rows.clear()
+    def run(self) -> dict[str, Any]:
+        spec, mine, replays, pending, group_of = (
+            self.spec, self.mine, self.replays, self.pending, self.group_of,
+        )  # fmt: skip
+        done = last_index = 0
+        for start, end in spec.chunks if mine else ():
+            for record in chunk_records(spec.path, start, end):
+                for index, term, ms, version, blob in record.get("commands", ()):
+                    if index <= last_index:
+                        raise ValueError(f"{spec.path}: command index {index} after {last_index}")
+                    last_index = index
+                    queue = fast_route(blob)[0]
+                    if queue is None:
+                        targets: list[str] | tuple[str] = mine
+                    elif queue in group_of:
+                        targets = (group_of[queue],)
+                    else:
+                        continue
+                    for group in targets:
+                        replay, ups = replays[group], pending[group]
+                        while ups and ups[0].index < index:
+                            replay.upgrade(ups.pop(0))
+                        replay.command(index, term, ms, version, blob)
+                        if replay.out:
+                            self.take(group, replay.drain())
+                    done += len(targets)
+            _write_progress(self.progress, done)
+        for group in mine:
+            for up in pending[group]:
+                replays[group].upgrade(up)
+            self.take(group, replays[group].finish())
+        rows = {}
+        for table, writer in self.writers.items():
+            writer.close()
+            rows[table] = writer.count
+        _write_progress(self.progress, done)
+        return {
+            "part": self.part,
+            "commands": done,
+            "rows": rows,
+            "states": self.states,
+            "facts": self.facts,
+        }
 
-    current: str | None = None
-    replay: GroupReplay | None = None
-    pending: list[Upgrade] = []
 
-    def finish() -> None:
-        assert replay is not None
-        for up in pending:
-            replay.upgrade(up)
-        add(replay.finish(), replay)
+def _write_progress(path: Path, done: int) -> None:
+    temp = path.with_suffix(f".{os.getpid()}.tmp")
+    temp.write_text(str(done))
+    os.replace(temp, path)
 
-    for batch in batches:
-        groups = batch.column("group").to_pylist()
-        indexes = batch.column("index").to_pylist()
-        terms = batch.column("term").to_pylist()
-        times = batch.column("ms").to_pylist()
-        versions = batch.column("version").to_pylist()
-        blobs = batch.column("blob").to_pylist()
-        for group, index, term, ms, version, blob in zip(
-            groups, indexes, terms, times, versions, blobs, strict=True
-        ):
-            if group != current:
-                if replay is not None:
-                    finish()
-                current = group
-                replay = GroupReplay(
-                    spec.members[group], spec.initial_version, snapshot_fifo, spec.window
-                )
-                pending = list(spec.upgrades)
-            assert replay is not None
-            while pending and pending[0].index < index:
-                replay.upgrade(pending.pop(0))
-            replay.command(index, term, ms, version, blob)
-            add(replay.drain(), replay)
-        yield from flush()
-    if replay is not None:
-        finish()
-    yield from flush()
+
+def _read_progress(out_dir: Path) -> int:
+    total = 0
+    for path in (out_dir / PROGRESS_DIR).glob("part-*[0-9]"):
+        with contextlib.suppress(OSError, ValueError):
+            total += int(path.read_text())
+    return total
+
+
+@contextlib.contextmanager
+def _replay_progress(say: _Progress, out_dir: Path, total: int) -> Iterator[None]:
+    """While the replay runs: commands replayed so far (from the tasks' progress files)."""
+    stop = threading.Event()
+
+    def poll() -> None:
+        last = -1
+        while not stop.wait(PROGRESS_INTERVAL_S):
+            done = _read_progress(out_dir)
+            if done != last:
+                say.say(f"replay: {done}/{total} commands ({done / max(1e-9, say.elapsed()):.0f}"
+                        " per s overall)")  # fmt: skip
+                last = done
+
+    thread = threading.Thread(target=poll, name="analyze-progress", daemon=True)
+    if say.stream is not None:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join()
 
 
 # --- driver ------------------------------------------------------------------------------------
@@ -192,105 +309,82 @@ def run_analysis(
         f"{len(plan.chunks)} chunks"
     )
     sc = spark.sparkContext
-    chunk_ids = spark.range(0, max(1, len(plan.chunks)), 1, max(1, len(plan.chunks)))
     path, chunks = plan.path, list(plan.chunks)
-    parsed = chunk_ids.mapInArrow(
-        lambda batches: _parse_batches(path, chunks, batches), PARSED_SCHEMA
-    ).persist(StorageLevel.DISK_ONLY)
-    try:
-        return _analyse(spark, config, plan, parsed, say)
-    finally:
-        parsed.unpersist()
-        del sc
-
-
-def _analyse(
-    spark: SparkSession, config: AnalyzeConfig, plan: LogPlan, parsed: DataFrame, say: _Progress
-) -> dict[str, Any]:
-    out = config.out_dir
     with report_progress(spark, "analyze: parse", say.stream):
-        shape = parsed.groupBy("kind", "queue", "target").count().collect()
+        shapes = (
+            sc.parallelize(range(len(chunks)), max(1, len(chunks)))
+            .mapPartitions(lambda ids: _shape_task(path, chunks, ids))
+            .collect()
+        )
+    shape: Shape = {}
+    for part in shapes:
+        for key, count in part.items():
+            shape[key] = shape.get(key, 0) + count
     groups = Groups()
     sizes: dict[str, int] = {}
-    global_rows = 0
-    for row in shape:
-        if row["queue"] is None:
-            global_rows += row["count"] if row["kind"] == "cmd" else 0
+    global_rows = shape.get(("cmd", None, None), 0)
+    for kind, queue, target in shape:
+        if queue is None:
             continue
-        groups.find(row["queue"])
-        if row["kind"] == "link" and row["target"] is not None:
-            groups.link(row["queue"], row["target"])
+        groups.find(queue)
+        if kind == "link" and target is not None:
+            groups.link(queue, target)
     members = groups.members()
     group_of = {name: rep for rep, names in members.items() for name in names}
-    for row in shape:
-        if row["kind"] == "cmd" and row["queue"] is not None:
-            rep = group_of[row["queue"]]
-            sizes[rep] = sizes.get(rep, 0) + row["count"] + global_rows
-    parallelism = spark.sparkContext.defaultParallelism
-    slots = max(1, min(len(members), 2 * parallelism))
+    for (kind, queue, _), count in shape.items():
+        if kind == "cmd" and queue is not None:
+            rep = group_of[queue]
+            sizes[rep] = sizes.get(rep, 0) + count
+    sizes = {rep: size + global_rows for rep, size in sizes.items()}
+    slots = max(1, min(len(members), sc.defaultParallelism))
     placement = place(sizes, slots)
-    parsed_commands = sum(r["count"] for r in shape if r["kind"] == "cmd")
+    parsed_commands = sum(c for (kind, _, _), c in shape.items() if kind == "cmd")
     say.done(
         f"parsed {parsed_commands} commands of {len(group_of)} queues into {len(members)} replay "
-        f"groups on {slots} partitions"
+        f"groups on {slots} tasks"
     )
-    keys = partition_keys(slots)  # hash partitioning then puts each group where LPT placed it
-    mapping = spark.createDataFrame(
-        [(name, rep, keys[placement[rep]]) for name, rep in group_of.items()],
-        "queue string, group string, part int",
-    )
-    group_df = mapping.select("group", "part").distinct()
-    commands = parsed.filter(F.col("kind") == "cmd")
-    routed = commands.filter(F.col("queue").isNotNull()).join(F.broadcast(mapping), "queue")
-    everywhere = commands.filter(F.col("queue").isNull()).crossJoin(F.broadcast(group_df))
-    columns = ["part", "group", "index", "term", "ms", "version", "blob"]
-    ordered = (
-        routed.select(*columns)
-        .unionByName(everywhere.select(*columns))
-        .repartition(slots, "part")
-        .sortWithinPartitions("group", "index")
-    )
-    spec = _ReplaySpec(members, plan.initial_version, list(plan.upgrades), config.window)
-    snapshot = (
-        spark.sparkContext.broadcast(plan.snapshot_fifo) if plan.snapshot_fifo is not None else None
-    )
-    replayed = ordered.mapInArrow(
-        lambda batches: _replay_batches(spec, snapshot, batches), REPLAY_OUT_SCHEMA
-    ).persist(StorageLevel.DISK_ONLY)
     paths = {t: out / f"{t}.parquet" for t in TABLES}
+    for table in TABLES:
+        shutil.rmtree(paths[table], ignore_errors=True)
+        paths[table].mkdir(parents=True)
+    shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
+    (out / PROGRESS_DIR).mkdir()
+    buckets = plot_buckets(plan)
+    spec = _ReplaySpec(
+        path, chunks, members, placement, plan.initial_version, list(plan.upgrades),
+        config.window, str(out), buckets,
+    )  # fmt: skip
+    snapshot = sc.broadcast(plan.snapshot_fifo) if plan.snapshot_fifo is not None else None
     try:
-        with report_progress(spark, "analyze: replay", say.stream):
-            frames = {
-                "messages": replayed.filter(F.col("table") == "messages").select("message.*"),
-                "queue_rates": replayed.filter(F.col("table") == "queue_rates").select("rate.*"),
-                "consumers": replayed.filter(F.col("table") == "consumers").select("consumer.*"),
-            }
-            frames["messages"].write.mode("overwrite").parquet(str(paths["messages"]))
-        say.done(f"replayed {len(members)} groups into {paths['messages']}")
-        with report_progress(spark, "analyze: write", say.stream):
-            for table in ("queue_rates", "consumers"):
-                frames[table].write.mode("overwrite").parquet(str(paths[table]))
-            states = [
-                row.asDict() for row in replayed.filter(F.col("table") == "state")
-                .select("state.*").collect()
-            ]  # fmt: skip
-        verify = _verify(plan, states)
-        messages = spark.read.schema(MESSAGE_SCHEMA).parquet(str(paths["messages"]))
-        rates = spark.read.schema(RATE_SCHEMA).parquet(str(paths["queue_rates"]))
-        consumers = spark.read.schema(CONSUMER_SCHEMA).parquet(str(paths["consumers"]))
-        latency = latency_table(messages).collect()
-        spark.createDataFrame(latency, LATENCY_SCHEMA).coalesce(1).write.mode("overwrite").parquet(
-            str(paths["latency"])
-        )
-        facts = _facts(plan, messages, rates, consumers, latency)
+        with _replay_progress(say, out, sum(sizes.values())):
+            results = (
+                sc.parallelize(range(slots), slots)
+                .mapPartitions(lambda parts: _replay_task(spec, snapshot, parts))
+                .collect()
+            )
     finally:
-        replayed.unpersist()
         if snapshot is not None:
             snapshot.unpersist()
+        shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
+    states = [state for result in results for state in result["states"]]
+    written = {t: sum(r["rows"][t] for r in results) for t in TABLE_SCHEMAS}
     say.done(
-        f"wrote {facts['totals'].get('messages', 0)} messages, "
-        f"{facts['consumers'].get('consumers', 0)} consumers, {len(latency)} latency rows "
-        f"under {out}"
+        f"replayed {len(members)} groups: " + ", ".join(f"{n} {t} rows" for t, n in written.items())
+    )
+    verify = _verify(plan, states)
+    merged = Facts(spec.buckets)
+    for result in results:
+        merged.merge(result["facts"])
+    latency = merged.latency_rows()
+    paths["latency"].mkdir(parents=True, exist_ok=True)
+    pq.write_table(
+        pa.Table.from_pylist(latency, schema=to_arrow_schema(LATENCY_SCHEMA)),
+        str(paths["latency"] / "part-00000.parquet"),
+    )
+    facts = merged.report() | {"bucket_s": spec.buckets.bucket, "latency": latency}
+    say.done(
+        f"wrote {facts['totals']['messages']} messages, {facts['consumers']['consumers']} "
+        f"consumers, {len(latency)} latency rows under {out}"
     )
     summary = _summary(spark, config, plan, members, facts, verify, say.elapsed())
     summary["outputs"] = {t: str(p) for t, p in paths.items()}
@@ -301,6 +395,12 @@ def _analyse(
     summary["outputs"]["summary"] = str(out / "summary.json")
     say.done(f"report {out / 'report.md'} ({summary['elapsed_s']} s)")
     return summary
+
+
+def plot_buckets(plan: LogPlan) -> Buckets:
+    """At most PLOT_POINTS_MAX buckets of whole seconds over the log's time span."""
+    lo, hi = (plan.first_ms or 0) // 1000, plan.last_ms // 1000
+    return Buckets(lo, max(1, -(-(hi - lo + 1) // PLOT_POINTS_MAX)))
 
 
 def _verify(plan: LogPlan, states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -318,100 +418,6 @@ def _verify(plan: LogPlan, states: list[dict[str, Any]]) -> dict[str, Any]:
         "log_fifo_digest": expected,
         "equal": digest == expected,
         "resyncs": resyncs,
-    }
-
-
-def latency_table(messages: DataFrame) -> DataFrame:
-    """Publish -> first delivery and publish -> ack percentiles per queue and over all (`*`)."""
-    published = messages.filter(F.col("enqueue_ms").isNotNull())
-    first = published.filter(F.col("first_delivery_ms").isNotNull()).select(
-        "queue", F.lit("first_delivery").alias("measure"),
-        (F.col("first_delivery_ms") - F.col("enqueue_ms")).alias("ms"),
-    )  # fmt: skip
-    acked = published.filter(F.col("outcome") == "acked").select(
-        "queue", F.lit("ack").alias("measure"),
-        (F.col("settle_ms") - F.col("enqueue_ms")).alias("ms"),
-    )  # fmt: skip
-    both = first.unionByName(acked)
-    every = both.withColumn("queue", F.lit("*")).unionByName(both)
-    return (
-        every.groupBy("queue", "measure")
-        .agg(
-            F.count("ms").alias("count"),
-            F.percentile("ms", 0.5).alias("p50_ms"),
-            F.percentile("ms", 0.9).alias("p90_ms"),
-            F.percentile("ms", 0.99).alias("p99_ms"),
-            F.max("ms").alias("max_ms"),
-        )
-        .select([F.col(f.name).cast(f.dataType) for f in LATENCY_SCHEMA.fields])
-    )
-
-
-OUTCOMES = ("acked", "dead_lettered", "discarded", "expired", "dropped")
-
-
-def _facts(
-    plan: LogPlan,
-    messages: DataFrame,
-    rates: DataFrame,
-    consumers: DataFrame,
-    latency: list[Any],
-) -> dict[str, Any]:
-    """Small aggregates for the report and plots (collected; bounded in size)."""
-    outcome = F.col("outcome")
-    totals = messages.agg(
-        F.count("*").alias("messages"),
-        F.sum(F.when(F.col("source") == "publish", 1).otherwise(0)).alias("published"),
-        F.sum("delivery_count").alias("deliveries"),
-        F.sum("returns").alias("returns"),
-        F.sum("timeouts").alias("timeouts"),
-        F.sum("consumer_gone").alias("consumer_gone"),
-        F.sum("modified").alias("modified"),
-        *(F.sum(F.when(outcome == name, 1).otherwise(0)).alias(name) for name in OUTCOMES),
-        F.sum(F.when(outcome.isNull(), 1).otherwise(0)).alias("queued"),
-    ).first()
-    consumer_totals = consumers.agg(
-        F.count("*").alias("consumers"),
-        F.sum("timeouts").alias("timeouts"),
-        F.sum("handovers_in").alias("handovers"),
-        F.sum("sac_activations").alias("sac_activations"),
-    ).first()
-    lo = (plan.first_ms or 0) // 1000
-    hi = plan.last_ms // 1000
-    bucket = max(1, -(-(hi - lo + 1) // PLOT_POINTS_MAX))
-    series = (
-        rates.withColumn("t", F.floor((F.col("second") - lo) / bucket) * bucket + lo)
-        .groupBy("t")
-        .agg(
-            *(F.sum(c).alias(c) for c in ("published", "delivered", "acked", "returned",
-                                          "dead_lettered")),
-            F.max("ready").alias("ready_max"),
-            F.max("checked_out").alias("checked_out_max"),
-        )
-        .orderBy("t")
-        .collect()
-    )  # fmt: skip
-    histogram = (
-        messages.filter((outcome == "acked") & F.col("enqueue_ms").isNotNull())
-        .select(F.floor(F.log2(F.col("settle_ms") - F.col("enqueue_ms") + 1)).alias("bin"))
-        .groupBy("bin")
-        .count()
-        .orderBy("bin")
-        .collect()
-    )
-    counted = {k: int(v or 0) for k, v in (totals.asDict() if totals else {}).items()}
-    outcomes = {name: counted.pop(name, 0) for name in OUTCOMES}
-    outcomes["queued"] = counted.pop("queued", 0)
-    return {
-        "outcomes": outcomes,
-        "totals": counted,
-        "consumers": {
-            k: int(v or 0) for k, v in (consumer_totals.asDict() if consumer_totals else {}).items()
-        },
-        "bucket_s": bucket,
-        "series": [r.asDict() for r in series],
-        "ack_histogram": [(int(r["bin"]), int(r["count"])) for r in histogram],
-        "latency": sorted((r.asDict() for r in latency), key=lambda r: (r["queue"], r["measure"])),
     }
 
 

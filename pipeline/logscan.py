@@ -2,8 +2,9 @@
 
 The driver walks the file once (`scan_log`): it keeps only the header, the snapshot record, the
 upgrade points (with the exact time the cluster applied them) and byte offsets that cut the file
-into chunks at record boundaries. Executors then decode the chunks in parallel (`parse_chunk`),
-never holding more than one record; the driver never holds the commands.
+into chunks at record boundaries. Executors then count the chunks in parallel (`chunk_shape`)
+and stream them again to replay (`chunk_records`, `fast_route`), never holding more than one
+record; the driver never holds the commands.
 """
 
 from __future__ import annotations
@@ -221,19 +222,79 @@ def route(blob: bytes) -> tuple[str | None, str | None, bool]:
     return queue, None, False
 
 
-def parse_chunk(path: str, start: int, end: int) -> Iterator[ParsedRow]:
-    """Rows of one chunk: ("cmd", queue|None, None, index, term, ms, version, blob) per
-    command, and ("link", queue, target, ...) per dead-letter link a config sets."""
+_HEAD_BYTES = {24: 1, 25: 2, 26: 4, 27: 8}
+
+
+def _head(blob: bytes, pos: int) -> tuple[int, int, int]:
+    """(major type, argument, next position) of the CBOR item head at `pos`; argument -1 for
+    an indefinite length (or a reserved value)."""
+    first = blob[pos]
+    info = first & 31
+    if info < 24:
+        return first >> 5, info, pos + 1
+    size = _HEAD_BYTES.get(info)
+    if size is None or pos + 1 + size > len(blob):
+        return first >> 5, -1, pos + 1
+    return first >> 5, int.from_bytes(blob[pos + 1 : pos + 1 + size], "big"), pos + 1 + size
+
+
+def fast_route(blob: bytes) -> tuple[str | None, int | None]:
+    """(queue, tag) of an encoded command from its first bytes only: a command is a tag whose
+    first field is its queue's name, so the heads of the tag, the array and the text are enough.
+    Anything else (a cluster-wide command, another shape) goes through `route`, so the queue is
+    `route`'s for every blob `fifo.decode` accepts (a blob that is valid only up to the queue name
+    is routed to that queue's group, whose replay refuses it as every group's would)."""
+    try:
+        major, tag, pos = _head(blob, 0)
+        if major == 6 and tag >= 0 and tag not in GLOBAL_TAGS:
+            major, length, pos = _head(blob, pos)
+            if major == 4 and length > 0:
+                major, size, pos = _head(blob, pos)
+                if major == 3 and size >= 0 and pos + size <= len(blob):
+                    return blob[pos : pos + size].decode("utf-8"), tag
+    except (IndexError, UnicodeDecodeError):
+        pass
+    return route(blob)[0], None
+
+
+def chunk_records(path: str, start: int, end: int) -> Iterator[dict[str, Any]]:
+    """The command-carrying records ("cmds", "hello") of one chunk, one at a time."""
     with open(path, "rb") as stream:
         stream.seek(start)
         decoder = cbor2.CBORDecoder(stream)
         while stream.tell() < end:
             record = decoder.decode()
-            if record.get("t") not in ("cmds", "hello"):
-                continue
-            for index, term, ms, version, blob in record.get("commands", ()):
+            if record.get("t") in ("cmds", "hello"):
+                yield record
+
+
+def chunk_shape(path: str, start: int, end: int) -> dict[tuple[str, str | None, str | None], int]:
+    """Counts of one chunk, without keeping any command: ("cmd", queue|None, None) per routed
+    command and ("link", queue, target) per dead-letter link a config command sets."""
+    counts: dict[tuple[str, str | None, str | None], int] = {}
+    for record in chunk_records(path, start, end):
+        for command in record.get("commands", ()):
+            queue, tag = fast_route(command[4])
+            key: tuple[str, str | None, str | None] = ("cmd", queue, None)
+            counts[key] = counts.get(key, 0) + 1
+            if tag is None or tag in CONFIG_TAGS:
+                queue, target, config = route(command[4])
+                if config:
+                    key = ("link", queue, target)
+                    counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def parse_chunk(path: str, start: int, end: int) -> Iterator[ParsedRow]:
+    """Rows of one chunk, routed as the replay tasks route them: ("cmd", queue|None, None,
+    index, term, ms, version, blob) per command, and ("link", queue, target, ...) per
+    dead-letter link a config command sets."""
+    for record in chunk_records(path, start, end):
+        for index, term, ms, version, blob in record.get("commands", ()):
+            queue, tag = fast_route(blob)
+            yield ("cmd", queue, None, int(index), int(term), int(ms), int(version), blob)
+            if tag is None or tag in CONFIG_TAGS:
                 queue, target, config = route(blob)
-                yield ("cmd", queue, None, int(index), int(term), int(ms), int(version), blob)
                 if config:
                     yield ("link", queue, target, int(index), 0, 0, 0, None)
 
@@ -282,33 +343,3 @@ def place(sizes: dict[str, int], slots: int) -> dict[str, int]:
         out[group] = slot
         loads[slot] += size
     return out
-
-
-_M32 = 0xFFFFFFFF
-
-
-def _rotl(x: int, r: int) -> int:
-    return ((x << r) | (x >> (32 - r))) & _M32
-
-
-def spark_int_hash(value: int, seed: int = 42) -> int:
-    """Spark's Murmur3 hash of an IntegerType value (what `repartition(n, col)` uses)."""
-    k1 = _rotl((value & _M32) * 0xCC9E2D51 & _M32, 15) * 0x1B873593 & _M32
-    h1 = (_rotl(seed ^ k1, 13) * 5 + 0xE6546B64) & _M32
-    h1 ^= 4
-    h1 ^= h1 >> 16
-    h1 = h1 * 0x85EBCA6B & _M32
-    h1 ^= h1 >> 13
-    h1 = h1 * 0xC2B2AE35 & _M32
-    h1 ^= h1 >> 16
-    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
-
-
-def partition_keys(slots: int) -> list[int]:
-    """For each partition p < slots, an int key that Spark's hash partitioning sends to p."""
-    keys: dict[int, int] = {}
-    candidate = 0
-    while len(keys) < slots:
-        keys.setdefault(spark_int_hash(candidate) % slots, candidate)
-        candidate += 1
-    return [keys[p] for p in range(slots)]

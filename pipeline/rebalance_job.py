@@ -93,11 +93,21 @@ def _run_partition(cases: Iterable[Case]) -> Iterator[tuple[Any, ...]]:
             yield tuple(row[n] for n in names)
 
 
+def _run_slices(cases: list[Case], slices: int, ids: Iterable[int]) -> Iterator[tuple[Any, ...]]:
+    for i in ids:
+        yield from _run_partition(cases[i::slices])
+
+
 def run_grid(spark: SparkSession, grid: Grid, partitions: int) -> DataFrame:
-    """Run every case on the executors (round-robin over `partitions` slices)."""
+    """Run every case on the executors, dealt round-robin over `partitions` tasks (0: one task
+    per case): task i runs cases i, i + partitions, ...; tasks start in order and the cases
+    are sorted costliest first, so no task holds all the costliest cases and they start first."""
     cases = grid.cases()
-    rdd = spark.sparkContext.parallelize(cases, max(1, min(partitions, len(cases))))
-    return spark.createDataFrame(rdd.mapPartitions(_run_partition), RESULT_SCHEMA)
+    slices = len(cases) if partitions <= 0 else max(1, min(partitions, len(cases)))
+    rdd = spark.sparkContext.parallelize(range(slices), slices)
+    return spark.createDataFrame(
+        rdd.mapPartitions(lambda ids: _run_slices(cases, slices, ids)), RESULT_SCHEMA
+    )
 
 
 def summarize(runs: DataFrame) -> dict[str, Any]:

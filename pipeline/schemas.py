@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pyspark.sql.types import (
     ArrayType,
-    BinaryType,
     BooleanType,
     DoubleType,
     IntegerType,
@@ -73,21 +72,6 @@ UPGRADE_PROFILE_SCHEMA = StructType(
 
 # --- pipeline analyze ------------------------------------------------------------------------
 
-# Executors' decode of one log chunk: a command routed to its queue (null: cluster-wide) or a
-# dead-letter link (`target`) set by a declare / config update.
-PARSED_SCHEMA = StructType(
-    [
-        StructField("kind", StringType(), nullable=False),  # cmd | link
-        StructField("queue", StringType(), nullable=True),
-        StructField("target", StringType(), nullable=True),
-        StructField("index", LongType(), nullable=False),  # the command's meta index
-        StructField("term", LongType(), nullable=False),
-        StructField("ms", LongType(), nullable=False),  # the meta time it was applied with
-        StructField("version", IntegerType(), nullable=False),
-        StructField("blob", BinaryType(), nullable=True),  # fifo.encode of the command
-    ]
-)
-
 DELIVERY_SCHEMA = StructType(
     [
         StructField("consumer", StringType(), nullable=False),
@@ -154,29 +138,6 @@ CONSUMER_SCHEMA = StructType(
         StructField("handovers_out", LongType(), nullable=False),
         StructField("sac_active_ms", LongType(), nullable=False),
         StructField("cancel_reason", StringType(), nullable=True),
-    ]
-)
-
-# One row per replayed group: its final state (to check the replay against the log's digest).
-GROUP_STATE_SCHEMA = StructType(
-    [
-        StructField("snapshot", BinaryType(), nullable=False),
-        StructField("order", ArrayType(StringType(), containsNull=False), nullable=False),
-        StructField("keys", ArrayType(LongType(), containsNull=False), nullable=False),
-        StructField("commands", LongType(), nullable=False),
-        StructField("errors", LongType(), nullable=False),
-        StructField("resyncs", LongType(), nullable=False),
-    ]
-)
-
-# What the replay emits: one of the structs per row, named by `table`.
-REPLAY_OUT_SCHEMA = StructType(
-    [
-        StructField("table", StringType(), nullable=False),
-        StructField("message", MESSAGE_SCHEMA, nullable=True),
-        StructField("rate", RATE_SCHEMA, nullable=True),
-        StructField("consumer", CONSUMER_SCHEMA, nullable=True),
-        StructField("state", GROUP_STATE_SCHEMA, nullable=True),
     ]
 )
 

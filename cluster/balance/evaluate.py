@@ -73,14 +73,16 @@ def _allocate(name: str, config: SimConfig) -> dict[str, object]:
         nxt = strategy(queues, members, current)
         seconds += time.perf_counter() - started
         moved += sticky.moves(current, nxt)
+        owners_before = _owners(current)  # once per change, not once per queue
         for q, owner in _owners(nxt).items():
-            if _owners(current).get(q) != owner:
+            if owners_before.get(q) != owner:
                 per_queue[q] += 1
         current = nxt
     handoffs = sum(max(0, n - 1) for n in per_queue.values())
     counts = [len(current.get(m, ())) for m in members] or [0]
-    alive = [q for q, owner in _owners(before).items() if owner in members]
-    kept = sum(1 for q in alive if _owners(current).get(q) == _owners(before)[q])
+    owners_first, owners_last = _owners(before), _owners(current)
+    alive = [q for q, owner in owners_first.items() if owner in members]
+    kept = sum(1 for q in alive if owners_last.get(q) == owners_first[q])
     last = changes[-1][0] if changes else 0
     return {
         "converged": True,

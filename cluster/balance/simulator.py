@@ -144,6 +144,12 @@ class Simulation:
         self.decisions = 0
         self.crashed = False  # only then can timers fire: skip the scan for deadlines before
         self.timer_at: int | None = None
+        # next_deadline_ms is a minimum over queues: keep each queue's, recompute the touched
+        # ones only (a one-queue probe state answers for one queue)
+        self.deadlines: dict[str, int] = {}
+        self.probe = fifo.init_state(2)
+        self.changes = 0  # bumped whenever an active holder or the live set changes
+        self.converged_at: tuple[int, bool] | None = None
         self.decided: dict[tuple[int, str], str | None] = {}
         cfg = QueueConfig(
             single_active_consumer=True, disconnected_timeout_ms=config.disconnected_timeout_ms
@@ -161,10 +167,18 @@ class Simulation:
         if isinstance(reply, Error):
             raise AssertionError(f"the machine refused {command!r}: {reply!r}")
         queue = getattr(command, "queue", None)
-        for q in [queue] if isinstance(queue, str) else self.queues:
+        touched = [queue] if isinstance(queue, str) else self.queues
+        for q in touched:
             self.refresh(q)
         if self.crashed:
-            self.timer_at = fifo.next_deadline_ms(self.state)
+            for q in touched:
+                self.probe.queues = {q: self.state.queues[q]}
+                deadline = fifo.next_deadline_ms(self.probe)
+                if deadline is None:
+                    self.deadlines.pop(q, None)
+                else:
+                    self.deadlines[q] = deadline
+            self.timer_at = min(self.deadlines.values()) if self.deadlines else None
 
     def refresh(self, q: str) -> None:
         holder = None
@@ -174,6 +188,7 @@ class Simulation:
                 holder = app_of(GROUP, c.tag)
         before = self.active[q]
         if holder != before:
+            self.changes += 1
             self.active[q] = holder
             self.last_change = self.now
             if holder is not None:
@@ -216,6 +231,7 @@ class Simulation:
         number = len(self.apps) + 1
         app = _App(name, f"{self.now:09d}.{name}", ConnectionId(name, 0, number))
         self.apps[name] = app
+        self.changes += 1
         for q in self.rng.sample(self.queues, len(self.queues)):
             self.subscribe(app, q)
         self.snapshot()
@@ -253,6 +269,7 @@ class Simulation:
     def leave(self, name: str, reason: Literal["normal", "noconnection"]) -> None:
         app = self.apps[name]
         app.live = False
+        self.changes += 1
         self.crashed = self.crashed or reason == "noconnection"
         self.apply(ConnectionDown(app.connection, reason))
         self.snapshot()
@@ -260,6 +277,13 @@ class Simulation:
     # --- running ---------------------------------------------------------------------------
 
     def converged(self) -> bool:
+        """Every queue held by a live app, counts differing by at most one (cached until a
+        holder or the live set changes)."""
+        if self.converged_at is None or self.converged_at[0] != self.changes:
+            self.converged_at = (self.changes, self._converged())
+        return self.converged_at[1]
+
+    def _converged(self) -> bool:
         live = {a.app_id for a in self.apps.values() if a.live}
         if not live:
             return True  # nobody left to balance over (the last app left or crashed)

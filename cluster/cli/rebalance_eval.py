@@ -34,10 +34,11 @@ CASES_MAX = 100_000
 )
 @click.option(
     "--partitions",
-    type=click.IntRange(1, 10_000),
-    default=64,
+    type=click.IntRange(0, 10_000),
+    default=0,
     show_default=True,
-    help="Slices the cases are spread over.",
+    help="Tasks the cases are dealt over, round-robin; 0: one task per case (the costliest "
+    "start first, the cheap ones fill the gaps).",
 )
 @click.pass_context
 def rebalance_eval(

@@ -68,6 +68,11 @@ class StandaloneCluster:
 
     def start(self, timeout_s: float = 60.0) -> StandaloneCluster:
         """Start both daemons and wait until the worker registered with the master."""
+        self.launch()
+        return self.wait_ready(timeout_s)
+
+    def launch(self) -> StandaloneCluster:
+        """Start both daemons without waiting (the caller can work while the JVMs boot)."""
         for sub in ("logs", "work", "scratch", "pids"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         try:
@@ -80,6 +85,14 @@ class StandaloneCluster:
                 "--cores", str(self.cores), "--memory", self.memory,
                 "--work-dir", str(self.root / "work"), "--webui-port", str(self.worker_ui_port),
             )  # fmt: skip
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> StandaloneCluster:
+        """Wait until the worker registered with the master (stops both if it does not)."""
+        try:
             self._wait_for_worker(timeout_s)
         except BaseException:
             self.stop()

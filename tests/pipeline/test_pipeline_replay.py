@@ -27,11 +27,10 @@ from pipeline.logscan import (
     Groups,
     LogScanError,
     parse_chunk,
-    partition_keys,
     pick_log,
+    place,
     route,
     scan_log,
-    spark_int_hash,
 )
 from pipeline.replay import GroupReplay, Upgrade, merged_digest
 from pipeline.workload import write_log
@@ -101,7 +100,7 @@ def test_route_names_the_queue_the_dead_letter_link_and_cluster_wide_commands() 
     assert route(b"\xff garbage")[0] is None
 
 
-def test_groups_join_dead_letter_chains_and_placement_keys_hit_every_partition() -> None:
+def test_groups_join_dead_letter_chains_and_placement_is_largest_first() -> None:
     groups = Groups()
     for a, b in (("a", "dlq"), ("b", "dlq"), ("c", "c2"), ("c2", "c3")):
         groups.link(a, b)
@@ -109,9 +108,8 @@ def test_groups_join_dead_letter_chains_and_placement_keys_hit_every_partition()
     assert sorted(map(sorted, groups.members().values())) == [
         ["a", "b", "dlq"], ["alone"], ["c", "c2", "c3"],
     ]  # fmt: skip
-    for slots in (1, 2, 3, 8):
-        keys = partition_keys(slots)
-        assert [spark_int_hash(k) % slots for k in keys] == list(range(slots))
+    placed = place({"a": 10, "b": 6, "c": 5, "d": 1}, 2)
+    assert placed == {"a": 0, "b": 1, "c": 1, "d": 0}
 
 
 def test_a_generated_log_scans_in_chunks_and_replays_to_its_end_digest(tmp_path: Path) -> None:

@@ -56,7 +56,13 @@ def test_fuzz_and_analyze_on_a_standalone_cluster_equal_local_mode(
     log = tmp_path / "workload.log"
     write_log(log, 1_200_000, seed=3, services=3)  # 3 groups, 2 chunks of 1 MiB
     remote, local = tmp_path / "remote", tmp_path / "local"
-    with StandaloneCluster(tmp_path / "spark") as standalone:
+    # the daemons boot while the local[2] reference runs (JVM start-up is most of the wait)
+    standalone = StandaloneCluster(tmp_path / "spark").launch()
+    try:
+        run_local("pipeline", "fuzz", *FUZZ, "--master", "local[2]", "--out", str(local / "fuzz"))
+        run_local("pipeline", "analyze", "--log", str(log), "--out", str(local / "analyze"),
+                  "--master", "local[2]", "--chunk-mib", "1")  # fmt: skip
+        standalone.wait_ready()
         env = standalone.env()
         env["PYSPARK_PYTHON"] = str(isolated_python(tmp_path))
         done = subprocess.run(
@@ -65,12 +71,10 @@ def test_fuzz_and_analyze_on_a_standalone_cluster_equal_local_mode(
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:] + standalone.output()
+    finally:
+        standalone.stop()
     where = json.loads(done.stdout.split("EXECUTOR_FIFO=")[1])
     assert "quorumq-packages.zip" in where  # executors import quorumq from the shipped zip
-
-    run_local("pipeline", "fuzz", *FUZZ, "--master", "local[2]", "--out", str(local / "fuzz"))
-    run_local("pipeline", "analyze", "--log", str(log), "--out", str(local / "analyze"),
-              "--master", "local[2]", "--chunk-mib", "1")  # fmt: skip
 
     remote_fuzz = json.loads((remote / "fuzz" / "summary.json").read_text())
     assert remote_fuzz["master"] == standalone.url
