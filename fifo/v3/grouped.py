@@ -61,6 +61,19 @@ def group_limit_error(q: Queue) -> Error:
                  "some groups are settled or purged")  # fmt: skip
 
 
+def _one_short_pair(anns: object) -> bool:
+    """The common annotations of a grouped publish, valid for sure: one (key, short text) pair
+    (63 characters are at most 252 UTF-8 bytes, below annotation_bytes_max)."""
+    if type(anns) is not tuple or len(anns) != 1:
+        return False
+    pair = anns[0]
+    if type(pair) is not tuple or len(pair) != 2:
+        return False
+    k, value = pair
+    return (type(k) is str and 0 < len(k) <= 63 and type(value) is str
+            and len(value) <= 63)  # fmt: skip
+
+
 class GroupedQueue(QueueMachineV2):
     """v2's per-queue handlers, with message groups for queues declared grouped."""
 
@@ -83,8 +96,9 @@ class GroupedQueue(QueueMachineV2):
     def left(self, q: Queue, gr: Grouping, c: Consumer, m: Message) -> None:
         """A message of `c` was settled, returned or dead-lettered: the group may be freed."""
         g = gr.groups[m.group]
-        g.checked_out -= 1
-        if g.checked_out == 0 and not self.sticky(q, c):
+        n = g.checked_out - 1
+        g.checked_out = n
+        if n == 0 and (gr.config.policy == "sequenced" or not self.sticky(q, c)):
             G.release(gr, g)
         else:
             G.tidy(gr, g)
@@ -334,23 +348,51 @@ class GroupedQueue(QueueMachineV2):
         gr = q.grouping
         if gr is None:
             return super().settle(ctx, q, cmd)
-        c, err = self.find_key(q, cmd.consumer_key)
+        key = cmd.consumer_key
+        c = q.consumers.get(key) if type(key) is int else None
         if c is None:
-            return err or unknown_consumer(cmd.consumer_key)
+            c, err = self.find_key(q, key)
+            if c is None:
+                return err or unknown_consumer(key)
         ids = cmd.msg_ids
-        if msg := v.msg_ids_error(ids):
+        fast_ids = type(ids) is tuple and len(ids) == 1 and type(ids[0]) is int and ids[0] >= 0
+        if not fast_ids and (msg := v.msg_ids_error(ids)):
             return invalid(msg)
         if c.timed_out:
             self.untimeout(q, c, ids)
         n = 0
+        checked_out, groups, owner = c.checked_out, gr.groups, c.key
+        plain = gr.config.policy == "sequenced"
         for i in ids:
-            m = c.checked_out.pop(i, None)
-            if m is not None:
-                n += 1
-                q.bytes_checkout -= len(m.body)
+            m = checked_out.pop(i, None)
+            if m is None:
+                continue
+            n += 1
+            q.bytes_checkout -= len(m.body)
+            g = groups[m.group]
+            if (plain and g.checked_out == 1 and g.owner == owner and not g.returns
+                    and not g.ready):  # fmt: skip
+                # the common case of `left`, inlined: the last held message of a group with
+                # nothing waiting: the group is free and empty, so it is no longer tracked
+                g.checked_out = 0
+                owned = gr.by_owner[owner]
+                del owned[g.gid]
+                if not owned:
+                    del gr.by_owner[owner]
+                del groups[g.gid]
+                if gr.idle:
+                    gr.idle.pop(g.gid, None)
+            else:
                 self.left(q, gr, c, m)
         q.messages_total -= n
-        self.consumer_done(ctx, q, c, n)
+        if c.status == "up" and not c.once and not c.credited and q.consumers.get(c.key) is c:
+            if n:  # a plain consumer acked (as v2's fast path): refill credit, hand out more
+                c.credit = min(c.prefetch, c.credit + n)
+            if not c.in_service:
+                self.service_add(q, c)
+            self.after_change(ctx, q)
+        else:
+            self.consumer_done(ctx, q, c, n)
         return OK
 
     # --- consumers leaving ---------------------------------------------------------------------
@@ -443,7 +485,7 @@ class GroupedQueue(QueueMachineV2):
     def enqueue_annotated(self, ctx: Ctx, q: Queue, cmd: AnnotatedEnqueue) -> Reply:
         """A publish with annotations; a grouped queue reads the message's group from them."""
         anns = cmd.annotations
-        if msg := v.annotations_error(anns):
+        if not _one_short_pair(anns) and (msg := v.annotations_error(anns)):
             return invalid(msg)
         if q.grouping is None and not anns:
             return super().enqueue(ctx, q, cmd)
@@ -459,7 +501,8 @@ class GroupedQueue(QueueMachineV2):
             return invalid("ttl_ms out of range")
         gr = q.grouping
         gid = None if gr is None else G.group_of(gr.config, anns)
-        if gr is not None and not G.has_room(gr, gid, limits.groups_per_queue_max):
+        if (gr is not None and gid not in gr.groups
+                and not G.has_room(gr, gid, limits.groups_per_queue_max)):  # fmt: skip
             return group_limit_error(q)
         if cmd.enqueuer is not None or cmd.seq is not None:
             reply = self.track_enqueue(ctx, q, cmd)
@@ -474,6 +517,10 @@ class GroupedQueue(QueueMachineV2):
             q.ready.append(m)
             q.messages_total += 1
             q.bytes_ready += len(body)
+        elif q.service and self.hand_over(ctx, q, gr, m, gid):
+            if q.blocked_count or cfg.max_length is not None or cfg.max_bytes is not None:
+                self.evaluate_limit(ctx, q)
+            return OK
         else:
             self.store_grouped(ctx, q, gr, m, gid)
         if q.service:
@@ -481,6 +528,65 @@ class GroupedQueue(QueueMachineV2):
         if cfg.max_length is not None or cfg.max_bytes is not None or q.blocked_count:
             self.evaluate_limit(ctx, q)
         return OK
+
+    def hand_over(self, ctx: Ctx, q: Queue, gr: Grouping, m: Message, gid: GroupId) -> bool:
+        """Fast path of a grouped publish: when its group has nothing waiting, the message is the
+        only new thing any consumer can take (after every command no consumer with credit has
+        anything available), so it goes straight to the consumer `deliver` would pick: the
+        group's owner if it can take it, else (free group) the first eligible consumer of the
+        highest priority. False: store it and let `deliver` run."""
+        g = gr.groups.get(gid)
+        if g is not None and (g.returns or g.ready):
+            return False
+        if g is not None and g.owner is not None:
+            c = q.consumers.get(g.owner)
+            if c is None or not c.in_service or not self.eligible(c):
+                return False
+        else:
+            c = self.next_consumer(q)
+            if c is None:
+                return False
+        key = c.key
+        if g is None:
+            if len(gr.groups) >= limits.groups_per_queue_max:
+                G.make_room(gr, gid, limits.groups_per_queue_max)
+            g = gr.groups[gid] = Group(gid)
+        m.pos = gr.next_pos
+        gr.next_pos += 1
+        m.group = gid
+        m.enqueued_at = ctx.now
+        g.checked_out += 1
+        if g.owner is None:  # G.assign, inlined on the hot path
+            g.owner = key
+            owned = gr.by_owner.get(key)
+            if owned is None:
+                gr.by_owner[key] = {gid: None}
+            else:
+                owned[gid] = None
+        if gr.idle:
+            gr.idle.pop(gid, None)
+        q.messages_total += 1
+        mid = c.next_msg_id
+        c.next_msg_id = mid + 1
+        c.checked_out[mid] = m
+        m.lock = ctx.now + c.timeout_ms
+        c.credit -= 1
+        c.delivery_count = (c.delivery_count + 1) % SERIAL
+        q.bytes_checkout += len(m.body)
+        ring = q.service[c.priority]
+        if ring[0] == key:  # rotate as `deliver` does: served, to the back (or out)
+            ring.popleft()
+        else:
+            ring.remove(key)
+        if c.credit > 0:
+            ring.append(key)
+        else:
+            c.in_service = False
+            if not ring:
+                del q.service[c.priority]
+        d = fast_delivery(mid, m.body, False, 0, m.annotations)
+        ctx.effects.append(fast_deliver(c.connection, q.name, c.tag, key, (d,)))
+        return True
 
     def credit(self, ctx: Ctx, q: Queue, cmd: Credit) -> Reply:
         """As v2; `available` counts the messages waiting in groups."""
