@@ -390,7 +390,10 @@ class GroupedQueue(QueueMachineV2):
                 c.credit = min(c.prefetch, c.credit + n)
             if not c.in_service:
                 self.service_add(q, c)
-            self.after_change(ctx, q)
+            cfg = q.config
+            if (gr.waiting or cfg.single_active_consumer or q.blocked_count
+                    or cfg.max_length is not None or cfg.max_bytes is not None):  # fmt: skip
+                self.after_change(ctx, q)  # (else it would do nothing)
         else:
             self.consumer_done(ctx, q, c, n)
         return OK
@@ -500,7 +503,12 @@ class GroupedQueue(QueueMachineV2):
         if ttl is not None and not v.int_in(ttl, 0, limits.ttl_ms_max):
             return invalid("ttl_ms out of range")
         gr = q.grouping
-        gid = None if gr is None else G.group_of(gr.config, anns)
+        gid: GroupId = None
+        if gr is not None:
+            if len(anns) == 1 and anns[0][0] == gr.config.group_key and type(anns[0][1]) is str:
+                gid = anns[0][1]  # the common case of `G.group_of`
+            else:
+                gid = G.group_of(gr.config, anns)
         if (gr is not None and gid not in gr.groups
                 and not G.has_room(gr, gid, limits.groups_per_queue_max)):  # fmt: skip
             return group_limit_error(q)
