@@ -19,6 +19,7 @@ import structlog
 
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
+from cluster.client._wire import group_of
 from cluster.client.errors import CommandRefused
 from fifo.codec import decode
 from fifo.commands import (
@@ -58,6 +59,7 @@ class Message:
     delivery_count: int
     consumer_key: ConsumerKey
     annotations: tuple[tuple[str, str | int], ...] = ()
+    group: str | None = None
     consumer: Settles | None = field(default=None, repr=False, compare=False)
 
     def ack(self) -> None:
@@ -287,7 +289,8 @@ class Consumer:
             delivery.delivery_count,
             key,
             delivery.annotations,
-            self,
+            group=group_of(delivery.annotations) if delivery.annotations else None,
+            consumer=self,
         )
 
     def _run_callback(self, on_message: Callable[[Message], None]) -> None:

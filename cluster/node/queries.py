@@ -54,6 +54,11 @@ def run_query(node: RaftNode, name: str, args: dict[str, Any], extra: dict[str, 
             if not isinstance(limit, int) or limit < 0:
                 raise QueryError("argument 'limit' must be a non-negative integer")
             return plain(fifo.messages(state, _queue_arg(args), limit))
+        if name == "groups":  # machine v3 message groups
+            limit = args.get("limit", 1000)
+            if not isinstance(limit, int) or limit < 0:
+                raise QueryError("argument 'limit' must be a non-negative integer")
+            return plain(fifo.groups(state, _queue_arg(args), limit))
         if name == "machine":
             return machine_status(node)
     raise QueryError(f"unknown query {name!r}")
