@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 
+import fifo
 from cluster.client import CommandRefused
 from cluster.launcher import LocalCluster, local_cluster
 from fifo.commands import GroupConfig
@@ -18,6 +20,12 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with local_cluster(tmp_path_factory.mktemp("client-groups") / "D", 3) as running:
+        # a new cluster starts on v1 and switches once every node said hello: groups need v3
+        deadline = time.monotonic() + 30
+        with running.client() as client:
+            while client.machine().get("effective_version") != fifo.LATEST_VERSION:
+                assert time.monotonic() < deadline, "the cluster did not switch to v3"
+                time.sleep(0.1)
         yield running
 
 
