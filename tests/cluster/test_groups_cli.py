@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from itertools import pairwise
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import fifo
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -39,6 +42,12 @@ def data_dir(tmp_path: Path) -> Iterator[str]:
     path = tmp_path / "D"
     quorumq("cluster", "start", "--nodes", "3", "--data-dir", str(path))
     try:
+        # a new cluster starts on v1 and switches once every node said hello: groups need v3
+        deadline = time.monotonic() + 60
+        while json.loads(quorumq("--data-dir", str(path), "-o", "json", "machine", "status")
+                         .stdout)["effective_version"] != fifo.LATEST_VERSION:  # fmt: skip
+            assert time.monotonic() < deadline, "the cluster did not switch to v3"
+            time.sleep(0.2)
         yield str(path)
     finally:
         quorumq("cluster", "stop", "--data-dir", str(path), "--grace", "2", check=False)
