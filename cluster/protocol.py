@@ -37,7 +37,7 @@ EFFECT: Final = "effect"
 ERROR: Final = "error"
 CLIENT_OPS: Final = frozenset({HELLO, COMMAND, QUERY, ADMIN})
 
-QUERIES: Final = ("overview", "queues", "consumers", "messages", "status", "machine")
+QUERIES: Final = ("overview", "queues", "consumers", "messages", "status", "machine", "groups")
 ADMIN_ACTIONS: Final = ("member_add", "member_remove", "machine_upgrade")
 
 # error codes

@@ -5,6 +5,9 @@
 Prints JSON and writes bench_fifo.json into --output (default: a fresh temp dir). The steady mix
 is enqueue -> deliver -> settle with
 100-byte bodies and one consumer with prefetch 100; every enqueue and every settle is one command.
+On machine v3 it adds message groups (issue 9): the grouped mix (10,000 groups, 10 consumers with
+prefetch 10, enqueue -> deliver -> settle) against the same mix without groups in the same run,
+the same pair draining a backlog (dispatch through the group index), and bytes per tracked group.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from typing import Any
 
 import fifo
 from fifo.commands import (
+    AnnotatedEnqueue,
     Checkout,
     ConnectionId,
     ConsumerId,
     ConsumerKey,
+    DeclareGroupedQueue,
     DeclareQueue,
     Enqueue,
+    GroupConfig,
     QueueConfig,
     Settle,
     SimplePrefetch,
@@ -75,21 +81,25 @@ def deliveries(effects: list[Effect]) -> list[tuple[ConsumerKey, int]]:
     return found
 
 
-def run_mix(bench: Bench, queue: str, messages: int) -> dict[str, Any]:
-    """Enqueue `messages`, settling each delivery in the next command; returns the timing.
+def run_mix(
+    bench: Bench, queue: str, messages: int, commands: list[Any] | None = None
+) -> dict[str, Any]:
+    """Enqueue `messages` (or the given enqueue `commands`), settling each delivery in the next
+    command; returns the timing.
 
     Enqueue commands and every Meta are built before the clock starts (the raft layer hands
     decoded objects to apply), so the figure is the machine's, not the harness's.
     """
     version, state, apply = bench.version, bench.state, fifo.apply
     first = bench.index + 1
+    enqueues = commands if commands is not None else [Enqueue(queue, BODY)] * messages
+    messages = len(enqueues)
     metas = [Meta(first + n, 1, 1_000 + n // 100, version) for n in range(2 * messages + 1)]
-    enqueue = Enqueue(queue, BODY)
     in_flight: deque[tuple[ConsumerKey, int]] = deque()
     position = 0
     started = time.perf_counter()
     started_cpu = time.process_time()
-    for _ in range(messages):
+    for enqueue in enqueues:
         _, effects = apply(metas[position], enqueue, state)
         position += 1
         in_flight.extend(deliveries(effects))
@@ -136,6 +146,134 @@ def competing_mix(version: int, messages: int, consumers: int = 100) -> dict[str
     for n in range(consumers):
         bench.consumer("q", f"c{n}", 10)
     return {"consumers": consumers, **run_mix(bench, "q", messages)}
+
+
+GROUPS = 10_000
+GROUPED_CONSUMERS = 10
+GROUPED_PREFETCH = 10
+
+
+def grouped_commands(queue: str, messages: int, groups: int = GROUPS) -> list[Any]:
+    """Publishes of message n to group `g<n mod groups>` (the x-group-id annotation)."""
+    names = [f"g{n}" for n in range(groups)]
+    return [AnnotatedEnqueue(queue, BODY, annotations=(("x-group-id", names[n % groups]),))
+            for n in range(messages)]  # fmt: skip
+
+
+def ten_consumers(version: int, grouped: bool) -> Bench:
+    """A queue (grouped, sequenced, or not) with 10 consumers of prefetch 10."""
+    bench = Bench(version)
+    if grouped:
+        bench.apply(DeclareGroupedQueue("q", QueueConfig(), GroupConfig()))
+    else:
+        bench.declare("q")
+    for n in range(GROUPED_CONSUMERS):
+        bench.consumer("q", f"c{n}", GROUPED_PREFETCH)
+    return bench
+
+
+def grouped_mix(version: int, messages: int, grouped: bool) -> dict[str, Any]:
+    """Enqueue -> deliver -> settle with 10 consumers (prefetch 10), over 10,000 groups or none."""
+    bench = ten_consumers(version, grouped)
+    commands = grouped_commands("q", messages) if grouped else None
+    return {"groups": GROUPS if grouped else 0, "consumers": GROUPED_CONSUMERS,
+            "prefetch": GROUPED_PREFETCH, **run_mix(bench, "q", messages, commands)}  # fmt: skip
+
+
+def backlog_drain(version: int, messages: int, grouped: bool) -> dict[str, Any]:
+    """`messages` waiting (over 10,000 groups, or none) before 10 consumers (prefetch 10) attach
+    and drain them, settling each delivery in its own command: dispatch goes through the group
+    index (oldest head among free groups) instead of the enqueue fast path."""
+    bench = Bench(version)
+    if grouped:
+        bench.apply(DeclareGroupedQueue("q", QueueConfig(), GroupConfig()))
+    else:
+        bench.declare("q")
+    for command in grouped_commands("q", messages) if grouped else [Enqueue("q", BODY)] * messages:
+        bench.apply(command)
+    state, apply = bench.state, fifo.apply
+    in_flight: deque[tuple[ConsumerKey, int]] = deque()
+    started_cpu = time.process_time()
+    started = time.perf_counter()
+    commands = 0
+    for n in range(GROUPED_CONSUMERS):  # the consumers attach: deliveries start
+        _, effects = bench.apply(
+            Checkout("q", ConsumerId(f"c{n}", bench.conn), SimplePrefetch(GROUPED_PREFETCH)))
+        commands += 1
+        in_flight.extend(deliveries(effects))
+    first = bench.index + 1
+    metas = [Meta(first + n, 1, 2_000, version) for n in range(messages + 1)]
+    position = 0
+    while in_flight:
+        key, msg_id = in_flight.popleft()
+        _, effects = apply(metas[position], Settle("q", key, (msg_id,)), state)
+        position += 1
+        in_flight.extend(deliveries(effects))
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - started_cpu
+    bench.index += position
+    commands += position
+    overview = fifo.overview(state, "q")
+    return {
+        "groups": GROUPS if grouped else 0,
+        "backlog": messages,
+        "commands": commands,
+        "seconds": round(elapsed, 4),
+        "commands_per_s": int(commands / elapsed) if elapsed else 0,
+        "commands_per_cpu_s": int(commands / cpu) if cpu else 0,
+        "left_total": overview.total if overview is not None else None,
+    }
+
+
+def bytes_per_tracked_group(version: int, groups: int = GROUPS) -> dict[str, Any]:
+    """Traced bytes per tracked group: one waiting 100-byte message in each of `groups` groups,
+    minus the same messages in an ungrouped queue (the group's own overhead)."""
+    bench = Bench(version)
+    bench.apply(DeclareGroupedQueue("g", QueueConfig(), GroupConfig()))
+    bench.declare("u")
+    grouped = grouped_commands("g", groups, groups)
+    plain = [Enqueue("u", bytes(BODY)) for _ in range(groups)]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for command in plain:
+        bench.apply(command)
+    middle = tracemalloc.get_traced_memory()[0]
+    for command in grouped:
+        bench.apply(command)
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    per_message = (middle - before) / groups
+    per_grouped = (after - middle) / groups
+    return {
+        "groups": groups,
+        "bytes_per_ungrouped_message": round(per_message, 1),
+        "bytes_per_grouped_message": round(per_grouped, 1),
+        "bytes_per_tracked_group": round(per_grouped - per_message, 1),
+    }
+
+
+def groups_report(version: int, messages: int, repeat: int) -> dict[str, Any]:
+    """The issue 9 figures: grouped vs ungrouped mixes of one run, and memory per group."""
+    mixed = best_of(repeat, lambda: grouped_mix(version, messages, True))
+    plain = best_of(repeat, lambda: grouped_mix(version, messages, False))
+    backlog = min(messages, 100_000)
+    drained = best_of(repeat, lambda: backlog_drain(version, backlog, True))
+    drained_plain = best_of(repeat, lambda: backlog_drain(version, backlog, False))
+
+    def ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> float:
+        return round(a[key] / b[key], 3) if b[key] else 0.0
+
+    return {
+        "grouped_mix": mixed,
+        "ungrouped_mix": plain,
+        "grouped_vs_ungrouped": ratio(mixed, plain, "commands_per_s"),
+        "grouped_vs_ungrouped_cpu": ratio(mixed, plain, "commands_per_cpu_s"),
+        "target_ratio": 0.7,
+        "grouped_backlog": drained,
+        "ungrouped_backlog": drained_plain,
+        "backlog_grouped_vs_ungrouped": ratio(drained, drained_plain, "commands_per_s"),
+        "memory": bytes_per_tracked_group(version),
+    }
 
 
 def memory_per_ready_message(version: int, messages: int) -> dict[str, Any]:
@@ -200,6 +338,7 @@ def main() -> None:
         help="runs per figure; the best is kept (the host is shared and noisy)",
     )
     parser.add_argument("--profile", action="store_true", help="print a pyinstrument profile")
+    parser.add_argument("--no-groups", action="store_true", help="skip the message-group figures")
     parser.add_argument(
         "--output", type=Path, default=None, help="results file (default: in a fresh temp dir)"
     )
@@ -219,6 +358,8 @@ def main() -> None:
         "memory": memory_per_ready_message(version, min(messages, 100_000)),
         "host": machine_info(),
     }
+    if version >= 3 and not args.no_groups:
+        report["message_groups"] = groups_report(version, messages, args.repeat)
     report["commands_per_s"] = report["steady_mix"]["commands_per_s"]
     out = args.output or Path(tempfile.mkdtemp(prefix="quorumq-bench-")) / "bench_fifo.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -230,6 +371,13 @@ def main() -> None:
         for name in ("steady_mix", "sac", "competing_100"):
             print(f"{name:<14} {report[name]['commands_per_s']:>10,} commands/s")
         print(f"{'memory':<14} {report['memory']['bytes_per_ready_message']:>10} B/ready message")
+        groups = report.get("message_groups")
+        if groups:
+            print(f"{'grouped_mix':<14} {groups['grouped_mix']['commands_per_s']:>10,} commands/s "
+                  f"({groups['grouped_vs_ungrouped']}x ungrouped "
+                  f"{groups['ungrouped_mix']['commands_per_s']:,})")
+            print(f"{'group memory':<14} {groups['memory']['bytes_per_tracked_group']:>10} "
+                  "B/tracked group")
 
 
 if __name__ == "__main__":

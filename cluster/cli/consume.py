@@ -29,6 +29,7 @@ def message_row(message: Message) -> dict[str, object]:
         key: body,
         "redelivered": message.redelivered,
         "delivery_count": message.delivery_count,
+        "group": message.group,  # message group (machine v3), None for the default group
     }
 
 
@@ -80,6 +81,12 @@ def message_row(message: Message) -> dict[str, object]:
     help="Consumer timeout (default: the queue's).",
 )
 @click.option(
+    "--timestamps",
+    is_flag=True,
+    help="Add received_ns (when the message was handed out) and settling_ns (just before its "
+    "ack is sent) to each row: the host's monotonic clock, comparable across processes.",
+)
+@click.option(
     "--timeout",
     "timeout_s",
     type=click.FloatRange(0, None),
@@ -100,6 +107,7 @@ def consume(
     ack: bool,
     priority: int,
     consumer_timeout_ms: int | None,
+    timestamps: bool,
     timeout_s: float,
 ) -> None:
     """Consume messages and print one line per message (JSON lines with -o jsonl).
@@ -126,8 +134,9 @@ def consume(
     (queue,) = queues
     with connect(ctx) as client:
         received, seconds = _consume(
-            client, queue, count, prefetch, ack, priority, consumer_timeout_ms, timeout_s, fmt
-        )
+            client, queue, count, prefetch, ack, priority, consumer_timeout_ms, timeout_s, fmt,
+            timestamps,
+        )  # fmt: skip
     rate = received / seconds if seconds > 0 else 0.0
     click.echo(
         f"consumed {received} messages from {queue} in {seconds:.2f}s ({rate:,.0f} msg/s)", err=True
@@ -144,6 +153,7 @@ def _consume(
     consumer_timeout_ms: int | None,
     timeout_s: float,
     fmt: str,
+    timestamps: bool = False,
 ) -> tuple[int, float]:
     consumer = client.consume(
         queue,
@@ -159,8 +169,12 @@ def _consume(
         message = consumer.get(timeout_s)
         if message is None:
             break
+        received_ns = time.monotonic_ns()
         received += 1
         row = message_row(message)
+        if timestamps:
+            row["received_ns"] = received_ns
+            row["settling_ns"] = time.monotonic_ns()  # the ack below is sent after this
         if fmt == "table":
             click.echo(
                 f"{row['msg_id']}\t{row['delivery_count']}\t"

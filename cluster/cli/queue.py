@@ -1,4 +1,4 @@
-"""`quorumq queue declare|list|info|purge|delete`."""
+"""`quorumq queue declare|list|info|groups|purge|delete`."""
 
 from __future__ import annotations
 
@@ -15,11 +15,30 @@ from cluster.cli.common import (
     translate_errors,
     untyped,
 )
-from cluster.cli.exits import USAGE, CliError
-from fifo.commands import CONSUMER_TIMEOUT_MS_DEFAULT, QueueConfig
+from cluster.cli.exits import DATA, USAGE, CliError
+from cluster.client import CommandRefused
+from fifo.commands import (
+    CONSUMER_TIMEOUT_MS_DEFAULT,
+    GROUP_KEY_DEFAULT,
+    GroupConfig,
+    GroupPolicy,
+    QueueConfig,
+)
 
 QUEUE_NAME_BYTES_MAX = 255
 LIST_COLUMNS = ["name", "ready", "returned", "checked_out", "total", "bytes", "consumers"]
+GROUP_COLUMNS = ["group", "ready", "checked_out", "owner", "oldest_age_ms"]
+GROUPS_NEED = (
+    "message groups need machine version 3; the cluster runs an older one (upgrade it with "
+    "`quorumq machine upgrade --to 3` once every node supports 3)"
+)
+
+
+def groups_refused(err: CommandRefused) -> CliError | None:
+    """The clear error for a grouped command an older machine does not know."""
+    if err.code == "unknown_command" and "machine version" in err.message:
+        return CliError(f"{GROUPS_NEED}: {err.message}", DATA)
+    return None
 
 
 def validate_queue_name(name: str) -> str:
@@ -88,6 +107,27 @@ def queue_group() -> None:
     metavar="Q",
     help="Queue that receives dead-lettered messages.",
 )
+@click.option(
+    "--group-key",
+    default=None,
+    metavar="K",
+    help=f"Message groups (machine v3): the annotation naming a message's group "
+    f"(`publish --group` sets {GROUP_KEY_DEFAULT}, the default when only --group-policy is "
+    "given). Messages without it share the queue's default group.",
+)
+@click.option(
+    "--group-policy",
+    type=click.Choice(["sequenced", "exclusive"]),
+    default=None,
+    help="Message groups (machine v3): sequenced = a group is held by one consumer while it "
+    "holds messages of it; exclusive = a group sticks to one consumer while it lives.",
+)
+@click.option(
+    "--rebalance-groups-on-join",
+    is_flag=True,
+    help="With --group-policy exclusive: a joining consumer takes over idle groups so owners "
+    "differ by at most one group.",
+)
 @connection_options
 @click.pass_context
 @translate_errors
@@ -102,12 +142,16 @@ def declare(
     message_ttl: int | None,
     consumer_timeout: int,
     dead_letter_queue: str | None,
+    group_key: str | None,
+    group_policy: str | None,
+    rebalance_groups_on_join: bool,
 ) -> None:
     """Create a queue (a no-op when it exists with the same settings).
 
     \b
     Example:
       quorumq --data-dir /tmp/qq queue declare jobs --max-length 10000 --overflow reject-publish
+      quorumq --data-dir /tmp/qq queue declare orders --group-policy sequenced
     """
     validate_queue_name(name)
     if dead_letter_queue is not None:
@@ -124,8 +168,12 @@ def declare(
         dead_letter_queue=dead_letter_queue,
         consumer_timeout_ms=consumer_timeout,
     )
+    groups = _group_config(group_key, group_policy, rebalance_groups_on_join)
     with connect(ctx) as client:
-        reply = client.declare_queue(name, config)
+        try:
+            reply = client.declare_queue(name, config, groups)
+        except CommandRefused as err:
+            raise groups_refused(err) or err from err
     if output_format(ctx) == "table":
         click.echo(f"queue {name} {'declared' if reply.created else 'already exists'}")
     else:
@@ -168,25 +216,114 @@ def info(ctx: click.Context, name: str) -> None:
     emit(ctx, untyped(plain(overview)))
 
 
-@queue_group.command("purge")
+def _group_config(key: str | None, policy: str | None, rebalance: bool) -> GroupConfig | None:
+    """The message-group config the declare options ask for (None: no groups)."""
+    if key is None and policy is None:
+        if rebalance:
+            raise CliError("--rebalance-groups-on-join needs --group-policy exclusive", USAGE)
+        return None
+    if rebalance and policy != "exclusive":
+        raise CliError("--rebalance-groups-on-join needs --group-policy exclusive", USAGE)
+    if key is not None and not 0 < len(key.encode()) <= 255:
+        raise CliError("--group-key must be 1..255 bytes", USAGE)
+    chosen: GroupPolicy = "exclusive" if policy == "exclusive" else "sequenced"
+    return GroupConfig(key or GROUP_KEY_DEFAULT, chosen, rebalance)
+
+
+@queue_group.command("groups")
 @click.argument("name")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100_000),
+    default=1000,
+    show_default=True,
+    help="Groups to show (oldest waiting message first).",
+)
 @connection_options
 @click.pass_context
 @translate_errors
-def purge(ctx: click.Context, name: str) -> None:
+def groups(ctx: click.Context, name: str, limit: int) -> None:
+    """Show the message groups of a grouped queue (machine v3): waiting (ready) and checked-out
+    messages, the owner (its consumer tag and key) and the age of the oldest waiting message.
+
+    The default group (messages without the group annotation) is shown as `-` (null in JSON).
+
+    \b
+    Example:
+      quorumq --data-dir /tmp/qq queue groups orders
+      quorumq --data-dir /tmp/qq -o json queue groups orders
+    """
+    validate_queue_name(name)
+    with connect(ctx) as client:
+        overview = client.overview(name)
+        if overview is None:
+            raise CliError(f"no queue {name!r}", USAGE)
+        status = client.query("machine")
+        version = status.get("effective_version") if isinstance(status, dict) else None
+        if isinstance(version, int) and version < 3:
+            raise CliError(f"{GROUPS_NEED} (the cluster runs version {version})", DATA)
+        found = client.groups(name, limit)
+    rows = [
+        {
+            "group": info.group,
+            "ready": info.ready,
+            "returned": info.returned,
+            "checked_out": info.checked_out,
+            "owner": info.owner_tag,
+            "owner_key": info.owner,
+            "oldest_age_ms": info.oldest_age_ms,
+        }
+        for info in found
+    ]
+    if output_format(ctx) == "table":
+        shown = [{**row, "group": "-" if row["group"] is None else row["group"],
+                  "owner": row["owner"] or "-"} for row in rows]  # fmt: skip
+        emit(ctx, shown, GROUP_COLUMNS)
+    else:
+        emit(ctx, rows)
+
+
+@queue_group.command("purge")
+@click.argument("name")
+@click.option(
+    "--group",
+    default=None,
+    metavar="G",
+    help="Only the waiting messages of message group G of a grouped queue (machine v3).",
+)
+@click.option(
+    "--default-group",
+    is_flag=True,
+    help="Only the waiting messages of the default group (no group annotation).",
+)
+@connection_options
+@click.pass_context
+@translate_errors
+def purge(ctx: click.Context, name: str, group: str | None, default_group: bool) -> None:
     """Drop every ready message of a queue (checked-out messages stay).
 
     \b
     Example:
       quorumq --data-dir /tmp/qq queue purge jobs
+      quorumq --data-dir /tmp/qq queue purge orders --group customer-42
     """
     validate_queue_name(name)
+    if group is not None and default_group:
+        raise CliError("--group and --default-group are mutually exclusive", USAGE)
     with connect(ctx) as client:
-        reply = client.purge_queue(name)
+        try:
+            reply = client.purge_queue(name, group=group, default_group=default_group)
+        except CommandRefused as err:
+            raise groups_refused(err) or err from err
+    scope = "" if group is None and not default_group else (
+        f" of group {group}" if group is not None else " of the default group")  # fmt: skip
     if output_format(ctx) == "table":
-        click.echo(f"purged {reply.count} messages from {name}")
+        click.echo(f"purged {reply.count} messages{scope} from {name}")
     else:
-        emit(ctx, {"queue": name, "purged": reply.count})
+        out: dict[str, Any] = {"queue": name, "purged": reply.count}
+        if group is not None or default_group:
+            out["group"] = group
+        emit(ctx, out)
 
 
 @queue_group.command("delete")

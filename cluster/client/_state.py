@@ -25,15 +25,21 @@ Buffered = tuple[ConsumerKey, Delivery]  # a delivery with the consumer key it c
 class Unconfirmed:
     """A message sent and not yet confirmed: its body, sequence number and current request."""
 
-    __slots__ = ("body", "publisher", "request_id", "seq", "ttl_ms")
+    __slots__ = ("body", "group", "publisher", "request_id", "seq", "ttl_ms")
 
     def __init__(
-        self, publisher: PublisherState, seq: int, body: bytes, ttl_ms: int | None
+        self,
+        publisher: PublisherState,
+        seq: int,
+        body: bytes,
+        ttl_ms: int | None,
+        group: str | None = None,
     ) -> None:
         self.publisher = publisher
         self.seq = seq
         self.body = body
         self.ttl_ms = ttl_ms
+        self.group = group  # message group (machine v3): sent as the x-group-id annotation
         self.request_id = 0
 
 

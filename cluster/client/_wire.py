@@ -13,7 +13,8 @@ import cbor2
 from cluster import protocol
 from cluster.errors import AuthError, ProtocolError
 from fifo.codec import decode
-from fifo.commands import ConnectionId, Enqueue
+from fifo.commands import GROUP_KEY_DEFAULT as GROUP_KEY
+from fifo.commands import AnnotatedEnqueue, ConnectionId, Enqueue
 from fifo.wire import fields_encoder
 
 Frame = dict[str, object]  # a decoded wire frame, as public signatures show it
@@ -160,9 +161,24 @@ def split_frames(buffer: bytes, frame_bytes_max: int) -> tuple[list[AnyFrame], b
 
 
 _enqueue_fields = fields_encoder(Enqueue)  # schema-derived (fifo.wire), tested against fifo.encode
+_annotated_fields = fields_encoder(AnnotatedEnqueue)
 
 
-def encode_enqueue(queue: str, body: bytes, enqueuer: str, seq: int, ttl_ms: int | None) -> bytes:
+def encode_enqueue(
+    queue: str, body: bytes, enqueuer: str, seq: int, ttl_ms: int | None, group: str | None = None
+) -> bytes:
     """The command bytes of one publish: `fifo.encode(Enqueue(...))`, no connection (the node
-    splices in its own)."""
-    return _enqueue_fields(queue, body, enqueuer, seq, None, ttl_ms)
+    splices in its own). With a `group` (machine v3), an `AnnotatedEnqueue` naming the group in
+    the `x-group-id` annotation (the default `group_key` of a grouped queue)."""
+    if group is None:
+        return _enqueue_fields(queue, body, enqueuer, seq, None, ttl_ms)
+    return _annotated_fields(queue, body, enqueuer, seq, None, ttl_ms, ((GROUP_KEY, group),))
+
+
+def group_of(annotations: tuple[tuple[str, str | int], ...]) -> str | None:
+    """The message group a delivery names in its `x-group-id` annotation (an int as text)."""
+    found: str | None = None
+    for key, value in annotations:
+        if key == GROUP_KEY:
+            found = value if isinstance(value, str) else str(value)
+    return found

@@ -31,17 +31,20 @@ from fifo.commands import (
     Checkout,
     Command,
     ConsumerId,
+    DeclareGroupedQueue,
     DeclareQueue,
     DeleteQueue,
     Dequeue,
     Discard,
+    GroupConfig,
     Purge,
+    PurgeGroup,
     QueueConfig,
     Return,
     Settle,
     UpdateConfig,
 )
-from fifo.queries import ConsumerInfo, MessageInfo, QueueOverview
+from fifo.queries import ConsumerInfo, GroupInfo, MessageInfo, QueueOverview
 from fifo.replies import DeclareOk, DeleteOk, DequeueOk, PurgeOk, Reply
 
 _T = TypeVar("_T")
@@ -132,16 +135,28 @@ class AsyncClient(AsyncShell):
 
     # --- queue management ------------------------------------------------------------------
 
-    async def declare_queue(self, queue: str, config: QueueConfig | None = None) -> DeclareOk:
-        """Create `queue` (a no-op when it exists with an equal config)."""
-        return _expect(await self.command(DeclareQueue(queue, config or QueueConfig())), DeclareOk)
+    async def declare_queue(
+        self, queue: str, config: QueueConfig | None = None, groups: GroupConfig | None = None
+    ) -> DeclareOk:
+        """Create `queue` (a no-op when it exists with an equal config). With `groups`, a queue
+        with message groups (machine v3; a cluster still on v2 refuses it)."""
+        if groups is not None:
+            command: Command = DeclareGroupedQueue(queue, config or QueueConfig(), groups)
+        else:
+            command = DeclareQueue(queue, config or QueueConfig())
+        return _expect(await self.command(command), DeclareOk)
 
     async def delete_queue(self, queue: str) -> DeleteOk:
         """Delete `queue` and everything in it."""
         return _expect(await self.command(DeleteQueue(queue)), DeleteOk)
 
-    async def purge_queue(self, queue: str) -> PurgeOk:
-        """Drop every ready message of `queue`."""
+    async def purge_queue(
+        self, queue: str, *, group: str | None = None, default_group: bool = False
+    ) -> PurgeOk:
+        """Drop every ready message of `queue`; with `group` (or `default_group`), only those of
+        that message group of a grouped queue."""
+        if group is not None or default_group:
+            return _expect(await self.command(PurgeGroup(queue, group)), PurgeOk)
         return _expect(await self.command(Purge(queue)), PurgeOk)
 
     async def update_config(self, queue: str, config: QueueConfig) -> Reply:
@@ -157,11 +172,18 @@ class AsyncClient(AsyncShell):
         return AsyncPublisher(self, queue, window=window, enqueuer=enqueuer)
 
     async def publish(
-        self, queue: str, body: bytes, *, ttl_ms: int | None = None, timeout_s: float | None = None
+        self,
+        queue: str,
+        body: bytes,
+        *,
+        ttl_ms: int | None = None,
+        group: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
-        """Publish one message and wait for its confirm (a tracked enqueue, deduplicated)."""
+        """Publish one message and wait for its confirm (a tracked enqueue, deduplicated);
+        `group`: its message group (a grouped queue, machine v3)."""
         async with self.publisher(queue, window=1) as publisher:
-            await publisher.publish(body, ttl_ms=ttl_ms)
+            await publisher.publish(body, ttl_ms=ttl_ms, group=group)
             await publisher.wait_for_confirms(timeout_s or self.request_timeout_s)
 
     def consume(
@@ -204,7 +226,7 @@ class AsyncClient(AsyncShell):
             found.delivery_count,
             key,
             (),
-            None if settled else _AsyncSettler(self, queue),
+            consumer=None if settled else _AsyncSettler(self, queue),
         )
 
     # --- queries ---------------------------------------------------------------------------
@@ -230,6 +252,10 @@ class AsyncClient(AsyncShell):
     async def consumers(self, queue: str | None = None) -> dict[str, list[ConsumerInfo]]:
         """The consumers of `queue` (of every queue when None), by queue name."""
         return results.consumers(await self.query("consumers", {"queue": queue} if queue else {}))
+
+    async def groups(self, queue: str, limit: int = 1000) -> list[GroupInfo]:
+        """The tracked message groups of a grouped queue (machine v3), oldest waiting first."""
+        return results.groups(await self.query("groups", {"queue": queue, "limit": limit}))
 
     async def messages(self, queue: str, limit: int = 100) -> list[MessageInfo]:
         """Up to `limit` messages of `queue` (ids, sizes, delivery counts; not the bodies)."""

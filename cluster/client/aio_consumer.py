@@ -15,6 +15,7 @@ from typing import Protocol
 from cluster.client._asyncio import AsyncShell, reply_of
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client.workpool_consumer import AsyncProcessing, OnError
+from cluster.client._wire import group_of
 from fifo.commands import (
     Cancel,
     Command,
@@ -50,6 +51,7 @@ class AsyncMessage:
     delivery_count: int
     consumer_key: ConsumerKey
     annotations: tuple[tuple[str, str | int], ...] = ()
+    group: str | None = None
     consumer: AsyncSettles | None = field(default=None, repr=False, compare=False)
 
     async def ack(self) -> None:
@@ -230,7 +232,8 @@ class AsyncConsumer:
             delivery.delivery_count,
             key,
             delivery.annotations,
-            self,
+            group=group_of(delivery.annotations) if delivery.annotations else None,
+            consumer=self,
         )
 
     def take_buffered(self) -> list[AsyncMessage]:

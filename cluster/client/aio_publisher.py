@@ -70,15 +70,28 @@ class AsyncPublisher:
         self.client._core.remove_publisher(self._state)
 
     async def publish(
-        self, body: bytes, *, ttl_ms: int | None = None, timeout_s: float | None = None
+        self,
+        body: bytes,
+        *,
+        ttl_ms: int | None = None,
+        group: str | None = None,
+        timeout_s: float | None = None,
     ) -> int:
-        """Send one message (waits while the window is full); returns its sequence number."""
-        return (await self.publish_many([body], ttl_ms=ttl_ms, timeout_s=timeout_s))[0]
+        """Send one message (waits while the window is full); returns its sequence number.
+        `group`: the message group (a grouped queue, machine v3)."""
+        return (await self.publish_many([body], ttl_ms=ttl_ms, group=group,
+                                        timeout_s=timeout_s))[0]  # fmt: skip
 
     async def publish_many(
-        self, bodies: Iterable[bytes], *, ttl_ms: int | None = None, timeout_s: float | None = None
+        self,
+        bodies: Iterable[bytes],
+        *,
+        ttl_ms: int | None = None,
+        group: str | None = None,
+        timeout_s: float | None = None,
     ) -> list[int]:
-        """Send many messages, as many per write as the window allows; returns their seqs."""
+        """Send many messages (all of `group`, if given), as many per write as the window
+        allows; returns their seqs."""
         timeout = self.client.request_timeout_s if timeout_s is None else timeout_s
         core, state = self.client._core, self._state
         seqs: list[int] = []
@@ -91,12 +104,12 @@ class AsyncPublisher:
                     room = await self._wait_for_room(timeout)
             batch.append(body)
             if len(batch) >= room:
-                seqs += core.publish(state, batch, ttl_ms)
+                seqs += core.publish(state, batch, ttl_ms, group)
                 self.client._flush()
                 batch = []
                 await self.client._writable()
         if batch:
-            seqs += core.publish(state, batch, ttl_ms)
+            seqs += core.publish(state, batch, ttl_ms, group)
             self.client._flush()
         return seqs
 

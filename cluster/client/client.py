@@ -28,17 +28,20 @@ from fifo.commands import (
     Command,
     ConnectionId,
     ConsumerId,
+    DeclareGroupedQueue,
     DeclareQueue,
     DeleteQueue,
     Dequeue,
     Discard,
+    GroupConfig,
     Purge,
+    PurgeGroup,
     QueueConfig,
     Return,
     Settle,
     UpdateConfig,
 )
-from fifo.queries import ConsumerInfo, MessageInfo, QueueOverview
+from fifo.queries import ConsumerInfo, GroupInfo, MessageInfo, QueueOverview
 from fifo.replies import DeclareOk, DeleteOk, DequeueOk, Error, PurgeOk, Reply
 
 _T = TypeVar("_T")
@@ -195,17 +198,27 @@ class Client(ThreadedShell):
 
     # --- queue management ------------------------------------------------------------------
 
-    def declare_queue(self, queue: str, config: QueueConfig | None = None) -> DeclareOk:
-        """Create `queue` (a no-op when it exists with an equal config)."""
-        reply = self.command(DeclareQueue(queue, config or QueueConfig()))
+    def declare_queue(
+        self, queue: str, config: QueueConfig | None = None, groups: GroupConfig | None = None
+    ) -> DeclareOk:
+        """Create `queue` (a no-op when it exists with an equal config). With `groups`, a queue
+        with message groups (machine v3; a cluster still on v2 refuses it)."""
+        if groups is not None:
+            reply = self.command(DeclareGroupedQueue(queue, config or QueueConfig(), groups))
+        else:
+            reply = self.command(DeclareQueue(queue, config or QueueConfig()))
         return _expect(reply, DeclareOk)
 
     def delete_queue(self, queue: str) -> DeleteOk:
         """Delete `queue` and everything in it."""
         return _expect(self.command(DeleteQueue(queue)), DeleteOk)
 
-    def purge_queue(self, queue: str) -> PurgeOk:
-        """Drop every ready message of `queue`."""
+    def purge_queue(self, queue: str, *, group: str | None = None,
+                    default_group: bool = False) -> PurgeOk:  # fmt: skip
+        """Drop every ready message of `queue`; with `group` (or `default_group`), only those of
+        that message group of a grouped queue."""
+        if group is not None or default_group:
+            return _expect(self.command(PurgeGroup(queue, group)), PurgeOk)
         return _expect(self.command(Purge(queue)), PurgeOk)
 
     def update_config(self, queue: str, config: QueueConfig) -> Reply:
@@ -219,11 +232,18 @@ class Client(ThreadedShell):
         return Publisher(self, queue, window=window, enqueuer=enqueuer)
 
     def publish(
-        self, queue: str, body: bytes, *, ttl_ms: int | None = None, timeout_s: float | None = None
+        self,
+        queue: str,
+        body: bytes,
+        *,
+        ttl_ms: int | None = None,
+        group: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
-        """Publish one message and wait for its confirm (a tracked enqueue, deduplicated)."""
+        """Publish one message and wait for its confirm (a tracked enqueue, deduplicated);
+        `group`: its message group (a grouped queue, machine v3)."""
         with self.publisher(queue, window=1) as publisher:
-            publisher.publish(body, ttl_ms=ttl_ms)
+            publisher.publish(body, ttl_ms=ttl_ms, group=group)
             publisher.wait_for_confirms(timeout_s or self.request_timeout_s)
 
     def consume(
@@ -293,6 +313,10 @@ class Client(ThreadedShell):
     def consumers(self, queue: str | None = None) -> dict[str, list[ConsumerInfo]]:
         """The consumers of `queue` (of every queue when None), by queue name."""
         return results.consumers(self.query("consumers", {"queue": queue} if queue else {}))
+
+    def groups(self, queue: str, limit: int = 1000) -> list[GroupInfo]:
+        """The tracked message groups of a grouped queue (machine v3), oldest waiting first."""
+        return results.groups(self.query("groups", {"queue": queue, "limit": limit}))
 
     def messages(self, queue: str, limit: int = 100) -> list[MessageInfo]:
         """Up to `limit` messages of `queue` (ids, sizes, delivery counts; not the bodies)."""

@@ -19,6 +19,7 @@ import structlog
 
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
+from cluster.client._wire import group_of
 from cluster.client.errors import CommandRefused
 from cluster.client.workpool_consumer import OnError, Processing
 from fifo.codec import decode
@@ -289,6 +290,7 @@ class Consumer:
             delivery.delivery_count,
             key,
             delivery.annotations,
+            group=group_of(delivery.annotations) if delivery.annotations else None,
             consumer=self,
         )
 

@@ -12,12 +12,13 @@ from typing import Any, TypeVar
 from cluster import protocol
 from cluster.errors import ProtocolError
 from fifo.commands import ConnectionId, ConsumerId, QueueConfig
-from fifo.queries import ConsumerInfo, MessageInfo, QueueOverview
+from fifo.queries import ConsumerInfo, GroupInfo, MessageInfo, QueueOverview
 
 _T = TypeVar("_T")
 _TYPES: dict[str, type[Any]] = {
     cls.__name__: cls
-    for cls in (QueueOverview, ConsumerInfo, MessageInfo, QueueConfig, ConsumerId, ConnectionId)
+    for cls in (QueueOverview, ConsumerInfo, MessageInfo, QueueConfig, ConsumerId, ConnectionId,
+                GroupInfo)
 }
 
 
@@ -74,6 +75,13 @@ def messages(value: object) -> list[MessageInfo]:
     if not isinstance(value, list):
         raise _bad("messages", value)
     return [_typed(item, MessageInfo) for item in value]
+
+
+def groups(value: object) -> list[GroupInfo]:
+    """The tracked message groups of a grouped queue (machine v3)."""
+    if not isinstance(value, list):
+        raise _bad("groups", value)
+    return [_typed(item, GroupInfo) for item in value]
 
 
 def names(value: object) -> list[str]:

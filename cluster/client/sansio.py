@@ -489,13 +489,18 @@ class ClientProtocol:
         return max(0, min(publisher.window - len(publisher.pending), BATCH_MAX))
 
     def publish(
-        self, publisher: PublisherState, bodies: Sequence[bytes], ttl_ms: int | None = None
+        self,
+        publisher: PublisherState,
+        bodies: Sequence[bytes],
+        ttl_ms: int | None = None,
+        group: str | None = None,
     ) -> list[int]:
-        """Send messages (the caller keeps within `room`); returns their sequence numbers."""
+        """Send messages (the caller keeps within `room`); returns their sequence numbers.
+        `group`: their message group (a grouped queue, machine v3)."""
         self.check_usable()
         items: list[Unconfirmed] = []
         for body in bodies:
-            item = Unconfirmed(publisher, publisher.next_seq, body, ttl_ms)
+            item = Unconfirmed(publisher, publisher.next_seq, body, ttl_ms, group)
             publisher.next_seq += 1
             publisher.pending[item.seq] = item
             items.append(item)
@@ -506,7 +511,7 @@ class ClientProtocol:
         for item in items:
             publisher = item.publisher
             command = encode_enqueue(
-                publisher.queue, item.body, publisher.enqueuer, item.seq, item.ttl_ms
+                publisher.queue, item.body, publisher.enqueuer, item.seq, item.ttl_ms, item.group
             )
             frame = {"op": protocol.COMMAND, "id": 0, "cmd": command}
             item.request_id = self._submit(frame, _PUBLISH, item, None)

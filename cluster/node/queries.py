@@ -58,6 +58,11 @@ def _answer(view: ReplicaView, name: str, args: dict[str, Any], supported: int) 
         if not isinstance(limit, int) or limit < 0:
             raise QueryError("argument 'limit' must be a non-negative integer")
         return plain(fifo.messages(state, _queue_arg(args), limit))
+    if name == "groups":  # machine v3 message groups
+        limit = args.get("limit", 1000)
+        if not isinstance(limit, int) or limit < 0:
+            raise QueryError("argument 'limit' must be a non-negative integer")
+        return plain(fifo.groups(state, _queue_arg(args), limit))
     if name == "machine":
         return machine_status(view, supported)
     raise QueryError(f"unknown query {name!r}")

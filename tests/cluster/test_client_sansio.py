@@ -25,7 +25,7 @@ from cluster.client.sansio import (
     ReconnectNeeded,
 )
 from fifo.codec import decode, encode
-from fifo.commands import Checkout, ConnectionId, ConsumerId, Enqueue, Settle
+from fifo.commands import AnnotatedEnqueue, Checkout, ConnectionId, ConsumerId, Enqueue, Settle
 from fifo.effects import Deliver, Delivery, QueueStatus
 from fifo.replies import CheckoutOk, Error, NotEnqueued, Ok
 
@@ -69,6 +69,21 @@ def test_publishes_are_confirmed_by_ok_replies_and_counted_once() -> None:
     events = core.receive_data(answer(*(ok(f) for f in frames), ok(frames[0])))
     assert events == [PublisherUpdated(publisher)]
     assert (publisher.confirmed, len(publisher.pending), core.room(publisher)) == (2, 0, 10)
+
+
+def test_grouped_publishes_name_their_group_and_resend_it_after_a_gap() -> None:
+    """A publish with a message group is an AnnotatedEnqueue with the x-group-id annotation;
+    a resend after a sequence gap keeps the group (bytes equal to fifo.encode's)."""
+    core = connected()
+    publisher = core.add_publisher("q", window=10, enqueuer="e1")
+    core.publish(publisher, [b"a"], ttl_ms=5, group="g1")
+    core.publish(publisher, [b"b"])
+    first, second = sent(core)
+    grouped = AnnotatedEnqueue("q", b"a", "e1", 1, None, 5, (("x-group-id", "g1"),))
+    assert first["cmd"] == encode(grouped) and decode(first["cmd"]) == grouped
+    assert decode(second["cmd"]) == Enqueue("q", b"b", "e1", 2)
+    core.receive_data(answer(protocol.reply(second["id"], encode(NotEnqueued(1)))))
+    assert [decode(f["cmd"]) for f in sent(core)] == [grouped, Enqueue("q", b"b", "e1", 2)]
 
 
 def test_a_sequence_gap_resends_the_earlier_messages_then_the_refused_one() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+import fifo
 from cluster import protocol
 from cluster.errors import ProtocolError
 from cluster.launcher import start_cluster, wait_until
@@ -43,12 +44,14 @@ def test_upgrade_waits_for_every_member_then_switches_everywhere(tmp_path: Path)
 
 
 def test_a_node_with_older_code_stops_applying_and_never_leads(tmp_path: Path) -> None:
-    """After the switch to v2, n3 restarted with v1 code stops and says why; the rest go on."""
+    """After the switch to the latest version, a node restarted with v1 code stops and says why;
+    the rest go on."""
     cluster = start_cluster(tmp_path / "D", 3)
     try:
         leader = cluster.leader()
         client = cluster.raw_client(leader)
-        wait_until(lambda: client.query("machine")["effective_version"] == 2, 10, "machine v2")
+        latest = fifo.LATEST_VERSION
+        wait_until(lambda: client.query("machine")["effective_version"] == latest, 10, "latest")
         client.command(DeclareQueue("old"))
         stale = next(n for n in ("n1", "n2", "n3") if n != leader)
         cluster.restart(stale, max_machine_version=1)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import fifo
 from cluster.cli.exits import CliError
 from cluster.cli.main import cli
 from cluster.client import Client
@@ -128,5 +129,5 @@ def test_export_of_a_real_cluster_matches_its_state_and_the_dry_run_finds_v2_saf
     assert code == 0, output
     report = json.loads(output)
     assert report["safe"] and not report["baseline_errors"]
-    assert report["commands"] > 500 and report["to_version"] == 2
+    assert report["commands"] > 500 and report["to_version"] == fifo.LATEST_VERSION
     assert all(split["conserved"] for split in report["splits"])

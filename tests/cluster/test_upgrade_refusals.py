@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import fifo
 from cluster.cli.exits import CliError
 from cluster.cli.main import cli
 from cluster.client import Client
@@ -95,7 +96,8 @@ def test_an_upgrade_is_refused_while_a_member_is_capped_at_1(data_dir: Path) -> 
     state = json.loads(output)
     assert code == 0
     assert (state["effective_version"], state["switches"]) == (1, [])
-    assert state["supported"] == {"n1": 2, "n2": 2, "n3": 1}
+    latest = fifo.LATEST_VERSION  # n1 and n2 run today's code
+    assert state["supported"] == {"n1": latest, "n2": latest, "n3": 1}
     cluster.restart("n3", max_machine_version=2)  # newer code: the upgrade follows by itself
     wait_until(lambda: machine(cluster, "n1")["effective_version"] == 2, 20, "the switch")
     code, output = invoke("--data-dir", str(data_dir), "machine", "status")
@@ -107,7 +109,7 @@ def test_an_upgrade_is_refused_while_a_member_is_capped_at_1(data_dir: Path) -> 
 def test_a_node_capped_at_1_restarting_into_a_v2_cluster_is_refused_and_never_leads(
     data_dir: Path,
 ) -> None:
-    cluster = start(data_dir, {})
+    cluster = start(data_dir, {"n1": 2, "n2": 2, "n3": 2})  # a v2 cluster (v3 is newer)
     wait_until(lambda: machine(cluster, "n1")["effective_version"] == 2, 20, "automatic v2")
     switch = machine(cluster, "n1")["switches"][0]["index"]
     with cluster.client("n1") as client:

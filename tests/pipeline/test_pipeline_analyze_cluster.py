@@ -73,7 +73,7 @@ def record_workload(cluster: LocalCluster) -> None:
     (a consumer timeout, then acked by another consumer); 3 on the SAC queue `sac` (one SAC
     hand-over when the active consumer cancels)."""
     client = cluster.raw_client(cluster.leader())
-    wait_until(lambda: client.query("machine")["effective_version"] == 2, 15, "machine v2")
+    wait_until(lambda: client.query("machine")["effective_version"] >= 2, 15, "machine v2")
     for command in (
         DeclareQueue("dlx"),
         DeclareQueue("work", QueueConfig(dead_letter_queue="dlx")),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+import fifo
 from cluster.cli import exits
 from cluster.cli.main import main
 
@@ -101,7 +102,8 @@ def test_planted_bug_exits_1_and_prints_each_failing_seed_with_its_command(
         ["--seeds", "5", "--steps", "10", "--upgrade-at", "-3"],
         ["--seeds", "5", "--steps", "10", "--upgrade-at", "10"],
         ["--seeds", "5", "--steps", "10", "--machine-version", "99"],
-        ["--seeds", "5", "--steps", "10", "--machine-version", "2", "--upgrade-at", "random"],
+        ["--seeds", "5", "--steps", "10", "--machine-version", str(fifo.LATEST_VERSION),
+         "--upgrade-at", "random"],  # the latest version has nothing to upgrade to
         ["--seeds", "5", "--steps", "10", "--apply-fn", "no_such_module:apply"],
         ["--seeds", "5", "--steps", "10", "--apply-fn", "no-colon"],
         ["--steps", "10"],

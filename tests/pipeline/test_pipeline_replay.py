@@ -117,7 +117,7 @@ def test_a_generated_log_scans_in_chunks_and_replays_to_its_end_digest(tmp_path:
     stats = write_log(log, 300_000, seed=5, services=3)
     plan = scan_log(log, chunk_bytes=64 * 1024)
     assert len(plan.chunks) > 2 and plan.commands == stats.commands
-    assert plan.upgrades and plan.upgrades[0].to_version == 2
+    assert plan.upgrades and plan.upgrades[0].to_version == fifo.LATEST_VERSION
     rows = [row for start, end in plan.chunks for row in parse_chunk(str(log), start, end)]
     assert sum(1 for r in rows if r[0] == "cmd") == stats.commands
     groups = Groups()

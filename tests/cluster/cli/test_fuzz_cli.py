@@ -41,7 +41,8 @@ def test_json_output_has_the_documented_fields() -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["seed"] == 4 and report["steps"] == 300
-    assert report["final_machine_version"] == 2 and report["upgrade_index"] == 100
+    assert report["final_machine_version"] == fifo.LATEST_VERSION
+    assert report["upgrade_index"] == 100
     assert report["violations"] == [] and len(report["digest"]) == 64
     assert report["digest"] == fifo.fuzz.run(4, 300, 1, upgrade_at=100).digest
 
@@ -69,8 +70,8 @@ def test_table_output_is_readable() -> None:
         (["--seed", "1", "--steps", "10", "--machine-version", "9"], "--machine-version 9"),
         (["--seed", "1", "--steps", "10", "--machine-version", "1", "--upgrade-at", "soon"],
          "neither 'random' nor an integer"),
-        (["--seed", "1", "--steps", "10", "--machine-version", "2", "--upgrade-at", "3"],
-         "--upgrade-at needs"),
+        (["--seed", "1", "--steps", "10", "--machine-version", str(fifo.LATEST_VERSION),
+          "--upgrade-at", "3"], "--upgrade-at needs"),
         (["--seed", "1", "--steps", "10", "--machine-version", "1", "--upgrade-at", "10"],
          "must be below --steps"),
         (["--steps", "10", "--machine-version", "1"], "--seed"),
@@ -134,7 +135,7 @@ def test_real_process_upgrade_at_random_reports_the_index() -> None:
     """`--machine-version 1 --upgrade-at random` exits 0 and says where it upgraded."""
     report = quorumq_json("0", "--seed", "7", "--steps", "5000", "--machine-version", "1",
                           "--upgrade-at", "random")
-    assert report["final_machine_version"] == 2
+    assert report["final_machine_version"] == fifo.LATEST_VERSION
     assert isinstance(report["upgrade_index"], int) and 0 <= report["upgrade_index"] < 5000
 
 
