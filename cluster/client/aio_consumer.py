@@ -14,8 +14,8 @@ from typing import Protocol
 
 from cluster.client._asyncio import AsyncShell, reply_of
 from cluster.client._state import Buffered, ConsumerState
-from cluster.client.workpool_consumer import AsyncProcessing, OnError
 from cluster.client._wire import group_of
+from cluster.client.workpool_consumer import AsyncProcessing, OnError
 from fifo.commands import (
     Cancel,
     Command,
