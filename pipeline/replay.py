@@ -57,6 +57,7 @@ from fifo.effects import (
     Deliver,
     Released,
 )
+from fifo.fuzz import probe
 from fifo.meta import Meta
 from fifo.replies import DeclareOk, DequeueOk, Error
 from fifo.state import Consumer, Message, Queue, State
@@ -390,9 +391,13 @@ class GroupReplay:
         for row in left:
             del track.checked_out[row.loc]
         # 2. the ready and returns deques: pops at the head, appends at the tail
-        popped = self._pop_mirror(track.ready, q.ready) + self._pop_mirror(track.returns, q.returns)
-        returned = self._appended(track.returns, q.returns)
-        fresh = self._appended(track.ready, q.ready)
+        if q.grouping is None:
+            popped = self._pop_mirror(track.ready, q.ready)
+            popped += self._pop_mirror(track.returns, q.returns)
+            returned = self._appended(track.returns, q.returns)
+            fresh = self._appended(track.ready, q.ready)
+        else:
+            popped, returned, fresh = self._diff_waiting(track, q)
         for row in popped:
             row.loc = "popped"
         cause = CAUSE_BY_COMMAND.get(type(cmd), "other")
@@ -450,7 +455,7 @@ class GroupReplay:
         gone_popped = [r for r in popped if r.loc == "popped" and r is not auto_acked]
         self._settle_gone(name, track, q, cmd, own, effects, gone_left, gone_popped, auto_acked,
                           index, rate)  # fmt: skip
-        rate.ready = len(q.ready) + len(q.returns)
+        rate.ready = len(track.ready) + len(track.returns)
         rate.checked_out = q.messages_total - rate.ready
         if len(track.alive) != q.messages_total or len(track.checked_out) != rate.checked_out:
             self._resync(name, q, index)
@@ -546,6 +551,27 @@ class GroupReplay:
         key, mid = row.loc
         c = _find_consumer(q, key)
         return c is not None and c.checked_out.get(mid) is row.m
+
+    @staticmethod
+    def _diff_waiting(
+        track: QueueTrack, q: Queue
+    ) -> tuple[list[MessageRow], list[Message], list[Message]]:
+        """A grouped queue (machine v3) keeps its waiting messages in per-group deques, so the
+        mirror is a set: rows no longer waiting are popped; messages newly waiting are returned
+        (already tracked, e.g. back from a consumer) or fresh. Costs O(waiting) per command on
+        grouped queues only."""
+        waiting = list(probe.waiting(q))
+        present = {id(m) for m in waiting}
+        kept: deque[MessageRow] = deque()
+        popped: list[MessageRow] = []
+        for row in (*track.ready, *track.returns):
+            (kept if id(row.m) in present else popped).append(row)
+        known = {id(row.m) for row in kept}
+        added = [m for m in waiting if id(m) not in known]
+        track.ready, track.returns = kept, deque()
+        returned = [m for m in added if id(m) in track.alive]
+        fresh = [m for m in added if id(m) not in track.alive]
+        return popped, returned, fresh
 
     @staticmethod
     def _pop_mirror(mirror: deque[MessageRow], actual: deque[Message]) -> list[MessageRow]:
@@ -668,10 +694,11 @@ class GroupReplay:
             seen[id(m)] = row
             return row
 
-        track.ready = deque(row_for(m) for m in q.ready)
+        grouped = q.grouping is not None  # v3: waiting messages live in their groups
+        track.ready = deque(row_for(m) for m in (probe.waiting(q) if grouped else q.ready))
         for row in track.ready:
             row.loc = "ready"
-        track.returns = deque(row_for(m) for m in q.returns)
+        track.returns = deque(() if grouped else (row_for(m) for m in q.returns))
         for row in track.returns:
             row.loc = "returns"
         track.checked_out = {}
