@@ -1,80 +1,117 @@
 """The server-side sticky assignment: balanced, minimal moves, deterministic (ties by join order).
 
-A pure function of (queues, members in join order, previous assignment): no hashing, no set
-iteration, so every replica computes the same result. It is meant to move unchanged into machine
-v3's consumer groups. Rules: counts differ by at most one; the `+1` slots go first to members that
-already hold more than the floor (most first), then by join order; each member keeps the queues it
-owned up to its cap (in queue order); freed and new queues go, in queue order, to members under
-their cap in join order. This keeps the most queues possible among balanced assignments, and an
-assignment that is already balanced is returned unchanged.
+A pure function of (partitions, members in join order, previous assignment), standard library
+only, iterating no set and no dict it did not build in a fixed order, so every replica computes
+the same result; it is written to move unchanged into machine v3's consumer groups.
+Rules: counts differ by at most one; the `+1` slots go first to members that already hold more
+than the floor (most first, then join order), then by join order; each member keeps its previous
+partitions up to its cap (in partition order); freed and new partitions go, in partition order,
+to members under their cap in join order. This keeps the most partitions possible among balanced
+assignments (`tests/balance/test_sticky.py` checks it against a brute-force optimum), and an
+assignment that is already balanced comes back unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
-Assignment = dict[str, tuple[str, ...]]
+Partition = TypeVar("Partition", bound=Hashable)
+Member = TypeVar("Member", bound=Hashable)
 
 
 def assign(
-    queues: Sequence[str],
-    members: Sequence[str],
-    previous: Mapping[str, Sequence[str]] | None = None,
-) -> Assignment:
-    """Assign every queue to one member; `members` in join order, `queues` in a stable order."""
+    partitions: Sequence[Partition],
+    members: Sequence[Member],
+    previous: Mapping[Member, Sequence[Partition]] | None = None,
+) -> dict[Member, tuple[Partition, ...]]:
+    """Every partition to one member: `members` in join order, `partitions` in a stable order.
+
+    `previous` may name members that left and partitions that no longer exist (both ignored).
+    """
     if len(set(members)) != len(members):
         raise ValueError("members must be distinct")
-    if len(set(queues)) != len(queues):
-        raise ValueError("queues must be distinct")
+    if len(set(partitions)) != len(partitions):
+        raise ValueError("partitions must be distinct")
     if not members:
         return {}
-    owned = _still_owned(queues, members, previous or {})
-    caps = _caps(len(queues), members, owned)
-    out: dict[str, list[str]] = {m: owned[m][: caps[m]] for m in members}
-    taken = {q for kept in out.values() for q in kept}
-    free = iter([q for q in queues if q not in taken])
-    for m in members:
-        while len(out[m]) < caps[m]:
-            out[m].append(next(free))
-    index = {q: i for i, q in enumerate(queues)}
-    return {m: tuple(sorted(out[m], key=index.__getitem__)) for m in members}
+    owned = _still_owned(partitions, members, previous or {})
+    caps = _caps(len(partitions), members, owned)
+    kept = {member: owned[member][: caps[member]] for member in members}
+    taken = {partition for held in kept.values() for partition in held}
+    free = iter([partition for partition in partitions if partition not in taken])
+    for member in members:
+        held = kept[member]
+        while len(held) < caps[member]:
+            held.append(next(free))
+    position = {partition: index for index, partition in enumerate(partitions)}
+    return {member: tuple(sorted(kept[member], key=position.__getitem__)) for member in members}
 
 
 def _still_owned(
-    queues: Sequence[str], members: Sequence[str], previous: Mapping[str, Sequence[str]]
-) -> dict[str, list[str]]:
-    """Each member's previous queues that still exist, in queue order; a queue claimed twice
-    stays with the earlier-joined member."""
-    claimed: dict[str, str] = {}
-    for m in members:
-        for q in previous.get(m, ()):
-            claimed.setdefault(q, m)
-    owned: dict[str, list[str]] = {m: [] for m in members}
-    for q in queues:
-        holder = claimed.get(q)
+    partitions: Sequence[Partition],
+    members: Sequence[Member],
+    previous: Mapping[Member, Sequence[Partition]],
+) -> dict[Member, list[Partition]]:
+    """Each member's previous partitions that still exist, in partition order; a partition
+    claimed twice stays with the earlier-joined member."""
+    claimed: dict[Partition, Member] = {}
+    for member in members:
+        for partition in previous.get(member, ()):
+            claimed.setdefault(partition, member)
+    owned: dict[Member, list[Partition]] = {member: [] for member in members}
+    for partition in partitions:
+        holder = claimed.get(partition)
         if holder is not None:
-            owned[holder].append(q)
+            owned[holder].append(partition)
     return owned
 
 
 def _caps(
-    queue_count: int, members: Sequence[str], owned: Mapping[str, list[str]]
-) -> dict[str, int]:
-    floor, extra = divmod(queue_count, len(members))
+    partition_count: int, members: Sequence[Member], owned: Mapping[Member, list[Partition]]
+) -> dict[Member, int]:
+    """Floor for all; the `partition_count % len(members)` extra slots first to members that
+    would keep one more with it (each such slot keeps exactly one more), then by join order."""
+    floor, extra = divmod(partition_count, len(members))
     caps = dict.fromkeys(members, floor)
-    join = {m: i for i, m in enumerate(members)}
-    for m in sorted(members, key=lambda m: (-len(owned[m]), join[m])):
-        if extra and len(owned[m]) > floor:
-            caps[m] += 1
+    join = {member: index for index, member in enumerate(members)}
+    for member in sorted(members, key=lambda member: (-len(owned[member]), join[member])):
+        if extra and len(owned[member]) > floor:
+            caps[member] += 1
             extra -= 1
-    for m in members:
-        if extra and caps[m] == floor:
-            caps[m] += 1
+    for member in members:
+        if extra and caps[member] == floor:
+            caps[member] += 1
             extra -= 1
     return caps
 
 
-def moves(previous: Mapping[str, Sequence[str]], current: Mapping[str, Sequence[str]]) -> int:
-    """Queues whose previous owner is still a member and now owns it no longer."""
-    owner = {q: m for m, qs in current.items() for q in qs}
-    return sum(1 for m, qs in previous.items() if m in current for q in qs if owner.get(q, m) != m)
+def moves(
+    previous: Mapping[Member, Sequence[Partition]], current: Mapping[Member, Sequence[Partition]]
+) -> int:
+    """Partitions whose previous owner is still a member and no longer owns them."""
+    owner = {partition: member for member, held in current.items() for partition in held}
+    return sum(
+        1
+        for member, held in previous.items()
+        if member in current
+        for partition in held
+        if partition in owner and owner[partition] != member
+    )
+
+
+def moves_lower_bound(
+    partitions: Sequence[Partition],
+    members: Sequence[Member],
+    previous: Mapping[Member, Sequence[Partition]],
+) -> int:
+    """The fewest moves any balanced assignment needs: partitions still held by a remaining
+    member, minus the most of them a balanced assignment can leave in place."""
+    if not members:
+        return 0
+    owned = _still_owned(partitions, members, previous)
+    floor, extra = divmod(len(partitions), len(members))
+    holding = sum(len(held) for held in owned.values())
+    keep = sum(min(len(held), floor) for held in owned.values())
+    keep += min(extra, sum(1 for held in owned.values() if len(held) > floor))
+    return holding - keep
