@@ -18,6 +18,7 @@ from typing import Any
 import click
 import structlog
 
+from cluster.chaos import group_workload
 from cluster.chaos.nemesis import FAULT_KINDS, LEADER_TOKEN, expand_faults
 from cluster.chaos.run import RunParams, run
 from cluster.chaos.workload import WorkloadParams
@@ -58,6 +59,15 @@ def _quiet_logs(verbose: bool) -> None:
     help="Output dir (default results/chaos-seed<N>).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
+@click.option(
+    "--workload",
+    type=click.Choice(["queues", "groups"]),
+    default="queues",
+    show_default=True,
+    help="queues: consumers per queue; groups: a consumer group over a partitioned queue.",
+)
+@click.option("--partitions", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option("--members", type=click.IntRange(1, 32), default=3, show_default=True)
 @click.option("--producers", type=click.IntRange(1, 32), default=3, show_default=True)
 @click.option("--consumers", type=click.IntRange(1, 32), default=3, show_default=True)
 @click.option("--queues", type=click.IntRange(1, 16), default=2, show_default=True)
@@ -89,6 +99,9 @@ def main(
     seed: int,
     out_dir: Path | None,
     as_json: bool,
+    workload: str,
+    partitions: int,
+    members: int,
     producers: int,
     consumers: int,
     queues: int,
@@ -109,6 +122,9 @@ def main(
         expand_faults(tokens)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--faults") from err
+    if workload == "groups" and (why := group_workload.unavailable_reason()):
+        click.echo(f"--workload groups: {why}", err=True)
+        sys.exit(69)  # EX_UNAVAILABLE
     _quiet_logs(verbose)
     params = RunParams(
         duration_s=duration_s,
