@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.balance import groups
-from cluster.balance.groups import Grant, Group, Revoke
+from cluster.balance import consumer_groups as groups
+from cluster.balance.consumer_groups import Grant, Group, Revoke
 from cluster.balance.sticky import moves_lower_bound
 
 
