@@ -45,7 +45,7 @@ class Grant:
 Action = Revoke | Grant
 
 
-class GroupMember:
+class Membership:
     """One member: its join position, the epoch of this incarnation, and its connection."""
 
     __slots__ = ("connection", "epoch", "join_seq", "member")
@@ -57,7 +57,7 @@ class GroupMember:
         self.connection = connection
 
 
-class Group:
+class ConsumerGroup:
     """A consumer group over the partitions of one partitioned queue."""
 
     __slots__ = (
@@ -78,7 +78,7 @@ class Group:
         self.name = name
         self.queue = queue
         self.partitions = partitions
-        self.members: dict[str, GroupMember] = {}  # insertion order = join order
+        self.members: dict[str, Membership] = {}  # insertion order = join order
         self.next_join_seq = 0
         self.epoch = 0  # bumped by every rebalance that changes the target, and every join
         self.target: dict[str, str] = {}  # partition -> member it should go to
@@ -115,7 +115,9 @@ class Group:
         return current is None or current.epoch != epoch
 
 
-def join(group: Group, member: str, connection: object, index: int) -> tuple[int, list[Action]]:
+def join(
+    group: ConsumerGroup, member: str, connection: object, index: int
+) -> tuple[int, list[Action]]:
     """Add a member (last in join order) and rebalance; returns its epoch and the actions.
 
     The caller checks that `member` is not already in the group.
@@ -123,12 +125,12 @@ def join(group: Group, member: str, connection: object, index: int) -> tuple[int
     if member in group.members:
         raise ValueError(f"{member!r} is already a member of {group.name!r}")
     group.epoch += 1
-    group.members[member] = GroupMember(member, group.next_join_seq, group.epoch, connection)
+    group.members[member] = Membership(member, group.next_join_seq, group.epoch, connection)
     group.next_join_seq += 1
     return group.epoch, rebalance(group, index)
 
 
-def leave(group: Group, member: str, index: int) -> list[Action]:
+def leave(group: ConsumerGroup, member: str, index: int) -> list[Action]:
     """Remove a member (leave, connection or node down, timeout) and rebalance.
 
     Its partitions are revoked; they go to their new member once `released`.
@@ -137,7 +139,7 @@ def leave(group: Group, member: str, index: int) -> list[Action]:
     return rebalance(group, index)
 
 
-def rebalance(group: Group, index: int) -> list[Action]:
+def rebalance(group: ConsumerGroup, index: int) -> list[Action]:
     """Recompute the target from the current one; revoke what moves, grant what is free.
 
     A partition already revoked (still draining) is not revoked twice; if the new target gives
@@ -166,7 +168,7 @@ def rebalance(group: Group, index: int) -> list[Action]:
     return actions
 
 
-def released(group: Group, partition: str) -> list[Action]:
+def released(group: ConsumerGroup, partition: str) -> list[Action]:
     """The draining holder of `partition` holds no message of it any more: hand it over."""
     if partition not in group.revoking:
         raise ValueError(f"{partition!r} is not being revoked")
@@ -175,7 +177,7 @@ def released(group: Group, partition: str) -> list[Action]:
     return _grant_free(group)
 
 
-def _grant_free(group: Group) -> list[Action]:
+def _grant_free(group: ConsumerGroup) -> list[Action]:
     actions: list[Action] = []
     for partition in group.partitions:
         member = group.target.get(partition)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster.balance import consumer_groups as groups
-from cluster.balance.consumer_groups import Grant, Group, Revoke
+from cluster.balance.consumer_groups import ConsumerGroup, Grant, Revoke
 from cluster.balance.sticky import moves_lower_bound
 
 
@@ -23,7 +23,7 @@ from cluster.balance.sticky import moves_lower_bound
 class Model:
     """The machine's side: checked-out messages per (member, partition), active consumers."""
 
-    group: Group
+    group: ConsumerGroup
     checked_out: dict[tuple[str, str], int] = field(default_factory=dict)
     active: dict[str, str] = field(default_factory=dict)  # partition -> member delivering
     log: list[object] = field(default_factory=list)
@@ -123,7 +123,9 @@ STEPS = st.lists(
 
 
 def run(partition_count: int, steps: list[tuple[str, int]]) -> Model:
-    model = Model(Group("g", "orders", tuple(f"orders.{i}" for i in range(partition_count))))
+    model = Model(
+        ConsumerGroup("g", "orders", tuple(f"orders.{i}" for i in range(partition_count)))
+    )
     for kind, pick in steps:
         if kind == "join":
             model.join()
@@ -176,7 +178,7 @@ def test_the_same_steps_give_the_same_actions(
 def test_eight_partitions_three_members_then_a_crash_is_four_four_with_three_moves() -> None:
     """Acceptance 1's arithmetic: 3/3/2, then one member of three goes: 4/4, 3 partitions move,
     each granted only after its holder released it."""
-    model = Model(Group("g", "orders", tuple(f"orders.{i}" for i in range(8))))
+    model = Model(ConsumerGroup("g", "orders", tuple(f"orders.{i}" for i in range(8))))
     for _ in range(3):
         model.join()
     assert [len(held) for held in model.group.assignment().values()] == [3, 3, 2]
@@ -191,7 +193,7 @@ def test_eight_partitions_three_members_then_a_crash_is_four_four_with_three_mov
 
 def test_a_moved_partition_waits_for_the_old_holders_messages() -> None:
     """A join takes partitions from members with messages out: the grant waits for the settle."""
-    model = Model(Group("g", "orders", ("orders.0", "orders.1")))
+    model = Model(ConsumerGroup("g", "orders", ("orders.0", "orders.1")))
     model.join()
     model.deliver(0)
     model.deliver(1)
@@ -208,7 +210,7 @@ def test_a_moved_partition_waits_for_the_old_holders_messages() -> None:
 
 def test_stale_epochs_are_fenced() -> None:
     """A member that left and joined again: its old epoch is stale, its new one is not."""
-    group = Group("g", "orders", ("orders.0",))
+    group = ConsumerGroup("g", "orders", ("orders.0",))
     old, _ = groups.join(group, "a", None, 1)
     groups.leave(group, "a", 2)
     assert group.is_stale("a", old)
@@ -218,7 +220,7 @@ def test_stale_epochs_are_fenced() -> None:
 
 def test_joining_twice_is_a_caller_error() -> None:
     """The machine checks membership before calling join."""
-    group = Group("g", "orders", ("orders.0",))
+    group = ConsumerGroup("g", "orders", ("orders.0",))
     groups.join(group, "a", None, 1)
     with pytest.raises(ValueError):
         groups.join(group, "a", None, 2)
