@@ -46,15 +46,19 @@ Action = Revoke | Grant
 
 
 class Membership:
-    """One member: its join position, the epoch of this incarnation, and its connection."""
+    """One member: its join position, the epoch of this incarnation, its connection and the
+    checkout spec (prefetch or credit) of its consumers."""
 
-    __slots__ = ("connection", "epoch", "join_seq", "member")
+    __slots__ = ("connection", "epoch", "join_seq", "member", "spec")
 
-    def __init__(self, member: str, join_seq: int, epoch: int, connection: object) -> None:
+    def __init__(
+        self, member: str, join_seq: int, epoch: int, connection: object, spec: object = None
+    ) -> None:
         self.member = member
         self.join_seq = join_seq
         self.epoch = epoch
         self.connection = connection
+        self.spec = spec
 
 
 class ConsumerGroup:
@@ -64,6 +68,7 @@ class ConsumerGroup:
         "epoch",
         "holder",
         "last_moves",
+        "last_reassigned",
         "last_rebalance_index",
         "members",
         "name",
@@ -85,7 +90,8 @@ class ConsumerGroup:
         self.holder: dict[str, str] = {}  # partition -> member active or draining on it
         self.revoking: dict[str, str] = {}  # partition -> its holder, told to stop (draining)
         self.last_rebalance_index = 0
-        self.last_moves = 0
+        self.last_moves = 0  # partitions taken from a member still in the group
+        self.last_reassigned = 0  # partitions whose member changed (the departed's included)
 
     def member_order(self) -> list[str]:
         """Member ids in join order."""
@@ -116,7 +122,7 @@ class ConsumerGroup:
 
 
 def join(
-    group: ConsumerGroup, member: str, connection: object, index: int
+    group: ConsumerGroup, member: str, connection: object, spec: object, index: int
 ) -> tuple[int, list[Action]]:
     """Add a member (last in join order) and rebalance; returns its epoch and the actions.
 
@@ -125,7 +131,7 @@ def join(
     if member in group.members:
         raise ValueError(f"{member!r} is already a member of {group.name!r}")
     group.epoch += 1
-    group.members[member] = Membership(member, group.next_join_seq, group.epoch, connection)
+    group.members[member] = Membership(member, group.next_join_seq, group.epoch, connection, spec)
     group.next_join_seq += 1
     return group.epoch, rebalance(group, index)
 
@@ -147,11 +153,15 @@ def rebalance(group: ConsumerGroup, index: int) -> list[Action]:
     """
     previous = group.assignment()
     new = assign(group.partitions, group.member_order(), previous) if group.members else {}
+    target = {partition: member for member, held in new.items() for partition in held}
     if new != previous:
         group.last_moves = moves(previous, new)
+        group.last_reassigned = sum(
+            1 for partition, member in group.target.items() if target.get(partition) != member
+        )
         group.last_rebalance_index = index
         group.epoch += 1
-    group.target = {partition: member for member, held in new.items() for partition in held}
+    group.target = target
     actions: list[Action] = []
     for partition in group.partitions:
         holder = group.holder.get(partition)

@@ -56,7 +56,7 @@ class Model:
         self.names += 1
         member = f"member-{self.names}"
         bound = self.bound([*self.group.member_order(), member])
-        _, actions = groups.join(self.group, member, None, self.index)
+        _, actions = groups.join(self.group, member, None, None, self.index)
         self.check_moves_then(bound, actions)
 
     def leave(self, pick: int) -> None:
@@ -186,6 +186,7 @@ def test_eight_partitions_three_members_then_a_crash_is_four_four_with_three_mov
     model.leave(1)
     assert [len(held) for held in model.group.assignment().values()] == [4, 4]
     assert model.group.last_moves == 0  # the departed member's partitions are not moves
+    assert model.group.last_reassigned == 3
     revoked = [a for a in model.log if isinstance(a, Revoke)]
     granted = [a for a in model.log if isinstance(a, Grant)]
     assert len(revoked) == len(granted) == 3 and model.group.pending() == ()
@@ -211,19 +212,19 @@ def test_a_moved_partition_waits_for_the_old_holders_messages() -> None:
 def test_stale_epochs_are_fenced() -> None:
     """A member that left and joined again: its old epoch is stale, its new one is not."""
     group = ConsumerGroup("g", "orders", ("orders.0",))
-    old, _ = groups.join(group, "a", None, 1)
+    old, _ = groups.join(group, "a", None, None, 1)
     groups.leave(group, "a", 2)
     assert group.is_stale("a", old)
-    new, _ = groups.join(group, "a", None, 3)
+    new, _ = groups.join(group, "a", None, None, 3)
     assert new > old and group.is_stale("a", old) and not group.is_stale("a", new)
 
 
 def test_joining_twice_is_a_caller_error() -> None:
     """The machine checks membership before calling join."""
     group = ConsumerGroup("g", "orders", ("orders.0",))
-    groups.join(group, "a", None, 1)
+    groups.join(group, "a", None, None, 1)
     with pytest.raises(ValueError):
-        groups.join(group, "a", None, 2)
+        groups.join(group, "a", None, None, 2)
 
 
 def test_the_module_is_pure_enough_to_move_into_fifo() -> None:
