@@ -26,7 +26,7 @@ from fifo import effects as e
 from fifo import replies as r
 from fifo.errors import CodecError
 from fifo.meta import Meta
-from fifo.state import Consumer, Enqueuer, Message, Queue, State
+from fifo.state import Consumer, Enqueuer, Group, Grouping, Message, Queue, State
 
 TAG_BASE = 71_000
 # Frozen table: tag = TAG_BASE + position. Append only.
@@ -40,6 +40,7 @@ CLASSES: tuple[type, ...] = (
     r.CancelOk, r.DequeuedMessage, r.DequeueOk, r.PurgeOk,
     e.Delivery, e.Deliver, e.CreditReply, e.QueueStatus, e.Released, e.ConsumerUpdate,
     e.ConsumerCancelled, e.DeadLettered,
+    c.GroupConfig, c.DeclareGroupedQueue, c.AnnotatedEnqueue, c.PurgeGroup,
 )  # fmt: skip
 SNAPSHOT_FORMAT = 1
 _NO_DEFAULT = object()
@@ -425,8 +426,13 @@ def decode_unchecked(data: bytes) -> Any:
 
 # Snapshot records are positional arrays as well. A field added to a state class is appended to
 # its record, with its default listed here, so older snapshots (shorter records) still restore.
-_RECORD_WIDTH = {"message": 6, "consumer": 19, "enqueuer": 6, "queue": 13}
-_RECORD_DEFAULTS: dict[str, tuple[Any, ...]] = {}  # kind -> defaults of appended trailing fields
+# v3 appended (pos, group, enqueued_at) to messages and the grouping to queues: they are written
+# only when set (a grouped queue's messages, a grouped queue), so v1/v2 snapshots keep their bytes.
+_RECORD_WIDTH = {"message": 9, "consumer": 19, "enqueuer": 6, "queue": 14}
+_RECORD_DEFAULTS: dict[str, tuple[Any, ...]] = {  # kind -> defaults of appended trailing fields
+    "message": (0, None, 0),
+    "queue": (None,),
+}
 
 
 def _record(v: Any, kind: str) -> list[Any]:
@@ -441,6 +447,9 @@ def _record(v: Any, kind: str) -> list[Any]:
 
 
 def _msg_out(m: Message) -> list[Any]:
+    if m.pos:
+        return [m.body, m.expiry, m.delivery_count, m.acquired_count, list(m.annotations), m.lock,
+                m.pos, m.group, m.enqueued_at]  # fmt: skip
     return [m.body, m.expiry, m.delivery_count, m.acquired_count, list(m.annotations), m.lock]
 
 
@@ -448,7 +457,33 @@ def _msg_in(v: Any) -> Message:
     v = _record(v, "message")
     m = Message(v[0], v[1])
     m.delivery_count, m.acquired_count, m.annotations, m.lock = v[2], v[3], _tuples(v[4]), v[5]
+    m.pos, m.group, m.enqueued_at = v[6], v[7], v[8]
     return m
+
+
+def _grouping_out(g: Grouping) -> list[Any]:
+    return [
+        g.config, g.next_pos,
+        [[x.gid, x.owner, x.checked_out, [_msg_out(m) for m in x.returns],
+          [_msg_out(m) for m in x.ready]] for x in g.groups.values()],
+        list(g.idle),
+    ]  # fmt: skip
+
+
+def _grouping_in(v: Any) -> Grouping | None:
+    if v is None:
+        return None
+    g = Grouping(v[0])
+    g.next_pos = v[1]
+    for gid, owner, checked_out, returns, ready in v[2]:
+        x = Group(gid)
+        x.owner, x.checked_out = owner, checked_out
+        x.returns = [_msg_in(m) for m in returns]
+        x.ready = deque(_msg_in(m) for m in ready)
+        g.groups[gid] = x
+    g.idle = dict.fromkeys(v[3])
+    g.rebuild()
+    return g
 
 
 def _consumer_out(x: Consumer) -> list[Any]:
@@ -490,6 +525,7 @@ def _queue_out(q: Queue) -> list[Any]:
         [_enqueuer_out(x) for x in q.enqueuers.values()], q.blocked_count,
         [_consumer_out(x) for x in q.consumers.values()], [_consumer_out(x) for x in q.waiting],
         [[p, list(keys)] for p, keys in q.service.items()], q.last_active,
+        *([] if q.grouping is None else [_grouping_out(q.grouping)]),
     ]  # fmt: skip
 
 
@@ -506,6 +542,7 @@ def _queue_in(v: Any) -> Queue:
     q.service = {p: deque(keys) for p, keys in v[11]}
     for x in (*q.consumers.values(), *q.waiting):
         q.key_by_id[c.ConsumerId(x.tag, x.connection)] = x.key
+    q.grouping = _grouping_in(v[13])
     return q
 
 

@@ -36,6 +36,8 @@ class ConsumerId:
 ConsumerKey = int | ConsumerId
 
 Overflow = Literal["drop_head", "reject_publish"]
+GroupPolicy = Literal["sequenced", "exclusive"]
+GROUP_KEY_DEFAULT = "x-group-id"
 DownReason = Literal["normal", "noconnection"]
 
 CONSUMER_TIMEOUT_MS_DEFAULT = 1_800_000
@@ -266,6 +268,45 @@ class NodeUp:
     node: str
 
 
+# --- machine v3: message groups (new classes: the shipped ones keep their bytes) -----------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """Message groups of a queue (v3): the annotation naming a message's group, and the policy.
+
+    `sequenced`: a group belongs to a consumer only while it holds messages of it. `exclusive`:
+    a group sticks to the consumer that got its first message for as long as that consumer
+    lives; `rebalance_groups_on_join` then redistributes idle groups when a consumer joins.
+    """
+
+    group_key: str = GROUP_KEY_DEFAULT
+    policy: GroupPolicy = "sequenced"
+    rebalance_groups_on_join: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareGroupedQueue(DeclareQueue):
+    """Create a queue with message groups (v3); machines before v3 refuse it (unknown_command)."""
+
+    groups: GroupConfig = GroupConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class AnnotatedEnqueue(Enqueue):
+    """Publish one message with annotations (v3); a grouped queue reads the message's group from
+    the annotation its `group_key` names (`x-group-id` by default). Machines before v3 refuse it."""
+
+    annotations: tuple[tuple[str, str | int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeGroup(Purge):
+    """Drop the waiting messages of one group of a grouped queue (v3); None: the default group."""
+
+    group: str | None = None
+
+
 Command = (
     DeclareQueue
     | DeleteQueue
@@ -286,4 +327,7 @@ Command = (
     | ConnectionDown
     | NodeDown
     | NodeUp
+    | DeclareGroupedQueue
+    | AnnotatedEnqueue
+    | PurgeGroup
 )

@@ -23,3 +23,4 @@ seq_max = (1 << 63) - 1
 int_field_max = (1 << 63) - 1
 serial_modulus = 1 << 32
 dead_letter_hops_max = 4
+groups_per_queue_max = 100_000  # v3: message groups tracked per queue (waiting, held or owned)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fifo.commands import ConnectionId, ConsumerKey, QueueConfig
-from fifo.state import Consumer, Queue, State
+from fifo.commands import ConnectionId, ConsumerKey, GroupConfig, QueueConfig
+from fifo.state import Consumer, GroupId, Message, Queue, State
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,19 @@ class MessageInfo:
     expiry_ms: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """One tracked message group of a grouped queue (v3), as `quorumq queue groups` shows it."""
+
+    group: GroupId  # None: the default group (messages without the group annotation)
+    ready: int  # waiting messages (returned ones included)
+    returned: int
+    checked_out: int
+    owner: ConsumerKey | None  # sequenced: the holder; exclusive: the sticky owner
+    owner_tag: str | None
+    oldest_age_ms: int | None  # age of the oldest waiting message, by the machine's clock
+
+
 def state_version(state: State) -> int:
     """The machine version the state is shaped for."""
     return state.version
@@ -79,8 +92,13 @@ def overview(state: State, queue: str) -> QueueOverview | None:
     if q is None:
         return None
     checked_out = sum(len(c.checked_out) for c in (*q.consumers.values(), *q.waiting))
+    ready, returned = len(q.ready), len(q.returns)
+    if q.grouping is not None:
+        for g in q.grouping.groups.values():
+            ready += len(g.ready)
+            returned += len(g.returns)
     return QueueOverview(
-        name=q.name, ready=len(q.ready), returned=len(q.returns), checked_out=checked_out,
+        name=q.name, ready=ready, returned=returned, checked_out=checked_out,
         total=q.messages_total, bytes=q.bytes_ready, checked_out_bytes=q.bytes_checkout,
         consumers=len(q.consumers), waiting_consumers=len(q.waiting),
         active_consumer=_active_key(q), enqueuers=len(q.enqueuers), config=q.config,
@@ -133,9 +151,43 @@ def messages(state: State, queue: str, limit: int = 100) -> list[MessageInfo]:
     if q is None or type(limit) is not int or limit <= 0:
         return []
     out: list[MessageInfo] = []
+    if q.grouping is not None:  # v3 grouped: waiting messages in enqueue order
+        waiting = [(m.pos, False, m) for g in q.grouping.groups.values() for m in g.ready]
+        waiting += [(m.pos, True, m) for g in q.grouping.groups.values() for m in g.returns]
+        waiting.sort(key=lambda item: item[0])
+        for _, returned, m in waiting[:limit]:
+            out.append(MessageInfo(len(out), m.body, returned, m.delivery_count, m.expiry))
+        return out
     for returned, src in ((False, q.ready), (True, q.returns)):
         for m in src:
             if len(out) >= limit:
                 return out
             out.append(MessageInfo(len(out), m.body, returned, m.delivery_count, m.expiry))
     return out
+
+
+def group_config(state: State, queue: str) -> GroupConfig | None:
+    """The message-group config of a queue (v3), None if it is not grouped or does not exist."""
+    q = state.queues.get(queue)
+    return None if q is None or q.grouping is None else q.grouping.config
+
+
+def groups(state: State, queue: str, limit: int = 1000) -> list[GroupInfo]:
+    """The tracked groups of a grouped queue (v3), oldest waiting message first, then idle and
+    held-only groups in id order; at most `limit`. Empty for an ungrouped or unknown queue."""
+    q = state.queues.get(queue)
+    if q is None or q.grouping is None or type(limit) is not int or limit <= 0:
+        return []
+    tags = {c.key: c.tag for c in (*q.consumers.values(), *q.waiting)}
+    now = state.last_time
+    rows: list[tuple[tuple[int, int, str], GroupInfo]] = []
+    for g in q.grouping.groups.values():
+        head: Message | None = g.returns[0] if g.returns else (g.ready[0] if g.ready else None)
+        oldest = None if head is None else head.enqueued_at  # the head is the oldest waiting
+        info = GroupInfo(g.gid, len(g.returns) + len(g.ready), len(g.returns), g.checked_out,
+                         g.owner, tags.get(g.owner) if g.owner is not None else None,
+                         None if oldest is None else max(0, now - oldest))  # fmt: skip
+        order = (0, head.pos, "") if head is not None else (1, 0, "" if g.gid is None else g.gid)
+        rows.append((order, info))
+    rows.sort(key=lambda row: row[0])
+    return [info for _, info in rows[:limit]]

@@ -6,17 +6,30 @@ the machine modules write to them, queries and the codec only read them.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
-from fifo.commands import ConnectionId, ConsumerKey, QueueConfig
+from fifo.commands import ConnectionId, ConsumerKey, GroupConfig, QueueConfig
 
 Annotations = tuple[tuple[str, str | int], ...]
+GroupId = str | None  # None: the default group (messages without the group annotation)
+HeapEntry = tuple[int, GroupId]  # (position of a group's head message, group)
 
 
 class Message:
     """One message: body in memory, expiry, failed deliveries and acquisitions, consumer lock."""
 
-    __slots__ = ("acquired_count", "annotations", "body", "delivery_count", "expiry", "lock")
+    __slots__ = (
+        "acquired_count",
+        "annotations",
+        "body",
+        "delivery_count",
+        "enqueued_at",
+        "expiry",
+        "group",
+        "lock",
+        "pos",
+    )
 
     def __init__(self, body: bytes, expiry: int | None) -> None:
         self.body = body
@@ -25,6 +38,11 @@ class Message:
         self.acquired_count = 0  # acquisitions that ended in a return or discard
         self.annotations: Annotations = ()
         self.lock = 0  # v2: absolute ms at which the consumer lock expires while checked out
+        # v3 grouped queues only (pos 0 elsewhere): position in the queue (enqueue order, from 1),
+        # the message's group and its enqueue time (for a group's oldest age)
+        self.pos = 0
+        self.group: GroupId = None
+        self.enqueued_at = 0
 
 
 class Consumer:
@@ -100,6 +118,7 @@ class Queue:
         "config",
         "consumers",
         "enqueuers",
+        "grouping",
         "key_by_id",
         "last_active",
         "messages_total",
@@ -126,6 +145,81 @@ class Queue:
         # consumer priority -> keys with credit, round robin within a level
         self.service: dict[int, deque[ConsumerKey]] = {}
         self.last_active = now
+        self.grouping: Grouping | None = None  # v3: message groups (None: not grouped)
+
+
+class Group:
+    """One tracked message group of a grouped queue: its waiting messages and its owner.
+
+    Waiting messages are `returns` (returned ones, in position order, served first) then `ready`.
+    `owner` holds the group: `sequenced`, while it has checked-out messages of it; `exclusive`,
+    from its first delivery for as long as the consumer lives.
+    """
+
+    __slots__ = ("checked_out", "gid", "owner", "ready", "returns")
+
+    def __init__(self, gid: GroupId) -> None:
+        self.gid = gid
+        self.returns: list[Message] = []
+        self.ready: deque[Message] = deque()
+        self.checked_out = 0  # messages of the group held by consumers
+        self.owner: ConsumerKey | None = None
+
+
+class Grouping:
+    """The message groups of a queue (v3). A grouped queue keeps its waiting messages here (its
+    `ready` and `returns` stay empty).
+
+    Replicated: `config`, `next_pos`, `groups` (insertion order) and `idle`. The heaps are indexes
+    rebuilt from them (on restore, or when stale entries pile up): entries are (head position,
+    group) and an entry is valid only while it names the group's current head and the heap is
+    the one of the group's owner (`free` for no owner); stale entries are dropped lazily.
+    """
+
+    __slots__ = ("by_owner", "config", "free", "groups", "heads", "idle", "next_pos", "owned",
+                 "pushes", "waiting")  # fmt: skip
+
+    def __init__(self, config: GroupConfig) -> None:
+        self.config = config
+        self.next_pos = 1
+        self.groups: dict[GroupId, Group] = {}
+        # exclusive: owned groups with nothing waiting or checked out, oldest first (evicted first
+        # when the queue tracks groups_per_queue_max groups)
+        self.idle: dict[GroupId, None] = {}
+        # indexes (not replicated, derived from the above)
+        self.free: list[HeapEntry] = []  # groups without owner that have waiting messages
+        self.owned: dict[ConsumerKey, list[HeapEntry]] = {}  # per owner, likewise
+        self.heads: list[HeapEntry] = []  # every group with waiting messages (expiry, drop-head)
+        self.by_owner: dict[ConsumerKey, dict[GroupId, None]] = {}
+        self.pushes = 0  # heap pushes since the last rebuild
+        self.waiting = 0  # waiting messages in all groups (derived)
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Rebuild the indexes from the replicated fields (after a restore; drops stale entries).
+
+        Deterministic: heaps built from the groups in insertion order, owners in first-seen order.
+        """
+        self.free, self.heads, self.owned, self.by_owner = [], [], {}, {}
+        self.waiting = 0
+        for gid, g in self.groups.items():
+            self.waiting += len(g.returns) + len(g.ready)
+            if g.owner is not None:
+                self.by_owner.setdefault(g.owner, {})[gid] = None
+            head = g.returns[0] if g.returns else (g.ready[0] if g.ready else None)
+            if head is None:
+                continue
+            entry = (head.pos, gid)
+            self.heads.append(entry)
+            if g.owner is None:
+                self.free.append(entry)
+            else:
+                self.owned.setdefault(g.owner, []).append(entry)
+        heapq.heapify(self.free)
+        heapq.heapify(self.heads)
+        for heap in self.owned.values():
+            heapq.heapify(heap)
+        self.pushes = 0
 
 
 class State:

@@ -15,13 +15,18 @@ from fifo.state import State
 from fifo.v1.registry import MachineV1
 from fifo.v2.convert import convert_v1_to_v2
 from fifo.v2.registry import MachineV2
+from fifo.v3.convert import convert_v2_to_v3
+from fifo.v3.registry import MachineV3
 
 Machine = MachineV1  # every version's machine is (a subclass of) the v1 machine
-SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
-LATEST_VERSION = 2
-MACHINES: dict[int, Machine] = {1: MachineV1(), 2: MachineV2()}
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
+LATEST_VERSION = 3
+MACHINES: dict[int, Machine] = {1: MachineV1(), 2: MachineV2(), 3: MachineV3()}
 # CONVERSIONS[n] turns a state of version n - 1 into one of version n
-CONVERSIONS: dict[int, Callable[[State, Meta], State]] = {2: convert_v1_to_v2}
+CONVERSIONS: dict[int, Callable[[State, Meta], State]] = {
+    2: convert_v1_to_v2,
+    3: convert_v2_to_v3,
+}
 
 
 def machine_for(version: int) -> Machine:

@@ -12,6 +12,7 @@ from typing import Any, Literal, cast
 from fifo.commands import (
     CONSUMER_TIMEOUT_MS_DEFAULT,
     DISCONNECTED_TIMEOUT_MS_DEFAULT,
+    AnnotatedEnqueue,
     Cancel,
     Checkout,
     CheckoutSpec,
@@ -22,16 +23,19 @@ from fifo.commands import (
     ConsumerKey,
     Credit,
     Credited,
+    DeclareGroupedQueue,
     DeclareQueue,
     DeleteQueue,
     Dequeue,
     Discard,
     Enqueue,
     EvalConsumerTimeouts,
+    GroupConfig,
     Modify,
     NodeDown,
     NodeUp,
     Purge,
+    PurgeGroup,
     QueueConfig,
     RegisterEnqueuer,
     Remove,
@@ -53,6 +57,7 @@ from fifo.fuzz.world import (
 )
 
 BODY_PAD = b"." * 16
+GROUP_IDS = ("g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7")
 
 
 def body_for(queue: str, number: int) -> bytes:
@@ -90,6 +95,14 @@ def random_config(rng: SplitMix64, world: World, queue: str) -> QueueConfig:
         if v2 and rng.chance(1, 2)
         else DISCONNECTED_TIMEOUT_MS_DEFAULT,
     )
+
+
+def random_groups(rng: SplitMix64) -> GroupConfig:
+    """A v3 group config: either policy, the default or another group key, maybe rebalancing."""
+    exclusive = rng.chance(1, 2)
+    key = "x-group-id" if rng.chance(3, 4) else "customer"
+    return GroupConfig(key, "exclusive" if exclusive else "sequenced",
+                       exclusive and rng.chance(1, 2))  # fmt: skip
 
 
 class Generator:
@@ -157,10 +170,16 @@ class Generator:
         missing = [q for q in (DEAD_LETTER_QUEUE, *WORK_QUEUES) if q not in world.queues]
         if missing and (not world.queues or not self.rng.chance(1, 8)):
             queue = missing[0]
-            return DeclareQueue(queue, random_config(self.rng, world, queue))
+            config = random_config(self.rng, world, queue)
+            if world.version >= 3 and self.rng.chance(2, 3):
+                return DeclareGroupedQueue(queue, config, random_groups(self.rng))
+            return DeclareQueue(queue, config)
         queue = self.queue()
         same = self.rng.chance(1, 2)
         config = world.queues[queue] if same else random_config(self.rng, world, queue)
+        groups = world.groups.get(queue)
+        if groups is not None:
+            return DeclareGroupedQueue(queue, config, groups)
         return DeclareQueue(queue, config)
 
     def delete(self) -> Command:
@@ -171,8 +190,11 @@ class Generator:
         return DeleteQueue(self.rng.choice(queues))
 
     def purge(self) -> Command:
-        """Purge a queue."""
-        return Purge(self.queue())
+        """Purge a queue (v3: or one group of a grouped queue)."""
+        queue = self.queue()
+        if queue in self.world.groups and self.rng.chance(1, 2):
+            return PurgeGroup(queue, None if self.rng.chance(1, 5) else self.rng.choice(GROUP_IDS))
+        return Purge(queue)
 
     def update_config(self) -> Command:
         """Replace a queue's config with a random one."""
@@ -184,7 +206,10 @@ class Generator:
         queue = self.queue()
         body = body_for(queue, self.world.fresh())
         ttl = self.rng.between(0, 2000) if self.rng.chance(1, 8) else None
+        anns = self.annotations(queue) if self.world.version >= 3 else None
         if self.rng.chance(1, 3):
+            if anns is not None:
+                return AnnotatedEnqueue(queue, body, ttl_ms=ttl, annotations=anns)
             return Enqueue(queue, body, ttl_ms=ttl)
         slot = self.enqueuer(queue)
         seq = slot.next_seq
@@ -192,7 +217,24 @@ class Generator:
             seq -= 1  # a resend after a lost confirm: a duplicate
         elif self.rng.chance(1, 40):
             seq += 2  # a gap: refused with NotEnqueued
+        if anns is not None:
+            return AnnotatedEnqueue(queue, body, slot.name, seq, slot.connection, ttl, anns)
         return Enqueue(queue, body, slot.name, seq, slot.connection, ttl)
+
+    def annotations(self, queue: str) -> tuple[tuple[str, str | int], ...] | None:
+        """v3: a group annotation (sometimes none: the default group; sometimes an int id or
+        another key), or None for a plain Enqueue."""
+        rng = self.rng
+        groups = self.world.groups.get(queue)
+        if rng.chance(1, 6):
+            return None
+        key = groups.group_key if groups is not None and rng.chance(7, 8) else "x-group-id"
+        if rng.chance(1, 10):
+            return (("x-note", rng.below(9)),)
+        gid: str | int = rng.choice(GROUP_IDS)
+        if rng.chance(1, 12):
+            gid = rng.below(3)
+        return ((key, gid),)
 
     def enqueuer(self, queue: str) -> EnqueuerSlot:
         """An enqueuer of the queue, sometimes a new one."""
@@ -312,6 +354,15 @@ class Generator:
             cast(Command, DeclareQueue("q-bad", cast(QueueConfig, None))),
         ]
         choices += self.deep_bad_input()
+        if world.version >= 3:
+            choices += [
+                AnnotatedEnqueue(queue, b"x", annotations=cast(Any, (("k",),))),
+                AnnotatedEnqueue(queue, b"x", annotations=(("", "g"),)),
+                PurgeGroup(queue, cast(str, 5)),
+                DeclareGroupedQueue("q-bad", QueueConfig(), GroupConfig("k", "sequenced", True)),
+                DeclareGroupedQueue("q-bad", QueueConfig(), GroupConfig("",)),
+                DeclareGroupedQueue("q-bad", QueueConfig(), cast(GroupConfig, None)),
+            ]
         if world.version < 2:
             choices += [
                 Checkout(queue, ConsumerId("rm", conn), Remove()),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fifo.commands import (
+    AnnotatedEnqueue,
     Checkout,
     Command,
     ConsumerId,
@@ -19,6 +20,7 @@ from fifo.commands import (
     Discard,
     Enqueue,
     Modify,
+    PurgeGroup,
     RegisterEnqueuer,
     RenewLocks,
     Return,
@@ -37,7 +39,7 @@ from fifo.replies import (
     RejectPublish,
     Reply,
 )
-from fifo.state import State
+from fifo.state import GroupId, State
 
 Found = tuple[str, str]  # (invariant, detail)
 _NAMING_IDS = (Settle, Return, Discard, Modify, RenewLocks)
@@ -72,6 +74,11 @@ class Checker:
     last_first_delivery: dict[str, int] = field(default_factory=dict)  # per queue
     blocked: dict[tuple[str, str], bool] = field(default_factory=dict)  # told reject_publish
     deliveries: int = 0
+    # v3 message groups: the group each enqueued body number went to, the last first delivery
+    # per group, and the owners of groups after the last step (exclusive groups must not move)
+    group_of_number: dict[tuple[str, int], GroupId] = field(default_factory=dict)
+    last_in_group: dict[tuple[str, GroupId], int] = field(default_factory=dict)
+    owners: dict[tuple[str, GroupId], object] = field(default_factory=dict)
 
     def ledger(self, queue: str) -> Ledger:
         """The ledger of a queue, created on first use."""
@@ -96,9 +103,18 @@ class Checker:
             # a cancelled consumer gets no new credit (the machine answers 0): not checked
             if consumer is not None and consumer.credited and consumer.status != "cancelled":
                 peek.sender_delivery_count = consumer.delivery_count
-        elif isinstance(command, Enqueue) and isinstance(command.enqueuer, str):
+        elif isinstance(command, PurgeGroup) and queue.grouping is not None:
+            group = queue.grouping.groups.get(command.group)
+            peek.ready_before = 0 if group is None else len(group.returns) + len(group.ready)
+        if isinstance(command, Enqueue) and isinstance(command.enqueuer, str):
             expected = probe.enqueuer_next_seq(queue, command.enqueuer)
             peek.enqueue_expected_seq = 1 if expected is None else expected
+        if isinstance(command, Enqueue) and queue.grouping is not None:
+            number = body_number(command.body) if isinstance(command.body, bytes) else None
+            if number is not None:
+                anns = command.annotations if isinstance(command, AnnotatedEnqueue) else ()
+                self.group_of_number[(queue.name, number)] = _group_of(
+                    queue.grouping.config.group_key, anns)
         return peek
 
     def after(
@@ -109,7 +125,7 @@ class Checker:
         if not isinstance(reply, Error):
             found += self._account(command, reply, peek)
         found += self._account_effects(state, command, effects)
-        found += self._check_queue_order(command, reply, effects)
+        found += self._check_queue_order(state, command, reply, effects)
         if isinstance(command, Credit) and not isinstance(reply, Error):
             found += check_credit_reply(command, effects, peek)
         if isinstance(command, RenewLocks) and not isinstance(reply, Error):
@@ -119,6 +135,32 @@ class Checker:
         if isinstance(command, RegisterEnqueuer) and isinstance(reply, RejectPublish):
             self.blocked[(command.queue, command.enqueuer)] = True  # told by the reply
         found += check_state(state, self.ledgers)
+        found += self._check_groups_stay(state)
+        return found
+
+    def _check_groups_stay(self, state: State) -> list[Found]:
+        """Exclusive groups never move while their owner lives and holds messages of them."""
+        found: list[Found] = []
+        owners: dict[tuple[str, GroupId], object] = {}
+        for queue in probe.queues(state):
+            grouping = queue.grouping
+            if grouping is None or grouping.config.policy != "exclusive":
+                continue
+            if queue.config.single_active_consumer:
+                continue  # groups are moot with a single active consumer
+            for group in grouping.groups.values():
+                key = (queue.name, group.gid)
+                before = self.owners.get(key)
+                if group.checked_out:
+                    owners[key] = group.owner
+                if before is None or group.owner == before:
+                    continue
+                holder = queue.consumers.get(before)  # type: ignore[call-overload]
+                if holder is not None and _sticky(holder) and any(
+                        m.group == group.gid for m in holder.checked_out.values()):  # fmt: skip
+                    found.append(("group_moved", f"{queue.name}: group {group.gid!r} moved from "
+                                  f"{holder.tag} (up, holding messages of it) to {group.owner}"))
+        self.owners = owners
         return found
 
     def _account(self, command: Command, reply: Reply, peek: Peek) -> list[Found]:
@@ -175,7 +217,11 @@ class Checker:
                     target.inflow += effect.count
                     target.disturbed = True
             elif isinstance(effect, Deliver):
-                found += self._check_order(effect)
+                grouped = _grouped(state, effect.queue)
+                self.deliveries += len(effect.messages) if grouped else 0
+                found += self._check_group_order(effect.queue, [
+                    (d.body, d.redelivered) for d in effect.messages]) if grouped else (
+                    self._check_order(effect))  # fmt: skip
                 found += _check_recipient(state, effect)
                 found += _check_not_expired(state, effect)
             elif isinstance(effect, QueueStatus):
@@ -193,8 +239,25 @@ class Checker:
         self.blocked[key] = blocked
         return []
 
+    def _check_group_order(self, queue: str, deliveries: list[tuple[bytes, bool]]) -> list[Found]:
+        """Within a group, first deliveries follow enqueue order (redeliveries are flagged)."""
+        found: list[Found] = []
+        if self.ledger(queue).disturbed:
+            return found
+        for body, redelivered in deliveries:
+            number = body_number(body)
+            if number is None or redelivered:
+                continue
+            gid = self.group_of_number.get((queue, number))
+            last = self.last_in_group.get((queue, gid), -1)
+            if number <= last:
+                found.append(("group_order", f"{queue}: group {gid!r} delivered #{number} for "
+                              f"the first time after #{last}"))
+            self.last_in_group[(queue, gid)] = max(number, last)
+        return found
+
     def _check_queue_order(
-        self, command: Command, reply: Reply, effects: list[Effect]
+        self, state: State, command: Command, reply: Reply, effects: list[Effect]
     ) -> list[Found]:
         """Per queue, across all consumers and dequeues: messages leave for the first time in
         enqueue order (one command's deliveries may come in any order among themselves)."""
@@ -205,12 +268,15 @@ class Checker:
                     if not delivery.redelivered:
                         _add_first(firsts, effect.queue, delivery.body)
         message = reply.message if isinstance(reply, DequeueOk) else None
-        if message is not None and not message.redelivered:
-            _add_first(firsts, getattr(command, "queue", ""), message.body)
         found: list[Found] = []
+        name = getattr(command, "queue", "")
+        if message is not None and not message.redelivered:
+            _add_first(firsts, name, message.body)
+        if message is not None and isinstance(name, str) and _grouped(state, name):
+            found += self._check_group_order(name, [(message.body, message.redelivered)])
         for queue, numbers in firsts.items():
-            if self.ledger(queue).disturbed:
-                continue
+            if self.ledger(queue).disturbed or _grouped(state, queue):
+                continue  # grouped: per group (groups owned by others are passed over)
             last = self.last_first_delivery.get(queue, -1)
             if min(numbers) <= last:
                 found.append(("queue_order", f"{queue}: first delivery of #{min(numbers)} "
@@ -265,19 +331,23 @@ def _check_queue(
             found.append(("double_checkout", f"message {message.body!r} at {where} and "
                           f"{owners[id(message)]}"))
         owners[id(message)] = where
-    for message in (*queue.ready, *queue.returns):
+    waiting = 0
+    for message in probe.waiting(queue):
+        waiting += 1
         if id(message) in owners:
             where = owners[id(message)]
             found.append(("double_checkout", f"{message.body!r} ready and at {where}"))
     total = queue.messages_total
-    if total != len(queue.ready) + len(queue.returns) + held:
-        found.append(("messages_total", f"{name}: total {total} != ready {len(queue.ready)} + "
-                      f"returned {len(queue.returns)} + checked out {held}"))
+    if total != waiting + held:
+        found.append(("messages_total", f"{name}: total {total} != waiting {waiting} (ready "
+                      f"{len(queue.ready)}, returned {len(queue.returns)}) + checked out {held}"))
     if ledger is not None and ledger.inflow - ledger.outflow != total:
         found.append(("accounting", f"{name}: enqueued {ledger.inflow} - left {ledger.outflow} "
                       f"!= total {total}"))
     found += _check_consumers(queue, version)
     found += _check_bytes(queue)
+    if queue.grouping is not None:
+        found += check_groups(queue)
     config = queue.config
     limited = config.max_length is not None and config.overflow == "drop_head"
     if limited and probe.ready_count(queue) > (config.max_length or 0):
@@ -367,7 +437,7 @@ def _check_recipient(state: State, effect: Deliver) -> list[Found]:
 def _check_bytes(queue: probe.Queue) -> list[Found]:
     """Byte counters match the bodies, and drop_head keeps ready bytes within max_bytes."""
     found: list[Found] = []
-    ready = sum(len(m.body) for m in (*queue.ready, *queue.returns))
+    ready = sum(len(m.body) for m in probe.waiting(queue))
     held = sum(len(m.body) for _, _, m in probe.checked_out(queue))
     if (queue.bytes_ready, queue.bytes_checkout) != (ready, held):
         found.append(("byte_counters", f"{queue.name}: ready/checked-out bytes "
@@ -456,6 +526,70 @@ def _check_not_expired(state: State, effect: Deliver) -> list[Found]:
         return [("delivered_expired", f"{effect.queue}/{effect.tag}: ids {late} expired at or "
                  f"before {now}")]
     return []
+
+
+def _grouped(state: State, name: str) -> bool:
+    queue = probe.queue(state, name)
+    return queue is not None and queue.grouping is not None
+
+
+def _group_of(key: str, annotations: object) -> GroupId:
+    """The group an annotated enqueue names (the last pair with the key; ints as text)."""
+    gid: GroupId = None
+    if isinstance(annotations, tuple):
+        for pair in annotations:
+            if isinstance(pair, tuple) and len(pair) == 2 and pair[0] == key:
+                gid = pair[1] if isinstance(pair[1], str) else str(pair[1])
+    return gid
+
+
+def _sticky(consumer: probe.Consumer) -> bool:
+    """An exclusive owner that keeps its groups: up, not once, not timed out or disconnected."""
+    return (consumer.status == "up" and not consumer.once and not consumer.timed_out
+            and not consumer.disconnected_fired)  # fmt: skip
+
+
+def check_groups(queue: probe.Queue) -> list[Found]:
+    """Message groups: one holder per group (its owner, with the right count), every message in a
+    tracked group, and no starvation (no consumer that could take a group with waiting messages
+    is left with credit)."""
+    grouping = queue.grouping
+    assert grouping is not None
+    found: list[Found] = []
+    name = queue.name
+    holders: dict[GroupId, dict[object, int]] = {}
+    for consumer, _, message in probe.checked_out(queue):
+        per = holders.setdefault(message.group, {})
+        per[consumer.key] = per.get(consumer.key, 0) + 1
+    for gid, per in holders.items():
+        group = grouping.groups.get(gid)
+        if len(per) > 1:
+            found.append(("group_two_holders", f"{name}: group {gid!r} held by {list(per)}"))
+        elif group is None:
+            found.append(("group_untracked", f"{name}: group {gid!r} held but not tracked"))
+        elif group.owner not in per or group.checked_out != sum(per.values()):
+            found.append(("group_owner", f"{name}: group {gid!r} owner {group.owner} with "
+                          f"{group.checked_out} checked out, held by {per}"))
+    for group in grouping.groups.values():
+        if group.checked_out and group.gid not in holders:
+            found.append(("group_owner", f"{name}: group {group.gid!r} counts "
+                          f"{group.checked_out} checked out, none held"))
+        for message in (*group.returns, *group.ready):
+            if message.group != group.gid:
+                found.append(("group_membership", f"{name}: a message of {message.group!r} "
+                              f"waits in {group.gid!r}"))
+        positions = [m.pos for m in (*group.returns, *group.ready)]
+        if positions != sorted(positions):
+            found.append(("group_order", f"{name}: group {group.gid!r} waits out of order"))
+    takers = [c for c in queue.consumers.values() if _eligible(c) and c.credit > 0]
+    for consumer in takers:
+        for group in grouping.groups.values():
+            if (group.returns or group.ready) and group.owner in (None, consumer.key):
+                found.append(("group_starvation", f"{name}: {consumer.tag} has credit "
+                              f"{consumer.credit} while group {group.gid!r} waits "
+                              f"(owner {group.owner})"))
+                return found
+    return found
 
 
 def _add_first(firsts: dict[str, list[int]], queue: str, body: bytes) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fifo.commands import ConsumerId
-from fifo.state import Consumer, Message, Queue, State
+from fifo.state import Consumer, Group, Message, Queue, State
 
-__all__ = ["Consumer", "Message", "Queue", "State"]
+__all__ = ["Consumer", "Group", "Message", "Queue", "State"]
 
 
 def queues(state: State) -> Iterator[Queue]:
@@ -66,7 +66,24 @@ def checked_out(queue_: Queue) -> Iterator[tuple[Consumer, int, Message]]:
 
 def ready_count(queue_: Queue) -> int:
     """Ready messages including returned ones (what max_length limits)."""
-    return len(queue_.ready) + len(queue_.returns)
+    return sum(1 for _ in waiting(queue_))
+
+
+def waiting(queue_: Queue) -> Iterator[Message]:
+    """Every message waiting for a consumer: ready and returned ones (v3: in their groups)."""
+    yield from queue_.ready
+    yield from queue_.returns
+    grouping = queue_.grouping
+    if grouping is not None:
+        for group in grouping.groups.values():
+            yield from group.returns
+            yield from group.ready
+
+
+def groups(queue_: Queue) -> Iterator[Group]:
+    """The tracked message groups of a grouped queue (none for an ungrouped one)."""
+    if queue_.grouping is not None:
+        yield from queue_.grouping.groups.values()
 
 
 def enqueuer_next_seq(queue_: Queue, name: str) -> int | None:

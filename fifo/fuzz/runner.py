@@ -9,6 +9,7 @@ from typing import Literal
 import fifo
 from fifo.commands import Command
 from fifo.effects import Effect
+from fifo.fuzz import probe
 from fifo.fuzz.generator import Generator
 from fifo.fuzz.invariants import Checker
 from fifo.fuzz.prng import SplitMix64
@@ -188,7 +189,11 @@ def check_queries(state: State) -> list[tuple[str, str]]:
         queue = state.queues[name]
         view = fifo.overview(state, name)
         held = sum(len(c.checked_out) for c in (*queue.consumers.values(), *queue.waiting))
-        want = (len(queue.ready), len(queue.returns), held, queue.messages_total,
+        ready, returned = len(queue.ready), len(queue.returns)
+        for group in probe.groups(queue):
+            ready += len(group.ready)
+            returned += len(group.returns)
+        want = (ready, returned, held, queue.messages_total,
                 queue.bytes_ready, len(queue.consumers), len(queue.waiting))
         got = None if view is None else (view.ready, view.returned, view.checked_out, view.total,
                                          view.bytes, view.consumers, view.waiting_consumers)
@@ -198,9 +203,27 @@ def check_queries(state: State) -> list[tuple[str, str]]:
         if len(listed) != len(queue.consumers) + len(queue.waiting):
             found.append(("query_consumers", f"{name}: {len(listed)} listed"))
         peeked = fifo.messages(state, name, 3)
-        if len(peeked) != min(3, len(queue.ready) + len(queue.returns)):
+        if len(peeked) != min(3, ready + returned):
             found.append(("query_messages", f"{name}: {len(peeked)} peeked"))
+        found += check_group_queries(state, name)
     return found
+
+
+def check_group_queries(state: State, name: str) -> list[tuple[str, str]]:
+    """v3: `groups` lists every tracked group of a grouped queue with its counts."""
+    queue = state.queues[name]
+    rows = fifo.groups(state, name)
+    tracked = list(probe.groups(queue))
+    if len(rows) != min(len(tracked), 1000):
+        return [("query_groups", f"{name}: {len(rows)} groups listed, {len(tracked)} tracked")]
+    by_id = {g.gid: g for g in tracked}
+    for row in rows:
+        group = by_id.get(row.group)
+        if group is None or (row.ready, row.returned, row.checked_out, row.owner) != (
+                len(group.returns) + len(group.ready), len(group.returns), group.checked_out,
+                group.owner):  # fmt: skip
+            return [("query_groups", f"{name}: group {row.group!r} listed as {row}")]
+    return []
 
 
 def check_codec(objects: list[object]) -> list[tuple[str, str]]:

@@ -17,10 +17,12 @@ from fifo.commands import (
     ConsumerId,
     ConsumerKey,
     Credited,
+    DeclareGroupedQueue,
     DeclareQueue,
     DeleteQueue,
     Dequeue,
     Enqueue,
+    GroupConfig,
     NodeDown,
     NodeUp,
     QueueConfig,
@@ -75,6 +77,7 @@ class World:
 
     version: int
     queues: dict[str, QueueConfig] = field(default_factory=dict)
+    groups: dict[str, GroupConfig] = field(default_factory=dict)  # v3: grouped queues
     connections: list[ConnectionId] = field(default_factory=list)
     nodes_down: list[str] = field(default_factory=list)
     consumers: dict[ConsumerId, ConsumerSlot] = field(default_factory=dict)
@@ -120,6 +123,8 @@ class World:
     def _observe_command(self, command: Command, reply: Reply) -> None:
         if isinstance(command, DeclareQueue) and isinstance(reply, DeclareOk):
             self.queues[command.queue] = command.config
+            if isinstance(command, DeclareGroupedQueue):
+                self.groups[command.queue] = command.groups
         elif isinstance(command, UpdateConfig) and command.queue in self.queues:
             if isinstance(reply, Ok):
                 self.queues[command.queue] = command.config
@@ -171,6 +176,7 @@ class World:
 
     def _forget_queue(self, queue: str) -> None:
         self.queues.pop(queue, None)
+        self.groups.pop(queue, None)
         for cid in [s.cid for s in self.consumers.values() if s.queue == queue]:
             self.consumers.pop(cid)
         self.pending = [p for p in self.pending if p.queue != queue]

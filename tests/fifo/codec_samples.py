@@ -63,4 +63,9 @@ SAMPLES: tuple[object, ...] = (
     e.ConsumerUpdate(CONN, "q", "tag-1", 5, False, "waiting"),
     e.ConsumerCancelled(CONN, "q", "tag-1", 5, "queue_deleted"),
     e.DeadLettered("q", "delivery_limit", 2, "dlq"),
+    # machine v3: message groups
+    c.GroupConfig("customer", "exclusive", True),
+    c.DeclareGroupedQueue("q", c.QueueConfig(max_length=100), c.GroupConfig()),
+    c.AnnotatedEnqueue("q", b"m", "e", 9, CONN, 1000, (("x-group-id", "g1"), ("n", 3))),
+    c.PurgeGroup("q", "g1"),
 )

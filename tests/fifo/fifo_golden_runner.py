@@ -4,7 +4,8 @@ A file starts with comment lines (`# ...`) and `version N`. Then blocks: input l
 line, the output lines, a blank line. Each input line is a command expression (evaluated with
 the classes of fifo.commands and the helpers `conn`, `cid` in scope), optionally prefixed by
 `@T ` to set the clock to T ms, or a directive: `overview Q`, `consumers Q`, `messages Q N`,
-`due T`, `deadline`, `convert` (v1 -> v2 at the current index and time), `queues`.
+`due T`, `deadline`, `convert` (to the next version at the current index and time), `queues`,
+`groups Q` (v3). `pub(Q, body, group)` is a v3 grouped publish.
 Each command is applied at the next Raft index (starting at 1), shown as `[index]`.
 """
 
@@ -17,7 +18,8 @@ import fifo
 from fifo import commands as c
 from fifo import effects as e
 
-DIRECTIVES = ("overview", "consumers", "messages", "due", "deadline", "convert", "queues")
+DIRECTIVES = ("overview", "consumers", "messages", "due", "deadline", "convert", "queues",
+              "groups")
 
 
 def conn(node: str = "n1", number: int = 1, incarnation: int = 1) -> c.ConnectionId:
@@ -31,7 +33,13 @@ def cid(tag: str, connection: c.ConnectionId | None = None) -> c.ConsumerId:
 
 
 NAMESPACE: dict[str, Any] = {n: getattr(c, n) for n in dir(c) if not n.startswith("_")}
-NAMESPACE.update(conn=conn, cid=cid)
+def pub(queue: str, body: bytes, group: str | None = None, **kw: Any) -> c.AnnotatedEnqueue:
+    """v3: a publish to `group` (the `x-group-id` annotation; None: the default group)."""
+    anns = () if group is None else (("x-group-id", group),)
+    return c.AnnotatedEnqueue(queue, body, annotations=anns, **kw)
+
+
+NAMESPACE.update(conn=conn, cid=cid, pub=pub)
 
 
 def fmt(value: Any) -> str:
@@ -121,8 +129,15 @@ class Runner:
             return [repr(fifo.next_deadline_ms(self.state))]
         if word == "queues":
             return [" ".join(fifo.list_queues(self.state)) or "none"]
+        if word == "groups":
+            return [
+                f"{g.group!r} ready={g.ready} returned={g.returned} out={g.checked_out} "
+                f"owner={fmt(g.owner)} age={g.oldest_age_ms}"
+                for g in fifo.groups(self.state, args[0])
+            ] or ["none"]
         # convert
-        self.state = fifo.convert(self.state, self.state.version, 2, self.meta())
+        version = self.state.version
+        self.state = fifo.convert(self.state, version, version + 1, self.meta())
         return [f"version {self.state.version}"]
 
 

@@ -38,7 +38,7 @@ SEEDS_PER_VERSION = 200
 STEPS_PER_LOG = 300
 CHECKPOINT_ENTRIES = 50
 DIGEST_BYTES = 16
-FIRST_SEED = {1: 1_000_000, 2: 2_000_000}
+FIRST_SEED = {1: 1_000_000, 2: 2_000_000, 3: 3_000_000}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,16 +176,21 @@ def generate(version: int) -> None:
     data = encode_corpus(version, logs)
     corpus_path(version).write_bytes(data)
     sha = hashlib.sha256(data).hexdigest()
-    with SHIPPED.open("a") as out:
-        out.write(f"v{version} {sha}\n")
     entries = sum(len(log.entries) for log in logs)
     print(f"v{version}: {len(logs)} logs, {entries} entries, {len(data)} bytes, sha256 {sha}")
+    print(f"when v{version} is released, freeze it: add the line `v{version} {sha}` to "
+          f"{SHIPPED.name}")
+
+
+def corpus_versions() -> list[int]:
+    """Versions with a corpus file: the shipped ones (frozen) and unreleased ones (may change)."""
+    return sorted(v for v in fifo.SUPPORTED_VERSIONS if corpus_path(v).exists())
 
 
 def check(logs_max: int | None = None) -> int:
-    """Replay every shipped corpus (its first `logs_max` logs); print the first divergence."""
+    """Replay every corpus (its first `logs_max` logs); print the first divergence."""
     status = 0
-    for version in sorted(shipped()):
+    for version in corpus_versions():
         _, logs = decode_corpus(corpus_path(version).read_bytes())
         logs = logs[:logs_max]
         for log in logs:

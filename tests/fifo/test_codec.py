@@ -38,6 +38,8 @@ SAMPLES: list[object] = [
     e.QueueStatus(CONN, "q", "p", "go"), e.Released(CONN, "q", "t", CID, (1, 2), "timeout"),
     e.ConsumerUpdate(CONN, "q", "t", 5, True, "single_active"),
     e.ConsumerCancelled(CONN, "q", "t", 5, "down"), e.DeadLettered("q", "maxlen", 3, None),
+    c.GroupConfig(), c.DeclareGroupedQueue("q", c.QueueConfig(), c.GroupConfig("k", "exclusive")),
+    c.AnnotatedEnqueue("q", b"b", annotations=(("k", 1),)), c.PurgeGroup("q", None),
 ]  # fmt: skip
 
 

@@ -167,16 +167,16 @@ def test_a_longer_snapshot_record_is_refused() -> None:
     """A snapshot from newer code (a message record with an extra field) is a clear CodecError."""
     body = cbor2.loads((FIXTURES / "snapshot_v1_main.cbor").read_bytes())
     queue = next(q for q in body[3] if q[2])  # a queue with ready messages
-    queue[2][0].append("extra")
-    with pytest.raises(fifo.CodecError, match=r"message record of 7 fields, expected 6\.\.6"):
+    queue[2][0].extend([1, None, 0, "extra"])  # v3's three trailing fields, then one more
+    with pytest.raises(fifo.CodecError, match=r"message record of 10 fields, expected 6\.\.9"):
         fifo.restore(cbor2.dumps(body, default=codec.CODEC.default, canonical=True))
 
 
 def test_a_shorter_snapshot_record_takes_declared_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a trailing field declared (as v3 would), today's shorter records restore with it."""
-    monkeypatch.setitem(codec._RECORD_WIDTH, "message", 7)
-    monkeypatch.setitem(codec._RECORD_DEFAULTS, "message", ("group-default",))
+    monkeypatch.setitem(codec._RECORD_WIDTH, "message", 10)
+    monkeypatch.setitem(codec._RECORD_DEFAULTS, "message", (0, None, 0, "group-default"))
     padded = codec._record([b"x", None, 0, 0, [], 0], "message")
-    assert padded[-1] == "group-default"
+    assert padded[-4:] == [0, None, 0, "group-default"]
     state = fifo.restore((FIXTURES / "snapshot_v1_main.cbor").read_bytes())
     assert fifo.digest(state) == RECORD["snapshots"]["snapshot_v1_main.cbor"]

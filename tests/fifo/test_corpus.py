@@ -24,16 +24,19 @@ def logs_of(version: int) -> tuple[int, list[rc.CorpusLog]]:
     return rc.decode_corpus(rc.corpus_path(version).read_bytes())
 
 
-def test_every_supported_version_has_a_shipped_corpus() -> None:
-    """A version cannot ship without a corpus, and the corpus has at least 200 logs."""
-    assert sorted(rc.shipped()) == list(fifo.SUPPORTED_VERSIONS)
+def test_every_supported_version_has_a_corpus() -> None:
+    """Every version has a corpus of at least 200 logs; the shipped ones are frozen (SHIPPED.txt)
+    and every supported version but the latest is shipped (only the latest may be unreleased)."""
+    assert rc.corpus_versions() == list(fifo.SUPPORTED_VERSIONS)
+    assert set(rc.shipped()) <= set(fifo.SUPPORTED_VERSIONS)
+    assert set(fifo.SUPPORTED_VERSIONS) - set(rc.shipped()) <= {fifo.LATEST_VERSION}
     for version in fifo.SUPPORTED_VERSIONS:
         stored, logs = logs_of(version)
         assert stored == version
         assert len(logs) >= rc.SEEDS_PER_VERSION
 
 
-@pytest.mark.parametrize("version", fifo.SUPPORTED_VERSIONS)
+@pytest.mark.parametrize("version", sorted(rc.shipped()))
 def test_shipped_corpus_file_is_unchanged(version: int) -> None:
     """A shipped corpus file is frozen: its bytes hash to the SHA-256 in SHIPPED.txt."""
     data = rc.corpus_path(version).read_bytes()
@@ -70,6 +73,7 @@ def test_corpus_covers_the_machine() -> None:
     assert common <= kinds[1]
     assert common | {"Modify", "RenewLocks", "EvalConsumerTimeouts",
                      "ConsumerDisconnectedTimeout"} <= kinds[2]  # fmt: skip
+    assert {"AnnotatedEnqueue", "DeclareGroupedQueue", "PurgeGroup"} <= kinds[3]  # v3: groups
     assert {"NoneType", "list"} <= kinds[1]  # bad input that is not a command at all
     assert upgrades >= rc.SEEDS_PER_VERSION // 2 - 10
 
