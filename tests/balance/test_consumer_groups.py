@@ -14,9 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.balance import consumer_groups as groups
-from cluster.balance.consumer_groups import ConsumerGroup, Grant, Revoke
-from cluster.balance.sticky import moves_lower_bound
+from fifo.state import ConsumerGroup
+from fifo.v3 import consumer_groups as groups
+from fifo.v3.consumer_groups import Grant, Revoke
+from fifo.v3.sticky import moves_lower_bound
 
 
 @dataclass

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.balance import sticky
-from cluster.balance.sticky import assign, moves, moves_lower_bound
+from fifo.v3 import sticky
+from fifo.v3.sticky import assign, moves, moves_lower_bound
 
 STICKY_PATH = Path(sticky.__file__)
 UNOWNED = -1  # in an owner tuple: a new partition (even index) or one whose owner left (odd)
@@ -134,7 +134,7 @@ def test_the_order_of_the_previous_mapping_and_its_lists_does_not_matter() -> No
 
 ORDER_PROBE = """
 import itertools, json
-from cluster.balance.sticky import assign
+from fifo.v3.sticky import assign
 out = []
 for n in range(1, 6):
     members = [f"member-{i}" for i in range(n)]

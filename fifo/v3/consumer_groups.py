@@ -1,9 +1,9 @@
 """Consumer-group bookkeeping for machine v3: members, epochs, target assignment, hand-over.
 
-Pure and deterministic (standard library and `sticky` only, no set or foreign-dict iteration),
-written to move into `fifo/v3/` unchanged. The machine owns the partition queues and their
-consumers; this module decides who should own which partition and in what order ownership may
-change, as a list of actions the machine carries out:
+Pure and deterministic (no set or foreign-dict iteration); the state classes (`ConsumerGroup`,
+`Membership`) live in `fifo.state`. The machine (`fifo.v3.partitioned`) owns the partition
+queues and their consumers; this module decides who should own which partition and in what
+order ownership may change, as a list of actions the machine carries out:
 
 - `Revoke(member, partition)`: stop delivering that partition to that member at once. The
   machine calls `released` when the member has no checked-out message of the partition left
@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sticky import assign, moves
+from fifo.commands import ConnectionId, Credited, SimplePrefetch
+from fifo.state import ConsumerGroup, Membership
+from fifo.v3.sticky import assign, moves
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,84 +47,12 @@ class Grant:
 Action = Revoke | Grant
 
 
-class Membership:
-    """One member: its join position, the epoch of this incarnation, its connection and the
-    checkout spec (prefetch or credit) of its consumers."""
-
-    __slots__ = ("connection", "epoch", "join_seq", "member", "spec")
-
-    def __init__(
-        self, member: str, join_seq: int, epoch: int, connection: object, spec: object = None
-    ) -> None:
-        self.member = member
-        self.join_seq = join_seq
-        self.epoch = epoch
-        self.connection = connection
-        self.spec = spec
-
-
-class ConsumerGroup:
-    """A consumer group over the partitions of one partitioned queue."""
-
-    __slots__ = (
-        "epoch",
-        "holder",
-        "last_moves",
-        "last_reassigned",
-        "last_rebalance_index",
-        "members",
-        "name",
-        "next_join_seq",
-        "partitions",
-        "queue",
-        "revoking",
-        "target",
-    )
-
-    def __init__(self, name: str, queue: str, partitions: tuple[str, ...]) -> None:
-        self.name = name
-        self.queue = queue
-        self.partitions = partitions
-        self.members: dict[str, Membership] = {}  # insertion order = join order
-        self.next_join_seq = 0
-        self.epoch = 0  # bumped by every rebalance that changes the target, and every join
-        self.target: dict[str, str] = {}  # partition -> member it should go to
-        self.holder: dict[str, str] = {}  # partition -> member active or draining on it
-        self.revoking: dict[str, str] = {}  # partition -> its holder, told to stop (draining)
-        self.last_rebalance_index = 0
-        self.last_moves = 0  # partitions taken from a member still in the group
-        self.last_reassigned = 0  # partitions whose member changed (the departed's included)
-
-    def member_order(self) -> list[str]:
-        """Member ids in join order."""
-        return list(self.members)
-
-    def assignment(self) -> dict[str, tuple[str, ...]]:
-        """The target as member -> partitions (in partition order), members in join order (a
-        member that left since the last rebalance comes last)."""
-        out: dict[str, list[str]] = {member: [] for member in self.members}
-        for partition in self.partitions:
-            member = self.target.get(partition)
-            if member is not None:
-                out.setdefault(member, []).append(partition)
-        return {member: tuple(held) for member, held in out.items()}
-
-    def held_by(self, member: str) -> tuple[str, ...]:
-        """The partitions `member` is active or draining on, in partition order."""
-        return tuple(p for p in self.partitions if self.holder.get(p) == member)
-
-    def pending(self) -> tuple[str, ...]:
-        """Partitions whose holder is not (yet) their target: a hand-over is under way."""
-        return tuple(p for p in self.partitions if self.holder.get(p) != self.target.get(p))
-
-    def is_stale(self, member: str, epoch: int) -> bool:
-        """True when (member, epoch) is not the member's current incarnation."""
-        current = self.members.get(member)
-        return current is None or current.epoch != epoch
-
-
 def join(
-    group: ConsumerGroup, member: str, connection: object, spec: object, index: int
+    group: ConsumerGroup,
+    member: str,
+    connection: ConnectionId | None,
+    spec: SimplePrefetch | Credited | None,
+    index: int,
 ) -> tuple[int, list[Action]]:
     """Add a member (last in join order) and rebalance; returns its epoch and the actions.
 
