@@ -230,10 +230,10 @@ class Grouping:
 
 
 class Membership:
-    """One member: its join position, the epoch of this incarnation, its connection and the
-    checkout spec (prefetch or credit) of its consumers."""
+    """One member of a consumer group (v3): its join position, the epoch of this incarnation,
+    and the consumer id (tag, connection) and spec its partition consumers get."""
 
-    __slots__ = ("connection", "epoch", "join_seq", "member", "spec")
+    __slots__ = ("connection", "epoch", "join_seq", "member", "spec", "tag")
 
     def __init__(
         self,
@@ -242,12 +242,14 @@ class Membership:
         epoch: int,
         connection: ConnectionId | None,
         spec: SimplePrefetch | Credited | None = None,
+        tag: str = "",
     ) -> None:
         self.member = member
         self.join_seq = join_seq
         self.epoch = epoch
         self.connection = connection
         self.spec = spec
+        self.tag = tag
 
 
 class ConsumerGroup:

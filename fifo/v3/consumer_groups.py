@@ -53,6 +53,7 @@ def join(
     connection: ConnectionId | None,
     spec: SimplePrefetch | Credited | None,
     index: int,
+    tag: str = "",
 ) -> tuple[int, list[Action]]:
     """Add a member (last in join order) and rebalance; returns its epoch and the actions.
 
@@ -61,7 +62,9 @@ def join(
     if member in group.members:
         raise ValueError(f"{member!r} is already a member of {group.name!r}")
     group.epoch += 1
-    group.members[member] = Membership(member, group.next_join_seq, group.epoch, connection, spec)
+    group.members[member] = Membership(
+        member, group.next_join_seq, group.epoch, connection, spec, tag
+    )
     group.next_join_seq += 1
     return group.epoch, rebalance(group, index)
 
