@@ -35,3 +35,4 @@ def test_the_quick_grid_reports_sticky_at_the_bound_and_the_baselines_above_it(
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     target = printed["target_join"]
     assert target["moves"] == target["moves_lower_bound"] == 256 // 64
+    assert target["machine_apply_ms_median"] > 0  # machine v3 applied the JoinGroup
