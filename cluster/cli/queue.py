@@ -16,6 +16,7 @@ from cluster.cli.common import (
     untyped,
 )
 from cluster.cli.exits import USAGE, CliError
+from cluster.client.groups import declare_partitioned_queue
 from fifo.commands import CONSUMER_TIMEOUT_MS_DEFAULT, QueueConfig
 
 QUEUE_NAME_BYTES_MAX = 255
@@ -88,6 +89,13 @@ def queue_group() -> None:
     metavar="Q",
     help="Queue that receives dead-lettered messages.",
 )
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="A partitioned queue: NAME.0 .. NAME.{P-1}, single active consumer each, consumed "
+    "through consumer groups (machine v3).",
+)
 @connection_options
 @click.pass_context
 @translate_errors
@@ -102,6 +110,7 @@ def declare(
     message_ttl: int | None,
     consumer_timeout: int,
     dead_letter_queue: str | None,
+    partitions: int | None,
 ) -> None:
     """Create a queue (a no-op when it exists with the same settings).
 
@@ -115,7 +124,7 @@ def declare(
         if dead_letter_queue == name:
             raise CliError("a queue cannot dead-letter into itself", USAGE)
     config = QueueConfig(
-        single_active_consumer=single_active_consumer,
+        single_active_consumer=single_active_consumer or partitions is not None,
         delivery_limit=delivery_limit,
         max_length=max_length,
         max_bytes=max_bytes,
@@ -125,7 +134,10 @@ def declare(
         consumer_timeout_ms=consumer_timeout,
     )
     with connect(ctx) as client:
-        reply = client.declare_queue(name, config)
+        if partitions is None:
+            reply = client.declare_queue(name, config)
+        else:
+            reply = declare_partitioned_queue(client, name, partitions, config)
     if output_format(ctx) == "table":
         click.echo(f"queue {name} {'declared' if reply.created else 'already exists'}")
     else:

@@ -56,6 +56,15 @@ def run_query(node: RaftNode, name: str, args: dict[str, Any], extra: dict[str, 
             return plain(fifo.messages(state, _queue_arg(args), limit))
         if name == "machine":
             return machine_status(node)
+        if name == "groups":  # v3 consumer groups
+            return plain(fifo.consumer_groups(state))
+        if name == "group":
+            group = args.get("group")
+            if not isinstance(group, str):
+                raise QueryError("argument 'group' (a string) is required")
+            return plain(fifo.consumer_group(state, group))
+        if name == "partitions":
+            return fifo.partition_count(state, _queue_arg(args))
     raise QueryError(f"unknown query {name!r}")
 
 
