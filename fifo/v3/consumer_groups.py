@@ -70,11 +70,17 @@ def join(
 
 
 def leave(group: ConsumerGroup, member: str, index: int) -> list[Action]:
-    """Remove a member (leave, connection or node down, timeout) and rebalance.
+    """Remove a member (leave, connection or node down) and rebalance.
 
     Its partitions are revoked; they go to their new member once `released`.
     """
-    del group.members[member]
+    return leave_all(group, [member], index)
+
+
+def leave_all(group: ConsumerGroup, members: list[str], index: int) -> list[Action]:
+    """Remove several members at once (a node down) and rebalance once."""
+    for member in members:
+        del group.members[member]
     return rebalance(group, index)
 
 

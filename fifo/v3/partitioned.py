@@ -172,13 +172,17 @@ class ConsumerGroups:
         self.carry_out(ctx, group, cg.leave(group, member, ctx.index), gone)
 
     def end_members_on(self, ctx: Ctx, ended: Callable[[ConnectionId], bool]) -> None:
-        """End every member whose connection matches, groups in name order, then join order."""
+        """End every member whose connection matches (one rebalance per group, by name)."""
         for name in sorted(ctx.state.consumer_groups):
             group = ctx.state.consumer_groups[name]
-            for member in [
-                m for m, x in group.members.items() if x.connection and ended(x.connection)
-            ]:
-                self.end_member(ctx, group, member)
+            gone = {
+                member: x
+                for member, x in group.members.items()
+                if x.connection is not None and ended(x.connection)
+            }
+            if gone:
+                actions = cg.leave_all(group, list(gone), ctx.index)
+                self.carry_out(ctx, group, actions, gone)
 
     def groups_connection_down(self, ctx: Ctx, cmd: ConnectionDown) -> None:
         """After a valid ConnectionDown: its members end."""
