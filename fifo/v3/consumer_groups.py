@@ -87,8 +87,9 @@ def leave_all(group: ConsumerGroup, members: list[str], index: int) -> list[Acti
 def rebalance(group: ConsumerGroup, index: int) -> list[Action]:
     """Recompute the target from the current one; revoke what moves, grant what is free.
 
-    A partition already revoked (still draining) is not revoked twice; if the new target gives
-    it back to its draining holder, the holder is granted it again.
+    A partition already revoked (still draining) is not revoked twice, unless its holder has
+    just left (then its messages come back at once); if the new target gives it back to its
+    draining holder, the holder is granted it again.
     """
     previous = group.assignment()
     new = assign(group.partitions, group.member_order(), previous) if group.members else {}
@@ -107,7 +108,8 @@ def rebalance(group: ConsumerGroup, index: int) -> list[Action]:
         if holder is None:
             continue
         wanted = group.target.get(partition)
-        if holder != wanted and partition not in group.revoking:
+        departed = holder not in group.members  # its messages come back at once: revoke now
+        if holder != wanted and (partition not in group.revoking or departed):
             group.revoking[partition] = holder
             actions.append(Revoke(holder, partition, group.epoch))
         elif holder == wanted and partition in group.revoking:

@@ -134,6 +134,10 @@ class ConsumerGroups:
         if group is not None and group.queue != cmd.queue:
             return Error("group_exists", f"group {cmd.group!r} consumes {group.queue!r}")
         if group is None:
+            for other in state.consumer_groups.values():
+                if other.queue == cmd.queue:  # its partitions are that group's to hand out
+                    return Error("group_exists", f"{cmd.queue!r} is consumed by group "
+                                 f"{other.name!r}: one group per partitioned queue")  # fmt: skip
             if len(state.consumer_groups) >= limits.consumer_groups_max:
                 return Error("unsupported", "consumer_groups_max reached")
             partitions = tuple(partition_name(cmd.queue, i) for i in range(count))

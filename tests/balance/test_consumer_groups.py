@@ -45,8 +45,10 @@ class Model:
                 ), "granted while another member still holds messages of the partition"  # fmt: skip
                 self.active[action.partition] = action.member
             else:
-                assert self.active.get(action.partition) == action.member
-                del self.active[action.partition]
+                if self.active.get(action.partition) == action.member:
+                    del self.active[action.partition]
+                else:  # revoked again: it was draining it and has just left
+                    assert action.member not in self.group.members, action
                 if action.member not in self.group.members:  # left: its messages come back
                     self.checked_out.pop((action.member, action.partition), None)
                 if self.checked_out.get((action.member, action.partition), 0) == 0:
@@ -67,6 +69,9 @@ class Model:
         member = self.group.member_order()[pick % len(self.group.members)]
         bound = self.bound([m for m in self.group.member_order() if m != member])
         self.check_moves_then(bound, groups.leave(self.group, member, self.index))
+        # the machine returns everything a departed member held: it can settle nothing more
+        for key in [key for key in self.checked_out if key[0] == member]:
+            del self.checked_out[key]
 
     def bound(self, members: list[str]) -> int:
         """The fewest moves any balanced assignment over `members` needs from the target."""
@@ -208,6 +213,21 @@ def test_a_moved_partition_waits_for_the_old_holders_messages() -> None:
     model.settle(0)
     assert model.log[-1] == Grant("member-2", "orders.1", model.group.members["member-2"].epoch)
     assert model.group.pending() == ()
+
+
+def test_a_member_leaving_while_draining_a_revoked_partition_releases_it() -> None:
+    """Fuzzer seed 24 (shrunk): B joins and takes orders.1 from A, which still holds a message
+    of it (draining); then A leaves. Its message comes back at once, so orders.1 must be
+    revoked again (a departed holder) and released to B, not left pending forever."""
+    model = Model(ConsumerGroup("g", "orders", ("orders.0", "orders.1")))
+    model.join()
+    model.deliver(1)  # member-1 holds a message of orders.1
+    model.join()  # orders.1 moves to member-2: revoked, draining
+    assert model.group.pending() == ("orders.1",)
+    model.leave(0)  # member-1 leaves while draining
+    model.check_invariants()
+    assert model.group.pending() == ()
+    assert model.group.holder == {"orders.0": "member-2", "orders.1": "member-2"}
 
 
 def test_stale_epochs_are_fenced() -> None:
