@@ -91,7 +91,11 @@ class GroupConsumer:
     # --- membership ---------------------------------------------------------------------------
 
     def join(self) -> None:
-        """Join (again, as a new member after a reconnect): buffers first, then JoinGroup."""
+        """Join (again, as a new member after a reconnect): buffers first, then JoinGroup.
+        A rejoin first revokes (hook) what the ended membership had."""
+        lost, self._assigned = self._assigned, []
+        if lost and self.on_revoke is not None:
+            self.on_revoke(lost)
         self._drop_buffers()
         self._reconnects = self.client.reconnects
         incarnation = next(self._incarnations)

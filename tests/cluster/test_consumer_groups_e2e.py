@@ -116,6 +116,12 @@ def test_eight_partitions_three_members_kill_one_gives_four_four_with_three_move
     from a survivor; every message consumed, first deliveries of each partition in order."""
     d = str(data_dir)
     quorumq("cluster", "start", "--nodes", "3", "--data-dir", d)
+    deadline = time.monotonic() + 30  # a new cluster upgrades to the latest machine by itself
+    while json.loads(quorumq("--data-dir", d, "-o", "json", "machine", "status").stdout)[
+        "effective_version"
+    ] < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
     quorumq("--data-dir", d, "queue", "declare", "orders", "--partitions", str(PARTITIONS))
     members: dict[str, subprocess.Popen[str]] = {}
     outputs: dict[str, Path] = {}
