@@ -135,6 +135,12 @@ def test_eight_partitions_three_members_kill_one_gives_four_four_with_three_move
             wait_for(data_dir, lambda found, n=name: n in counts(found))  # type: ignore[misc]
         found = wait_for(data_dir, lambda found: len(counts(found)) == 3)
         assert list(counts(found).items()) == [("alpha", 3), ("beta", 3), ("gamma", 2)]
+        listed = json.loads(quorumq("--data-dir", d, "-o", "json", "group", "list").stdout)
+        assert [(g["group"], g["queue"], g["partitions"], g["members"]) for g in listed] == [
+            ("billing", "orders", PARTITIONS, 3)
+        ]
+        table = quorumq("--data-dir", d, "group", "describe", "billing").stdout
+        assert "alpha" in table and "orders.7" in table
         publish(data_dir, 0)
         victim = next(name for name, count in counts(found).items() if count == 3)
         time.sleep(0.5)  # the victim holds some messages when it dies
