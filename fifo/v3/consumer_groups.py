@@ -125,7 +125,12 @@ def released(group: ConsumerGroup, partition: str) -> list[Action]:
         raise ValueError(f"{partition!r} is not being revoked")
     del group.revoking[partition]
     del group.holder[partition]
-    return _grant_free(group)
+    # every other targeted partition already has a holder (granted when it became free)
+    member = group.target.get(partition)
+    if member is None:
+        return []
+    group.holder[partition] = member
+    return [Grant(member, partition, group.members[member].epoch)]
 
 
 def _grant_free(group: ConsumerGroup) -> list[Action]:
