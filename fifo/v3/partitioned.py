@@ -12,8 +12,9 @@ partition queues:
   (cancelled); it leaves the queue when its checked-out messages are settled or returned, and
   only then (checked after every command) is the partition released and granted to its new
   member, so per-partition order holds across a rebalance;
-- a member that leaves, or whose connection or node goes down, has its messages returned at
-  once: its partitions are released in the same command.
+- a member that leaves, whose connection or node goes down, or that times out on a partition
+  (stops settling: `EvalConsumerTimeouts`), has its messages returned at once: its partitions
+  are released in the same command.
 
 Settles from an ended member find no consumer (an error); a LeaveGroup naming another epoch is
 fenced. Plain checkouts on a partition queue are refused: the group decides who consumes it.
@@ -187,6 +188,22 @@ class ConsumerGroups:
             if gone:
                 actions = cg.leave_all(group, list(gone), ctx.index)
                 self.carry_out(ctx, group, actions, gone)
+
+    def groups_consumer_timeouts(self, ctx: Ctx, queue: str) -> None:
+        """After consumer timeouts on a partition: the members timed out there end, like any
+        consumer that stopped settling (their other messages come back too)."""
+        base = partitioned_of(ctx.state, queue) if type(queue) is str else None
+        q = ctx.state.queues.get(queue) if base is not None else None
+        if q is None:
+            return
+        for name in sorted(ctx.state.consumer_groups):
+            group = ctx.state.consumer_groups[name]
+            if group.queue != base:
+                continue
+            for member, x in list(group.members.items()):
+                consumer = _consumer_of(q, x)
+                if consumer is not None and consumer.timed_out:
+                    self.end_member(ctx, group, member)
 
     def groups_connection_down(self, ctx: Ctx, cmd: ConnectionDown) -> None:
         """After a valid ConnectionDown: its members end."""

@@ -9,6 +9,7 @@ from fifo.commands import (
     ConnectionDown,
     DeclareGroupedQueue,
     DeclareQueue,
+    EvalConsumerTimeouts,
     GroupConfig,
     NodeDown,
 )
@@ -49,14 +50,20 @@ class MachineV3(MachineV2, ConsumerGroups):
         self.global_handlers.update(self.group_handlers())
 
     def apply(self, meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect]]:
-        """As v2; then partitions whose revoked consumer group holder left their queue during
-        the command are handed to their new member (`ConsumerGroups.settle_groups`)."""
+        """As v2; then consumer-group members timed out on a partition end, and partitions
+        whose revoked holder left their queue during the command are handed to their new
+        member (`ConsumerGroups.settle_groups`)."""
         reply, effects = super().apply(meta, command, state)
         groups = state.consumer_groups
-        if groups and any(group.revoking for group in groups.values()):
+        if not groups:
+            return reply, effects
+        timed_out = type(command) is EvalConsumerTimeouts and reply.__class__ is not Error
+        if timed_out or any(group.revoking for group in groups.values()):
             ctx = Ctx(state, meta.index, state.last_time)
+            if timed_out:
+                self.groups_consumer_timeouts(ctx, command.queue)  # type: ignore[attr-defined]
             self.settle_groups(ctx)
-            if ctx.dirty:
+            if ctx.dirty:  # messages returned over their delivery limit were dead-lettered
                 self.qm.process_dirty(ctx)
             effects += ctx.effects
         return reply, effects
