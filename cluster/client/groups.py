@@ -14,6 +14,7 @@ partitions.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -106,9 +107,10 @@ class GroupConsumer:
             raise CommandRefused("unknown_queue", f"no partitioned queue {self.queue!r}")
         self.partitions = [f"{self.queue}.{i}" for i in range(count)]
         for partition in self.partitions:
-            self._consumers[partition] = Consumer(
-                self.client, partition, prefetch=self.prefetch, tag=self.tag
-            )
+            consumer = Consumer(self.client, partition, prefetch=self.prefetch, tag=self.tag)
+            with self.client._lock:  # inactive until the machine says GroupAssigned
+                consumer._state.active, consumer._state.status = False, "waiting"
+            self._consumers[partition] = consumer
         command = JoinGroup(
             self.queue, ConsumerId(self.tag, self._connection()), SimplePrefetch(self.prefetch),
             group=self.group, member=self.member,
@@ -230,15 +232,26 @@ def join_group(
     prefetch: int = 10,
     on_assign: Hook | None = None,
     on_revoke: Hook | None = None,
+    handler: Callable[[Message], None] | None = None,
 ) -> GroupConsumer:
     """Join `group` on partitioned queue `queue` (created by `declare_partitioned_queue` or
-    `quorumq queue declare NAME --partitions P`); iterate the result for messages."""
+    `quorumq queue declare NAME --partitions P`); iterate the result for messages, or pass
+    `handler` to have a thread call it for each message (hooks then run in that thread)."""
     consumer = GroupConsumer(
         client, group, queue, member=member, prefetch=prefetch,
         on_assign=on_assign, on_revoke=on_revoke,
     )  # fmt: skip
     consumer.join()
+    if handler is not None:
+        threading.Thread(
+            target=_handle_all, args=(consumer, handler), name=f"qq-group-{group}", daemon=True
+        ).start()
     return consumer
+
+
+def _handle_all(consumer: GroupConsumer, handler: Callable[[Message], None]) -> None:
+    for message in consumer:
+        handler(message)
 
 
 _R = TypeVar("_R", DeclareOk, JoinGroupOk)
