@@ -11,16 +11,21 @@ from fifo.effects import Effect
 from fifo.errors import CodecError, FifoError, UnsupportedVersionError
 from fifo.meta import Meta
 from fifo.queries import (
+    ConsumerGroupInfo,
+    ConsumerGroupOverview,
     ConsumerInfo,
     GroupInfo,
     MessageInfo,
     QueueOverview,
+    consumer_group,
+    consumer_groups,
     consumers,
     group_config,
     groups,
     list_queues,
     messages,
     overview,
+    partition_count,
     state_version,
 )
 from fifo.replies import Error, Reply
@@ -59,6 +64,8 @@ __all__ = [
     "LATEST_VERSION",
     "SUPPORTED_VERSIONS",
     "CodecError",
+    "ConsumerGroupInfo",
+    "ConsumerGroupOverview",
     "ConsumerInfo",
     "FifoError",
     "GroupInfo",
@@ -69,6 +76,8 @@ __all__ = [
     "State",
     "UnsupportedVersionError",
     "apply",
+    "consumer_group",
+    "consumer_groups",
     "consumers",
     "convert",
     "convert_v1_to_v2",
@@ -84,6 +93,7 @@ __all__ = [
     "messages",
     "next_deadline_ms",
     "overview",
+    "partition_count",
     "restore",
     "snapshot",
     "state_version",

@@ -26,7 +26,17 @@ from fifo import effects as e
 from fifo import replies as r
 from fifo.errors import CodecError
 from fifo.meta import Meta
-from fifo.state import Consumer, Enqueuer, Group, Grouping, Message, Queue, State
+from fifo.state import (
+    Consumer,
+    ConsumerGroup,
+    Enqueuer,
+    Group,
+    Grouping,
+    Membership,
+    Message,
+    Queue,
+    State,
+)
 
 TAG_BASE = 71_000
 # Frozen table: tag = TAG_BASE + position. Append only.
@@ -41,6 +51,8 @@ CLASSES: tuple[type, ...] = (
     e.Delivery, e.Deliver, e.CreditReply, e.QueueStatus, e.Released, e.ConsumerUpdate,
     e.ConsumerCancelled, e.DeadLettered,
     c.GroupConfig, c.DeclareGroupedQueue, c.AnnotatedEnqueue, c.PurgeGroup,
+    c.DeclarePartitionedQueue, c.JoinGroup, c.LeaveGroup, r.JoinGroupOk, e.GroupAssigned,
+    e.GroupRevoked,
 )  # fmt: skip
 SNAPSHOT_FORMAT = 1
 _NO_DEFAULT = object()
@@ -546,10 +558,40 @@ def _queue_in(v: Any) -> Queue:
     return q
 
 
+def _consumer_group_out(g: ConsumerGroup) -> list[Any]:
+    return [
+        g.name, g.queue, list(g.partitions),
+        [[m.member, m.join_seq, m.epoch, m.connection, m.spec, m.tag] for m in g.members.values()],
+        g.next_join_seq, g.epoch, [[p, m] for p, m in g.target.items()],
+        [[p, m] for p, m in g.holder.items()], [[p, m] for p, m in g.revoking.items()],
+        g.last_rebalance_index, g.last_moves, g.last_reassigned,
+    ]  # fmt: skip
+
+
+def _consumer_group_in(v: Any) -> ConsumerGroup:
+    g = ConsumerGroup(v[0], v[1], tuple(v[2]))
+    for member, join_seq, epoch, connection, spec, tag in v[3]:
+        g.members[member] = Membership(member, join_seq, epoch, connection, spec, tag)
+    g.next_join_seq, g.epoch = v[4], v[5]
+    g.target, g.holder, g.revoking = dict(map(tuple, v[6])), dict(map(tuple, v[7])), dict(
+        map(tuple, v[8])
+    )
+    g.last_rebalance_index, g.last_moves, g.last_reassigned = v[9], v[10], v[11]
+    return g
+
+
 def snapshot(state: State) -> bytes:
-    """Encode the whole state (with its machine version) as canonical CBOR."""
+    """Encode the whole state (with its machine version) as canonical CBOR.
+
+    v3's partitioned queues and consumer groups are a fifth element, written only when there is
+    any, so v1/v2 snapshots keep their bytes."""
     body = [SNAPSHOT_FORMAT, state.version, state.last_time,
             [_queue_out(q) for q in state.queues.values()]]  # fmt: skip
+    if state.partitioned or state.consumer_groups:
+        body.append([
+            [[name, count] for name, count in state.partitioned.items()],
+            [_consumer_group_out(g) for g in state.consumer_groups.values()],
+        ])  # fmt: skip
     return bytes(cbor2.dumps(body, default=_default, canonical=True))
 
 
@@ -562,6 +604,9 @@ def restore(data: bytes) -> State:
         state = State(v[1])
         state.last_time = v[2]
         state.queues = {q.name: q for q in (_queue_in(x) for x in v[3])}
+        if len(v) > 4:
+            state.partitioned = {name: count for name, count in v[4][0]}
+            state.consumer_groups = {g.name: g for g in map(_consumer_group_in, v[4][1])}
         return state
     except Exception as exc:  # any shape error in the snapshot
         raise CodecError(f"bad snapshot: {_codec_error(exc)}") from exc

@@ -307,6 +307,37 @@ class PurgeGroup(Purge):
     group: str | None = None
 
 
+# --- machine v3: partitioned queues and consumer groups (issue 10) ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeclarePartitionedQueue(DeclareQueue):
+    """Create a partitioned queue (v3): `partitions` single-active-consumer queues `queue.0` ..
+    `queue.{partitions - 1}`, each with `config`, consumed through consumer groups."""
+
+    partitions: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroup(Checkout):
+    """Join consumer group `group` of partitioned queue `queue` as `member` (v3). The machine
+    checks the member's consumer out (tag and connection of `consumer`, `spec`, `timeout_ms`)
+    on each partition it assigns it; the reply's epoch names this membership."""
+
+    group: str = ""
+    member: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroup(Checkout):
+    """Leave consumer group `group` (v3): the member's unsettled messages go back to their
+    partitions. `epoch` is the one JoinGroup answered: an older one is fenced."""
+
+    group: str = ""
+    member: str = ""
+    epoch: int = 0
+
+
 Command = (
     DeclareQueue
     | DeleteQueue
@@ -330,4 +361,7 @@ Command = (
     | DeclareGroupedQueue
     | AnnotatedEnqueue
     | PurgeGroup
+    | DeclarePartitionedQueue
+    | JoinGroup
+    | LeaveGroup
 )

@@ -108,7 +108,27 @@ class DeadLettered:
     target: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class GroupAssigned(ConsumerUpdate):
+    """Consumer group (v3): `member` of `group` is now the active consumer of partition `queue`
+    (its consumer `consumer_key`), under the group's `epoch`."""
+
+    group: str = ""
+    member: str = ""
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRevoked(ConsumerUpdate):
+    """Consumer group (v3): partition `queue` was taken from `member`; it gets nothing new from
+    it and should settle what it holds (the new member starts once those are settled)."""
+
+    group: str = ""
+    member: str = ""
+    epoch: int = 0
+
+
 Effect = (
     Deliver | CreditReply | QueueStatus | Released
-    | ConsumerUpdate | ConsumerCancelled | DeadLettered
+    | ConsumerUpdate | ConsumerCancelled | DeadLettered | GroupAssigned | GroupRevoked
 )

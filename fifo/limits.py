@@ -24,3 +24,7 @@ int_field_max = (1 << 63) - 1
 serial_modulus = 1 << 32
 dead_letter_hops_max = 4
 groups_per_queue_max = 100_000  # v3: message groups tracked per queue (waiting, held or owned)
+partitions_max = 256  # v3: partitions of one partitioned queue
+consumer_groups_max = 1_000  # v3: consumer groups
+group_members_max = 1_000  # v3: members of one consumer group
+group_name_bytes_max = 255  # v3: consumer group and member names

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fifo.commands import ConnectionId, ConsumerKey, GroupConfig, QueueConfig
-from fifo.state import Consumer, GroupId, Message, Queue, State
+from fifo.state import Consumer, ConsumerGroup, GroupId, Message, Queue, State
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,3 +191,96 @@ def groups(state: State, queue: str, limit: int = 1000) -> list[GroupInfo]:
         rows.append((order, info))
     rows.sort(key=lambda row: row[0])
     return [info for _, info in rows[:limit]]
+
+
+# --- v3: partitioned queues and consumer groups ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupOverview:
+    """One consumer group as `quorumq group list` shows it."""
+
+    group: str
+    queue: str  # the partitioned queue
+    partitions: int
+    members: int
+    epoch: int
+    pending: int  # partitions handed over but not yet to their new member
+    last_rebalance_index: int
+    last_moves: int  # partitions the last rebalance took from a remaining member
+    last_reassigned: int  # partitions whose member it changed (a departed one's included)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMemberInfo:
+    """A member: join order, epoch, consumer id, and its partitions (target)."""
+
+    member: str
+    join_seq: int
+    epoch: int
+    tag: str
+    connection: ConnectionId | None
+    partitions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPartitionInfo:
+    """A partition of a group: its member, who still holds it during a hand-over, and its lag."""
+
+    partition: str
+    member: str | None  # the target
+    holder: str | None  # active or draining on it
+    pending: bool  # holder != member: the hand-over waits for the holder's messages
+    lag: int  # messages waiting (ready and returned)
+    checked_out: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupInfo:
+    """`quorumq group describe G`: the overview, members in join order, partitions in order."""
+
+    overview: ConsumerGroupOverview
+    members: tuple[GroupMemberInfo, ...]
+    partitions: tuple[GroupPartitionInfo, ...]
+
+
+def partition_count(state: State, queue: str) -> int | None:
+    """Partitions of a partitioned queue (v3), or None if `queue` is not one."""
+    return state.partitioned.get(queue)
+
+
+def consumer_groups(state: State) -> list[ConsumerGroupOverview]:
+    """Every consumer group (v3), by name."""
+    return [_group_overview(state.consumer_groups[name]) for name in sorted(state.consumer_groups)]
+
+
+def consumer_group(state: State, name: str) -> ConsumerGroupInfo | None:
+    """One consumer group in full (v3), or None."""
+    g = state.consumer_groups.get(name)
+    if g is None:
+        return None
+    assignment = g.assignment()
+    members = tuple(
+        GroupMemberInfo(m.member, m.join_seq, m.epoch, m.tag, m.connection,
+                        assignment.get(m.member, ()))
+        for m in g.members.values()
+    )  # fmt: skip
+    parts = []
+    for partition in g.partitions:
+        q = state.queues.get(partition)
+        lag = checked_out = 0
+        if q is not None:
+            o = overview(state, partition)
+            assert o is not None
+            lag, checked_out = o.ready + o.returned, o.checked_out
+        member, holder = g.target.get(partition), g.holder.get(partition)
+        parts.append(GroupPartitionInfo(partition, member, holder, member != holder, lag,
+                                        checked_out))  # fmt: skip
+    return ConsumerGroupInfo(_group_overview(g), members, tuple(parts))
+
+
+def _group_overview(g: ConsumerGroup) -> ConsumerGroupOverview:
+    return ConsumerGroupOverview(
+        g.name, g.queue, len(g.partitions), len(g.members), g.epoch, len(g.pending()),
+        g.last_rebalance_index, g.last_moves, g.last_reassigned,
+    )  # fmt: skip

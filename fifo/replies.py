@@ -14,6 +14,10 @@ ErrorCode = Literal[
     "unknown_consumer",
     "queue_exists",  # declared again with a different config
     "unsupported",  # valid command that this queue or version does not support
+    "unknown_group",  # v3: no consumer group of that name
+    "group_exists",  # v3: the group consumes another partitioned queue
+    "member_exists",  # v3: the member joined already, from another consumer id
+    "fenced",  # v3: the command names an ended (or older) membership
 ]
 
 
@@ -102,6 +106,14 @@ class PurgeOk:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class JoinGroupOk:
+    """A member joined (v3): the epoch of this membership and the partition count."""
+
+    epoch: int
+    partitions: int
+
+
 Reply = (
     Ok
     | Error
@@ -113,4 +125,5 @@ Reply = (
     | CancelOk
     | DequeueOk
     | PurgeOk
+    | JoinGroupOk
 )

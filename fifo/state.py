@@ -9,7 +9,14 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from fifo.commands import ConnectionId, ConsumerKey, GroupConfig, QueueConfig
+from fifo.commands import (
+    ConnectionId,
+    ConsumerKey,
+    Credited,
+    GroupConfig,
+    QueueConfig,
+    SimplePrefetch,
+)
 
 Annotations = tuple[tuple[str, str | int], ...]
 GroupId = str | None  # None: the default group (messages without the group annotation)
@@ -222,12 +229,98 @@ class Grouping:
         self.pushes = 0
 
 
+class Membership:
+    """One member of a consumer group (v3): its join position, the epoch of this incarnation,
+    and the consumer id (tag, connection) and spec its partition consumers get."""
+
+    __slots__ = ("connection", "epoch", "join_seq", "member", "spec", "tag")
+
+    def __init__(
+        self,
+        member: str,
+        join_seq: int,
+        epoch: int,
+        connection: ConnectionId | None,
+        spec: SimplePrefetch | Credited | None = None,
+        tag: str = "",
+    ) -> None:
+        self.member = member
+        self.join_seq = join_seq
+        self.epoch = epoch
+        self.connection = connection
+        self.spec = spec
+        self.tag = tag
+
+
+class ConsumerGroup:
+    """A consumer group over the partitions of a partitioned queue (v3)."""
+
+    __slots__ = (
+        "epoch",
+        "holder",
+        "last_moves",
+        "last_reassigned",
+        "last_rebalance_index",
+        "members",
+        "name",
+        "next_join_seq",
+        "partitions",
+        "queue",
+        "revoking",
+        "target",
+    )
+
+    def __init__(self, name: str, queue: str, partitions: tuple[str, ...]) -> None:
+        self.name = name
+        self.queue = queue
+        self.partitions = partitions
+        self.members: dict[str, Membership] = {}  # insertion order = join order
+        self.next_join_seq = 0
+        self.epoch = 0  # bumped by every rebalance that changes the target, and every join
+        self.target: dict[str, str] = {}  # partition -> member it should go to
+        self.holder: dict[str, str] = {}  # partition -> member active or draining on it
+        self.revoking: dict[str, str] = {}  # partition -> its holder, told to stop (draining)
+        self.last_rebalance_index = 0
+        self.last_moves = 0  # partitions taken from a member still in the group
+        self.last_reassigned = 0  # partitions whose member changed (the departed's included)
+
+    def member_order(self) -> list[str]:
+        """Member ids in join order."""
+        return list(self.members)
+
+    def assignment(self) -> dict[str, tuple[str, ...]]:
+        """The target as member -> partitions (in partition order), members in join order (a
+        member that left since the last rebalance comes last)."""
+        out: dict[str, list[str]] = {member: [] for member in self.members}
+        for partition in self.partitions:
+            member = self.target.get(partition)
+            if member is not None:
+                out.setdefault(member, []).append(partition)
+        return {member: tuple(held) for member, held in out.items()}
+
+    def held_by(self, member: str) -> tuple[str, ...]:
+        """The partitions `member` is active or draining on, in partition order."""
+        return tuple(p for p in self.partitions if self.holder.get(p) == member)
+
+    def pending(self) -> tuple[str, ...]:
+        """Partitions whose holder is not (yet) their target: a hand-over is under way."""
+        return tuple(p for p in self.partitions if self.holder.get(p) != self.target.get(p))
+
+    def is_stale(self, member: str, epoch: int) -> bool:
+        """True when (member, epoch) is not the member's current incarnation."""
+        current = self.members.get(member)
+        return current is None or current.epoch != epoch
+
+
 class State:
     """The whole replicated machine: a registry of queues plus the monotonic clock."""
 
-    __slots__ = ("last_time", "queues", "version")
+    __slots__ = ("consumer_groups", "last_time", "partitioned", "queues", "version")
 
     def __init__(self, version: int) -> None:
         self.version = version
         self.last_time = 0
         self.queues: dict[str, Queue] = {}
+        # v3: partitioned queue name -> partition count, and the consumer groups by name
+        self.partitioned: dict[str, int] = {}
+        self.consumer_groups: dict[str, ConsumerGroup] = {}

@@ -19,6 +19,7 @@ from typing import Any
 import click
 import structlog
 
+from cluster.chaos import group_workload
 from cluster.chaos.nemesis import FAULT_KINDS, LEADER_TOKEN, expand_faults
 from cluster.chaos.run import RunParams, run
 from cluster.chaos.workload import WorkloadParams
@@ -57,6 +58,23 @@ def _quiet_logs(verbose: bool) -> None:
     help="Output dir (default: a fresh temp dir, never the checkout).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
+@click.option(
+    "--workload",
+    type=click.Choice(["queues", "groups"]),
+    default="queues",
+    show_default=True,
+    help="queues: consumers per queue; groups: a consumer group over a partitioned queue.",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="groups: partitions of the partitioned queue (one producer each at least).",
+)
+@click.option(
+    "--members", type=click.IntRange(1, 32), default=3, show_default=True, help="groups: members."
+)
 @click.option("--producers", type=click.IntRange(1, 32), default=3, show_default=True)
 @click.option("--consumers", type=click.IntRange(1, 32), default=3, show_default=True)
 @click.option("--queues", type=click.IntRange(1, 16), default=2, show_default=True)
@@ -88,6 +106,9 @@ def main(
     seed: int,
     out_dir: Path | None,
     as_json: bool,
+    workload: str,
+    partitions: int,
+    members: int,
     producers: int,
     consumers: int,
     queues: int,
@@ -108,7 +129,16 @@ def main(
         expand_faults(tokens)
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--faults") from err
+    if workload == "groups" and (why := group_workload.unavailable_reason()):
+        click.echo(f"--workload groups: {why}", err=True)
+        sys.exit(69)  # EX_UNAVAILABLE
     _quiet_logs(verbose)
+    groups = None
+    queue_names = tuple(f"chaos-{i + 1}" for i in range(queues))
+    if workload == "groups":
+        groups = group_workload.GroupParams(partitions=partitions, members=members)
+        queue_names = groups.partition_queues()
+        producers = max(producers, partitions)  # one producer per partition at least
     params = RunParams(
         duration_s=duration_s,
         faults=tuple(tokens),
@@ -118,11 +148,12 @@ def main(
         workload=WorkloadParams(
             producers=producers,
             consumers=consumers,
-            queues=tuple(f"chaos-{i + 1}" for i in range(queues)),
+            queues=queue_names,
             rate_per_s=rate,
         ),
         keep_data=keep_data,
         snapshot_every_entries=snapshot_every,
+        groups=groups,
     )
     report = run(params)
     click.echo(json.dumps(report, indent=2, default=str) if as_json else _summary(report))
@@ -146,6 +177,14 @@ def _summary(report: dict[str, Any]) -> str:
             f"  {fault['kind']:<17} {','.join(fault['nodes']):<9} "
             f"(leader {fault['leader']}) {fault.get('shape') or '':<11} "
             f"{fault['start_s']:7.2f}-{fault['end_s']:7.2f} s  recovery {fault['recovery_s']} s"
+        )
+    if report.get("groups"):
+        g = report["groups"]
+        lines.append(
+            f"groups: double ownership {g['double_ownership_count']}, order violations "
+            f"{g['order_violation_count']}, zombie overlaps {g['zombie_overlap_count']}, "
+            f"crash recovery max {g['crash_recovery_max_s']} s over {len(g['crash_recovery'])} "
+            "crashes"
         )
     lines += [f"note: {note}" for note in report["notes"]]
     lines.append(f"report: {report['files']['report']}  timeline: {report['files']['timeline']}")

@@ -14,6 +14,9 @@ Every operation has an integer `op` id; an invocation (`type` = "invoke") and it
   "ok" (settled), "fail" (definitely not settled: the message goes back) or "info" (unknown).
 - `f` = "fault": invoke when a nemesis starts a fault (`fault`, `node`, `detail`), "ok" when
   it ends (healed). Faults never reach the checker's verdicts; the report uses their times.
+- Consumer groups (`cluster.chaos.groups`): `join` / `leave` operations of a member (`process`,
+  `detail` = the group), a single "ok" `crash` when the harness kills a member, and single "ok"
+  `assigned` / `revoked` notices a member saw (`queue` = the partition).
 """
 
 from __future__ import annotations
@@ -27,10 +30,22 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 EventType = Literal["invoke", "ok", "fail", "info"]
-Function = Literal["publish", "deliver", "ack", "fault"]
+Function = Literal[
+    "publish", "deliver", "ack", "fault", "join", "leave", "crash", "assigned", "revoked"
+]
 
 EVENT_TYPES: tuple[str, ...] = ("invoke", "ok", "fail", "info")
-FUNCTIONS: tuple[str, ...] = ("publish", "deliver", "ack", "fault")
+FUNCTIONS: tuple[str, ...] = (
+    "publish",
+    "deliver",
+    "ack",
+    "fault",
+    "join",
+    "leave",
+    "crash",
+    "assigned",
+    "revoked",
+)
 
 
 @dataclass(frozen=True, slots=True)

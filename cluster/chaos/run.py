@@ -16,16 +16,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
 from cluster import config as cluster_config
 from cluster import launcher
-from cluster.chaos import availability
+from cluster.chaos import availability, group_workload
 from cluster.chaos.availability import FaultWindow
 from cluster.chaos.checker import check
 from cluster.chaos.control import LauncherCluster, route_through_proxies
+from cluster.chaos.group_workload import GroupMember, GroupParams, MemberCrasher
+from cluster.chaos.groups import check_groups
 from cluster.chaos.history import Recorder
 from cluster.chaos.linkproxy import ProxyMesh
 from cluster.chaos.nemesis import Nemesis, ScheduleParams, expand_faults, make_schedule
@@ -40,6 +42,7 @@ from cluster.chaos.workload import (
 )
 from cluster.client import Client
 from cluster.client.errors import ClusterError
+from cluster.client.groups import join_group
 from cluster.config import SNAPSHOT_EVERY_ENTRIES_DEFAULT, FsyncPolicy
 from raft import durability
 
@@ -68,6 +71,9 @@ class RunParams:
     keep_data: bool = False
     # compact the log this often: small values make lagging nodes catch up by snapshot
     snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES_DEFAULT
+    # the consumer-group workload (issue 10): members of one group instead of queue consumers;
+    # workload.queues are then the partition queues
+    groups: GroupParams | None = None
 
 
 @dataclass(slots=True)
@@ -115,7 +121,7 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     try:
         cluster.start_all()
         launcher.wait_for_leader(cluster.config, cluster.key, params.leader_timeout_s)
-        _declare_queues(cluster, params.workload.queues)
+        _declare_queues(cluster, params.workload.queues, params.groups)
         schedule = make_schedule(kinds, params.duration_s, params.seed, params.schedule)
         if during is not None:
             threading.Thread(target=during, args=(cluster, recorder), daemon=True).start()
@@ -156,8 +162,13 @@ def _make_mesh(data_dir: Path, kinds: list[str], stage: _Stage) -> ProxyMesh | N
     return None
 
 
-def _declare_queues(cluster: LauncherCluster, queues: tuple[str, ...]) -> None:
+def _declare_queues(
+    cluster: LauncherCluster, queues: tuple[str, ...], groups: GroupParams | None
+) -> None:
     with Client(list(cluster.endpoints().values()), cluster.key, name="chaos-setup") as client:
+        if groups is not None:
+            group_workload.declare(client, groups)
+            return
         for queue in queues:
             client.declare_queue(queue)
 
@@ -220,8 +231,15 @@ def _run_workload(
             wl,
             credited=i % 2 == 1,
         )
-        for i in range(wl.consumers)
+        for i in range(wl.consumers if params.groups is None else 0)
     ]
+    if params.groups is not None:
+        members = [
+            GroupMember(i, factory, recorder, consume_stop, params.groups, wl)
+            for i in range(params.groups.members)
+        ]
+        consumers += members
+        MemberCrasher(members, params.groups, params.seed, nemesis_stop).start()
     nemesis_thread = threading.Thread(
         target=nemesis.run, args=(schedule, nemesis_stop), name="nemesis", daemon=True
     )
@@ -302,11 +320,45 @@ def _drain_through(
             reconnect=False,
             request_timeout_s=10.0,
         ) as client:
+            if params.groups is not None:
+                got = _drain_group(params.groups, drainer, client, node_id, params, deadline)
+                stage.drained[node_id] = stage.drained.get(node_id, 0) + got
+                return
             for queue in params.workload.queues:
                 got = drainer.drain(client, queue, params.drain_idle_s, deadline)
                 stage.drained[node_id] = stage.drained.get(node_id, 0) + got
     except (ClusterError, OSError) as err:
         stage.drain_errors.append(f"{node_id}: {type(err).__name__}: {err}")
+
+
+def _drain_group(
+    groups: GroupParams,
+    drainer: Drainer,
+    client: Client,
+    node_id: str,
+    params: RunParams,
+    deadline: float,
+) -> int:
+    """Drain the partitions as a member of the group (plain consumers are refused there)."""
+    process = f"drain-{node_id}"
+    member = join_group(client, groups.group, groups.queue, member=process, prefetch=50)
+    count = 0
+    try:
+        while time.monotonic() < deadline:
+            message = member.get(timeout_s=params.drain_idle_s)
+            if message is None:
+                break
+            drainer.acker.settle(client, cast(Any, _DrainTag(member.tag)), message, process)
+            count += 1
+    finally:
+        drainer.acker.wait()
+        member.leave()
+    return count
+
+
+class _DrainTag:
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
 
 
 def _queues_empty(cluster: LauncherCluster, queues: tuple[str, ...]) -> bool:
@@ -357,8 +409,12 @@ def _report(
     )
     acks = _ack_counts(events)
     replica_dict = replicas.to_dict() if replicas is not None else None
+    groups = check_groups(events) if params.groups is not None else None
     return {
-        "valid": verdict.valid and bool(replicas and replicas.ok),
+        "valid": verdict.valid
+        and bool(replicas and replicas.ok)
+        and (groups is None or groups.valid),
+        "groups": groups.to_dict() if groups is not None else None,
         "seed": params.seed,
         "duration_s": params.duration_s,
         "faults_requested": list(params.faults),

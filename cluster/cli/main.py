@@ -128,3 +128,7 @@ cli.add_command(machine_group)
 from cluster.cli.log import log_group  # noqa: E402
 
 cli.add_command(log_group)
+
+from cluster.cli.group import group_group  # noqa: E402
+
+cli.add_command(group_group)

@@ -24,13 +24,14 @@ from fifo.commands import (
     GroupPolicy,
     QueueConfig,
 )
+from cluster.client.groups import declare_partitioned_queue
 
 QUEUE_NAME_BYTES_MAX = 255
 LIST_COLUMNS = ["name", "ready", "returned", "checked_out", "total", "bytes", "consumers"]
 GROUP_COLUMNS = ["group", "ready", "checked_out", "owner", "oldest_age_ms"]
 GROUPS_NEED = (
-    "message groups need machine version 3; the cluster runs an older one (upgrade it with "
-    "`quorumq machine upgrade --to 3` once every node supports 3)"
+    "message groups need machine version 3 (so do partitioned queues); the cluster runs an older "
+    "one (upgrade it with `quorumq machine upgrade --to 3` once every node supports 3)"
 )
 
 
@@ -127,6 +128,13 @@ def queue_group() -> None:
     is_flag=True,
     help="With --group-policy exclusive: a joining consumer takes over idle groups so owners "
     "differ by at most one group.",
+),
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="A partitioned queue: NAME.0 .. NAME.{P-1}, single active consumer each, consumed "
+    "through consumer groups (machine v3).",
 )
 @connection_options
 @click.pass_context
@@ -145,6 +153,7 @@ def declare(
     group_key: str | None,
     group_policy: str | None,
     rebalance_groups_on_join: bool,
+    partitions: int | None,
 ) -> None:
     """Create a queue (a no-op when it exists with the same settings).
 
@@ -159,7 +168,7 @@ def declare(
         if dead_letter_queue == name:
             raise CliError("a queue cannot dead-letter into itself", USAGE)
     config = QueueConfig(
-        single_active_consumer=single_active_consumer,
+        single_active_consumer=single_active_consumer or partitions is not None,
         delivery_limit=delivery_limit,
         max_length=max_length,
         max_bytes=max_bytes,
@@ -169,9 +178,18 @@ def declare(
         consumer_timeout_ms=consumer_timeout,
     )
     groups = _group_config(group_key, group_policy, rebalance_groups_on_join)
+    if partitions is not None and groups is not None:
+        raise CliError(
+            "--partitions and message groups do not combine: a partition has a single active "
+            "consumer, so its messages are already in order",
+            USAGE,
+        )
     with connect(ctx) as client:
         try:
-            reply = client.declare_queue(name, config, groups)
+            if partitions is None:
+                reply = client.declare_queue(name, config, groups)
+            else:
+                reply = declare_partitioned_queue(client, name, partitions, config)
         except CommandRefused as err:
             raise groups_refused(err) or err from err
     if output_format(ctx) == "table":

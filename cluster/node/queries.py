@@ -63,6 +63,15 @@ def _answer(view: ReplicaView, name: str, args: dict[str, Any], supported: int) 
         if not isinstance(limit, int) or limit < 0:
             raise QueryError("argument 'limit' must be a non-negative integer")
         return plain(fifo.groups(state, _queue_arg(args), limit))
+    if name == "consumer_groups":  # machine v3 consumer groups
+        return plain(fifo.consumer_groups(state))
+    if name == "consumer_group":
+        group = args.get("group")
+        if not isinstance(group, str):
+            raise QueryError("argument 'group' (a string) is required")
+        return plain(fifo.consumer_group(state, group))
+    if name == "partitions":
+        return fifo.partition_count(state, _queue_arg(args))
     if name == "machine":
         return machine_status(view, supported)
     raise QueryError(f"unknown query {name!r}")

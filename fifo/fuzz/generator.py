@@ -24,6 +24,7 @@ from fifo.commands import (
     Credit,
     Credited,
     DeclareGroupedQueue,
+    DeclarePartitionedQueue,
     DeclareQueue,
     DeleteQueue,
     Dequeue,
@@ -31,6 +32,8 @@ from fifo.commands import (
     Enqueue,
     EvalConsumerTimeouts,
     GroupConfig,
+    JoinGroup,
+    LeaveGroup,
     Modify,
     NodeDown,
     NodeUp,
@@ -57,6 +60,8 @@ from fifo.fuzz.world import (
 )
 
 BODY_PAD = b"." * 16
+PARTITIONED_QUEUE = "parts"  # v3: the partitioned queue of the consumer groups
+CONSUMER_GROUPS = ("ga", "gb")
 GROUP_IDS = ("g0", "g1", "g2", "g3", "g4", "g5", "g6", "g7")
 
 
@@ -77,8 +82,11 @@ def random_config(rng: SplitMix64, world: World, queue: str) -> QueueConfig:
     targets = [q for q in (DEAD_LETTER_QUEUE, *WORK_QUEUES) if q != queue]
     dead_letter = None
     if rng.chance(1, 2):
-        dead_letter = DEAD_LETTER_QUEUE if rng.chance(2, 3) and queue != DEAD_LETTER_QUEUE else (
-            rng.choice(targets))
+        dead_letter = (
+            DEAD_LETTER_QUEUE
+            if rng.chance(2, 3) and queue != DEAD_LETTER_QUEUE
+            else (rng.choice(targets))
+        )
     v2 = world.version >= 2
     return QueueConfig(
         single_active_consumer=rng.chance(1, 3),
@@ -136,6 +144,10 @@ class Generator:
             (1, self.declare),
             (1, self.delete),
             (1, self.register_enqueuer),
+            # v3 consumer groups (weight 0 before v3: earlier versions draw exactly as before)
+            (2 if world.version >= 3 else 0, self.partitioned),
+            (3 if world.version >= 3 and world.partitioned else 0, self.join_group),
+            (2 if world.version >= 3 and world.members else 0, self.leave_group),
         ]
         if self.rng.chance(1, 60):
             return self.bad_input(), True
@@ -285,7 +297,10 @@ class Generator:
         if self.rng.chance(1, 10):
             count = (count - self.rng.between(1, 3)) & SERIAL_MASK  # a stale receiver view
         return Credit(
-            slot.queue, self.key_for(slot.cid), self.rng.between(0, 10), count,
+            slot.queue,
+            self.key_for(slot.cid),
+            self.rng.between(0, 10),
+            count,
             drain=self.rng.chance(1, 5),
         )
 
@@ -303,8 +318,13 @@ class Generator:
         key = self.key_for(first)
         v2 = world.version >= 2
         kind = rng.weighted(
-            [(10, "settle"), (2, "return"), (2, "discard"), (1 if v2 else 0, "modify"),
-             (1 if v2 else 0, "renew")]
+            [
+                (10, "settle"),
+                (2, "return"),
+                (2, "discard"),
+                (1 if v2 else 0, "modify"),
+                (1 if v2 else 0, "renew"),
+            ]
         )
         if kind == "settle":
             return Settle(first.queue, key, ids)
@@ -317,6 +337,38 @@ class Generator:
             return RenewLocks(first.queue, key, ids)
         failed, here = rng.chance(1, 2), rng.chance(1, 4)
         return Modify(first.queue, key, ids, failed, here, (("x-note", rng.below(100)),))
+
+    def partitioned(self) -> Command:
+        """v3: declare the partitioned queue (or re-declare it, sometimes differently)."""
+        rng = self.rng
+        have = self.world.partitioned.get(PARTITIONED_QUEUE)
+        count = have if have is not None and rng.chance(2, 3) else rng.between(1, 5)
+        return DeclarePartitionedQueue(
+            PARTITIONED_QUEUE, QueueConfig(single_active_consumer=True), count
+        )
+
+    def join_group(self) -> Command:
+        """v3: a new member joins one of two consumer groups (sometimes an existing member
+        again: a retried join or a clash)."""
+        rng, world = self.rng, self.world
+        queue = rng.choice(list(world.partitioned))
+        group = rng.choice(CONSUMER_GROUPS)
+        if world.members and rng.chance(1, 6):
+            slot = rng.choice(world.members)
+            return JoinGroup(slot.queue, slot.cid, SimplePrefetch(2), group=slot.group,
+                             member=slot.member)  # fmt: skip
+        cid = ConsumerId(f"m{world.fresh()}", self.connection())
+        spec: CheckoutSpec = SimplePrefetch(rng.between(1, 4))
+        if rng.chance(1, 4):
+            spec = Credited(0)
+        return JoinGroup(queue, cid, spec, group=group, member=cid.tag)
+
+    def leave_group(self) -> Command:
+        """v3: a member leaves (sometimes naming a stale epoch: fenced)."""
+        slot = self.rng.choice(self.world.members)
+        epoch = slot.epoch if self.rng.chance(4, 5) else slot.epoch - 1
+        return LeaveGroup(slot.queue, slot.cid, Cancel(), group=slot.group, member=slot.member,
+                          epoch=epoch)  # fmt: skip
 
     def connection_down(self) -> Command:
         """Close a connection or lose it (noconnection)."""
@@ -360,8 +412,22 @@ class Generator:
                 AnnotatedEnqueue(queue, b"x", annotations=(("", "g"),)),
                 PurgeGroup(queue, cast(str, 5)),
                 DeclareGroupedQueue("q-bad", QueueConfig(), GroupConfig("k", "sequenced", True)),
-                DeclareGroupedQueue("q-bad", QueueConfig(), GroupConfig("",)),
+                DeclareGroupedQueue(
+                    "q-bad",
+                    QueueConfig(),
+                    GroupConfig(
+                        "",
+                    ),
+                ),
                 DeclareGroupedQueue("q-bad", QueueConfig(), cast(GroupConfig, None)),
+                DeclarePartitionedQueue("p-bad", QueueConfig(single_active_consumer=True), 0),
+                DeclarePartitionedQueue("p-bad", QueueConfig(), 2),
+                JoinGroup(
+                    "no-such-queue", ConsumerId("j", conn), SimplePrefetch(1), group="g", member="j"
+                ),
+                JoinGroup(queue, ConsumerId("j", conn), SimplePrefetch(0), group="g", member="j"),
+                JoinGroup(queue, ConsumerId("j", conn), SimplePrefetch(1), group="", member="j"),
+                LeaveGroup(queue, ghost, Cancel(), group="no-such-group", member="j", epoch=1),
             ]
         if world.version < 2:
             choices += [

@@ -40,6 +40,7 @@ from fifo.replies import (
     Reply,
 )
 from fifo.state import GroupId, State
+from fifo.v3.sticky import moves, moves_lower_bound
 
 Found = tuple[str, str]  # (invariant, detail)
 _NAMING_IDS = (Settle, Return, Discard, Modify, RenewLocks)
@@ -79,6 +80,8 @@ class Checker:
     group_of_number: dict[tuple[str, int], GroupId] = field(default_factory=dict)
     last_in_group: dict[tuple[str, GroupId], int] = field(default_factory=dict)
     owners: dict[tuple[str, GroupId], object] = field(default_factory=dict)
+    # v3 consumer groups: each group's target after the last step (for the minimal-moves check)
+    group_targets: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
 
     def ledger(self, queue: str) -> Ledger:
         """The ledger of a queue, created on first use."""
@@ -114,7 +117,8 @@ class Checker:
             if number is not None:
                 anns = command.annotations if isinstance(command, AnnotatedEnqueue) else ()
                 self.group_of_number[(queue.name, number)] = _group_of(
-                    queue.grouping.config.group_key, anns)
+                    queue.grouping.config.group_key, anns
+                )
         return peek
 
     def after(
@@ -136,6 +140,28 @@ class Checker:
             self.blocked[(command.queue, command.enqueuer)] = True  # told by the reply
         found += check_state(state, self.ledgers)
         found += self._check_groups_stay(state)
+        if state.consumer_groups or self.group_targets:
+            found += self._check_consumer_groups(state)
+        return found
+
+    def _check_consumer_groups(self, state: State) -> list[Found]:
+        """v3 consumer groups after every step: at most one member holds messages of a
+        partition and it is the partition's holder; with members, every partition is targeted
+        at a live member; targets balanced; holders balanced once no hand-over is pending; a
+        rebalance moves no more than the balanced lower bound."""
+        found: list[Found] = []
+        targets: dict[str, dict[str, tuple[str, ...]]] = {}
+        for name, group in state.consumer_groups.items():
+            found += check_consumer_group(state, group)
+            before = self.group_targets.get(name, {})
+            assignment = group.assignment()
+            targets[name] = assignment
+            if assignment != before and before:
+                bound = moves_lower_bound(group.partitions, list(group.members), before)
+                if moves(before, assignment) != bound:
+                    found.append(("cgroup_moves", f"{name}: {moves(before, assignment)} moves, "
+                                  f"the balanced minimum is {bound}"))  # fmt: skip
+        self.group_targets = targets
         return found
 
     def _check_groups_stay(self, state: State) -> list[Found]:
@@ -158,8 +184,13 @@ class Checker:
                 holder = queue.consumers.get(before)  # type: ignore[call-overload]
                 if holder is not None and _sticky(holder) and any(
                         m.group == group.gid for m in holder.checked_out.values()):  # fmt: skip
-                    found.append(("group_moved", f"{queue.name}: group {group.gid!r} moved from "
-                                  f"{holder.tag} (up, holding messages of it) to {group.owner}"))
+                    found.append(
+                        (
+                            "group_moved",
+                            f"{queue.name}: group {group.gid!r} moved from "
+                            f"{holder.tag} (up, holding messages of it) to {group.owner}",
+                        )
+                    )
         self.owners = owners
         return found
 
@@ -169,8 +200,12 @@ class Checker:
             self.ledgers[command.queue] = Ledger()
         elif isinstance(command, DeleteQueue) and isinstance(reply, DeleteOk):
             if peek.total_before is not None and reply.messages != peek.total_before:
-                found.append(("delete_count", f"DeleteOk({reply.messages}) but total was "
-                              f"{peek.total_before}"))
+                found.append(
+                    (
+                        "delete_count",
+                        f"DeleteOk({reply.messages}) but total was {peek.total_before}",
+                    )
+                )
             self.ledgers.pop(command.queue, None)
             for key in [k for k in self.blocked if k[0] == command.queue]:
                 del self.blocked[key]
@@ -181,8 +216,9 @@ class Checker:
         elif isinstance(reply, PurgeOk):
             self.ledger(getattr(command, "queue", "")).outflow += reply.count
             if peek.ready_before is not None and reply.count != peek.ready_before:
-                found.append(("purge_count", f"PurgeOk({reply.count}) but {peek.ready_before} "
-                              f"were ready"))
+                found.append(
+                    ("purge_count", f"PurgeOk({reply.count}) but {peek.ready_before} were ready")
+                )
         elif _is_settled_dequeue(command, reply):
             self.ledger(getattr(command, "queue", "")).outflow += 1
         return found
@@ -233,9 +269,14 @@ class Checker:
         key = (effect.queue, effect.enqueuer)
         blocked = effect.status == "reject_publish"
         if self.blocked.get(key, False) == blocked:
-            return [("queue_status", f"{effect.queue}/{effect.enqueuer} told {effect.status} "
-                     f"twice in a row" if blocked or key in self.blocked else
-                     f"{effect.queue}/{effect.enqueuer} told go without a reject_publish")]
+            return [
+                (
+                    "queue_status",
+                    f"{effect.queue}/{effect.enqueuer} told {effect.status} twice in a row"
+                    if blocked or key in self.blocked
+                    else f"{effect.queue}/{effect.enqueuer} told go without a reject_publish",
+                )
+            ]
         self.blocked[key] = blocked
         return []
 
@@ -251,8 +292,13 @@ class Checker:
             gid = self.group_of_number.get((queue, number))
             last = self.last_in_group.get((queue, gid), -1)
             if number <= last:
-                found.append(("group_order", f"{queue}: group {gid!r} delivered #{number} for "
-                              f"the first time after #{last}"))
+                found.append(
+                    (
+                        "group_order",
+                        f"{queue}: group {gid!r} delivered #{number} for "
+                        f"the first time after #{last}",
+                    )
+                )
             self.last_in_group[(queue, gid)] = max(number, last)
         return found
 
@@ -279,8 +325,12 @@ class Checker:
                 continue  # grouped: per group (groups owned by others are passed over)
             last = self.last_first_delivery.get(queue, -1)
             if min(numbers) <= last:
-                found.append(("queue_order", f"{queue}: first delivery of #{min(numbers)} "
-                              f"after #{last} had left"))
+                found.append(
+                    (
+                        "queue_order",
+                        f"{queue}: first delivery of #{min(numbers)} after #{last} had left",
+                    )
+                )
             self.last_first_delivery[queue] = max(last, *numbers)
         return found
 
@@ -303,10 +353,52 @@ class Checker:
                 continue
             last = self.last_number.get((effect.queue, cid), -1)
             if number <= last:
-                found.append(("delivery_order", f"{effect.queue}/{effect.tag}: message #{number} "
-                              f"after #{last} with nothing returned"))
+                found.append(
+                    (
+                        "delivery_order",
+                        f"{effect.queue}/{effect.tag}: message #{number} "
+                        f"after #{last} with nothing returned",
+                    )
+                )
             self.last_number[(effect.queue, cid)] = number
         return found
+
+
+def check_consumer_group(state: State, group: probe.ConsumerGroup) -> list[Found]:
+    """One v3 consumer group's structural invariants (see `Checker._check_consumer_groups`)."""
+    found: list[Found] = []
+    name = group.name
+    for partition in group.partitions:
+        queue = probe.queue(state, partition)
+        if queue is None:
+            continue
+        holding = [c for c in probe.all_consumers(queue) if c.checked_out]
+        if len(holding) > 1:
+            tags = ", ".join(c.tag for c in holding)
+            found.append(("cgroup_two_holders", f"{name}: {partition} held by {tags}"))
+        holder = group.holder.get(partition)
+        member = group.members.get(holder) if holder is not None else None
+        for consumer in holding:
+            if member is None or (consumer.tag, consumer.connection) != (
+                member.tag,
+                member.connection,
+            ):
+                found.append(("cgroup_holder", f"{name}: {consumer.tag} holds messages of "
+                              f"{partition}, whose holder is {holder}"))  # fmt: skip
+    if group.members:
+        alive = [p for p in group.partitions if probe.queue(state, p) is not None]
+        for partition in alive:
+            if group.target.get(partition) not in group.members:
+                found.append(("cgroup_unassigned", f"{name}: {partition} has no live member "
+                              f"(target {group.target.get(partition)})"))  # fmt: skip
+        sizes = [len(held) for held in group.assignment().values()]
+        if max(sizes) - min(sizes) > 1:
+            found.append(("cgroup_balance", f"{name}: target sizes {sizes}"))
+        if not group.pending():
+            held = [len(group.held_by(member)) for member in group.members]
+            if max(held) - min(held) > 1:
+                found.append(("cgroup_balance", f"{name}: holders {held} with nothing pending"))
+    return found
 
 
 def check_state(state: State, ledgers: dict[str, Ledger]) -> list[Found]:
@@ -328,8 +420,12 @@ def _check_queue(
         held += 1
         where = f"{name}/{consumer.tag}#{msg_id}"
         if id(message) in owners:
-            found.append(("double_checkout", f"message {message.body!r} at {where} and "
-                          f"{owners[id(message)]}"))
+            found.append(
+                (
+                    "double_checkout",
+                    f"message {message.body!r} at {where} and {owners[id(message)]}",
+                )
+            )
         owners[id(message)] = where
     waiting = 0
     for message in probe.waiting(queue):
@@ -339,11 +435,20 @@ def _check_queue(
             found.append(("double_checkout", f"{message.body!r} ready and at {where}"))
     total = queue.messages_total
     if total != waiting + held:
-        found.append(("messages_total", f"{name}: total {total} != waiting {waiting} (ready "
-                      f"{len(queue.ready)}, returned {len(queue.returns)}) + checked out {held}"))
+        found.append(
+            (
+                "messages_total",
+                f"{name}: total {total} != waiting {waiting} (ready "
+                f"{len(queue.ready)}, returned {len(queue.returns)}) + checked out {held}",
+            )
+        )
     if ledger is not None and ledger.inflow - ledger.outflow != total:
-        found.append(("accounting", f"{name}: enqueued {ledger.inflow} - left {ledger.outflow} "
-                      f"!= total {total}"))
+        found.append(
+            (
+                "accounting",
+                f"{name}: enqueued {ledger.inflow} - left {ledger.outflow} != total {total}",
+            )
+        )
     found += _check_consumers(queue, version)
     found += _check_bytes(queue)
     if queue.grouping is not None:
@@ -351,8 +456,12 @@ def _check_queue(
     config = queue.config
     limited = config.max_length is not None and config.overflow == "drop_head"
     if limited and probe.ready_count(queue) > (config.max_length or 0):
-        found.append(("max_length", f"{name}: ready {probe.ready_count(queue)} > "
-                          f"max_length {config.max_length}"))
+        found.append(
+            (
+                "max_length",
+                f"{name}: ready {probe.ready_count(queue)} > max_length {config.max_length}",
+            )
+        )
     return found
 
 
@@ -365,11 +474,18 @@ def _check_consumers(queue: probe.Queue, version: int) -> list[Found]:
         if consumer.credited and consumer.credit < 0:
             detail = f"{queue.name}/{consumer.tag}: credit {consumer.credit} below 0"
             found.append(("credit_bounds", detail))
-        if not consumer.credited and not consumer.once and not (
-            0 <= consumer.credit <= consumer.prefetch
+        if (
+            not consumer.credited
+            and not consumer.once
+            and not (0 <= consumer.credit <= consumer.prefetch)
         ):
-            found.append(("credit_bounds", f"{queue.name}/{consumer.tag}: credit "
-                          f"{consumer.credit} not in [0, {consumer.prefetch}]"))
+            found.append(
+                (
+                    "credit_bounds",
+                    f"{queue.name}/{consumer.tag}: credit "
+                    f"{consumer.credit} not in [0, {consumer.prefetch}]",
+                )
+            )
     if queue.config.single_active_consumer and active > 1:
         found.append(("single_active", f"{queue.name}: {active} active consumers"))
     if queue.config.single_active_consumer:
@@ -395,8 +511,13 @@ def _check_sac_progress(queue: probe.Queue, version: int) -> list[Found]:
         return []
     order = [(not _eligible(c), -c.priority, -c.credit, c.attach_index) for c in queue.waiting]
     if order != sorted(order):
-        return [("sac_waiting_order", f"{queue.name}: waiting {[c.tag for c in queue.waiting]} "
-                 f"not in (up, priority, credit, attach) order: {order}")]
+        return [
+            (
+                "sac_waiting_order",
+                f"{queue.name}: waiting {[c.tag for c in queue.waiting]} "
+                f"not in (up, priority, credit, attach) order: {order}",
+            )
+        ]
     if not active:
         return []
     current = active[0]
@@ -404,9 +525,14 @@ def _check_sac_progress(queue: probe.Queue, version: int) -> list[Found]:
         return [("sac_progress", f"{queue.name}: {current.tag} quiescing with nothing pending")]
     higher = [c for c in eligible if c.priority > current.priority]
     if current.status == "up" and higher:  # idle: swap; with pending: quiescing
-        return [("sac_priority", f"{queue.name}: {higher[0].tag} (priority {higher[0].priority}) "
-                 f"waits behind {current.tag} (priority {current.priority}, up, "
-                 f"{len(current.checked_out)} pending)")]
+        return [
+            (
+                "sac_priority",
+                f"{queue.name}: {higher[0].tag} (priority {higher[0].priority}) "
+                f"waits behind {current.tag} (priority {current.priority}, up, "
+                f"{len(current.checked_out)} pending)",
+            )
+        ]
     return []
 
 
@@ -429,8 +555,13 @@ def _check_recipient(state: State, effect: Deliver) -> list[Found]:
     if consumer is None:
         return [("delivery_to_unknown", f"{effect.queue}/{effect.tag} is not a consumer")]
     if consumer.suspected_since is not None or consumer.status != "up" or consumer.timed_out:
-        return [("delivery_to_inactive", f"{effect.queue}/{effect.tag} status {consumer.status} "
-                 f"suspected_since {consumer.suspected_since} timed_out {consumer.timed_out}")]
+        return [
+            (
+                "delivery_to_inactive",
+                f"{effect.queue}/{effect.tag} status {consumer.status} "
+                f"suspected_since {consumer.suspected_since} timed_out {consumer.timed_out}",
+            )
+        ]
     return []
 
 
@@ -440,8 +571,13 @@ def _check_bytes(queue: probe.Queue) -> list[Found]:
     ready = sum(len(m.body) for m in probe.waiting(queue))
     held = sum(len(m.body) for _, _, m in probe.checked_out(queue))
     if (queue.bytes_ready, queue.bytes_checkout) != (ready, held):
-        found.append(("byte_counters", f"{queue.name}: ready/checked-out bytes "
-                      f"{queue.bytes_ready}/{queue.bytes_checkout}, bodies {ready}/{held}"))
+        found.append(
+            (
+                "byte_counters",
+                f"{queue.name}: ready/checked-out bytes "
+                f"{queue.bytes_ready}/{queue.bytes_checkout}, bodies {ready}/{held}",
+            )
+        )
     max_bytes = queue.config.max_bytes
     if max_bytes is not None and queue.config.overflow == "drop_head" and ready > max_bytes:
         found.append(("max_bytes", f"{queue.name}: {ready} ready bytes > max_bytes {max_bytes}"))
@@ -467,8 +603,11 @@ def check_credit_reply(command: Credit, effects: list[Effect], peek: Peek) -> li
     assert isinstance(reply, CreditReply)
     # Deliveries after the reply can only come from dead-lettering back into this queue later in
     # the same command (a dead-letter cycle); the reply covers the ones before it.
-    count = sum(len(e.messages) for e in effects[: replies[0]] if isinstance(e, Deliver)
-                and e.tag == reply.tag and e.connection == reply.connection)
+    count = sum(
+        len(e.messages)
+        for e in effects[: replies[0]]
+        if isinstance(e, Deliver) and e.tag == reply.tag and e.connection == reply.connection
+    )
     found: list[Found] = []
     link = (command.delivery_count + command.credit - sender) % SERIAL
     link = link - SERIAL if link >= SERIAL // 2 else link
@@ -476,9 +615,14 @@ def check_credit_reply(command: Credit, effects: list[Effect], peek: Peek) -> li
     want_count = (sender + count + (credit if command.drain else 0)) % SERIAL
     want = (want_count, 0 if command.drain else credit)
     if credit < 0 or (reply.delivery_count, reply.credit) != want:
-        found.append(("credit_reply", f"got delivery_count/credit "
-                      f"{reply.delivery_count}/{reply.credit}, expected {want[0]}/{want[1]} "
-                      f"(sender was at {sender}, delivered {count})"))
+        found.append(
+            (
+                "credit_reply",
+                f"got delivery_count/credit "
+                f"{reply.delivery_count}/{reply.credit}, expected {want[0]}/{want[1]} "
+                f"(sender was at {sender}, delivered {count})",
+            )
+        )
     return found
 
 
@@ -489,17 +633,21 @@ def _check_renewed(state: State, command: RenewLocks) -> list[Found]:
     if consumer is None or not isinstance(command.msg_ids, tuple):
         return []
     want = state.last_time + consumer.timeout_ms
-    stale = [i for i in command.msg_ids
-             if isinstance(i, int) and i in consumer.checked_out
-             and consumer.checked_out[i].lock != want]
+    stale = [
+        i
+        for i in command.msg_ids
+        if isinstance(i, int) and i in consumer.checked_out and consumer.checked_out[i].lock != want
+    ]
     if stale:
-        return [("renew_locks", f"{command.queue}/{consumer.tag}: ids {stale} not renewed to "
-                 f"{want}")]
+        return [
+            ("renew_locks", f"{command.queue}/{consumer.tag}: ids {stale} not renewed to {want}")
+        ]
     return []
 
 
-def _check_untimed_out(state: State, command: Settle | Return | Discard | Modify | RenewLocks
-                       ) -> list[Found]:
+def _check_untimed_out(
+    state: State, command: Settle | Return | Discard | Modify | RenewLocks
+) -> list[Found]:
     """Naming a timed-out id in a settle, return, discard, modify or renew clears it."""
     queue = probe.queue(state, command.queue) if isinstance(command.queue, str) else None
     consumer = None if queue is None else probe.find_consumer(queue, command.consumer_key)
@@ -507,8 +655,13 @@ def _check_untimed_out(state: State, command: Settle | Return | Discard | Modify
         return []
     left = sorted(set(consumer.timed_out) & {i for i in command.msg_ids if isinstance(i, int)})
     if left:
-        return [("timed_out_cleared", f"{command.queue}/{consumer.tag}: {left} still timed out "
-                 f"after {type(command).__name__}")]
+        return [
+            (
+                "timed_out_cleared",
+                f"{command.queue}/{consumer.tag}: {left} still timed out "
+                f"after {type(command).__name__}",
+            )
+        ]
     return []
 
 
@@ -519,12 +672,20 @@ def _check_not_expired(state: State, effect: Deliver) -> list[Found]:
     if consumer is None:
         return []
     now = state.last_time
-    late = [d.msg_id for d in effect.messages
-            if (m := consumer.checked_out.get(d.msg_id)) is not None
-            and m.expiry is not None and m.expiry <= now]
+    late = [
+        d.msg_id
+        for d in effect.messages
+        if (m := consumer.checked_out.get(d.msg_id)) is not None
+        and m.expiry is not None
+        and m.expiry <= now
+    ]
     if late:
-        return [("delivered_expired", f"{effect.queue}/{effect.tag}: ids {late} expired at or "
-                 f"before {now}")]
+        return [
+            (
+                "delivered_expired",
+                f"{effect.queue}/{effect.tag}: ids {late} expired at or before {now}",
+            )
+        ]
     return []
 
 
@@ -568,16 +729,30 @@ def check_groups(queue: probe.Queue) -> list[Found]:
         elif group is None:
             found.append(("group_untracked", f"{name}: group {gid!r} held but not tracked"))
         elif group.owner not in per or group.checked_out != sum(per.values()):
-            found.append(("group_owner", f"{name}: group {gid!r} owner {group.owner} with "
-                          f"{group.checked_out} checked out, held by {per}"))
+            found.append(
+                (
+                    "group_owner",
+                    f"{name}: group {gid!r} owner {group.owner} with "
+                    f"{group.checked_out} checked out, held by {per}",
+                )
+            )
     for group in grouping.groups.values():
         if group.checked_out and group.gid not in holders:
-            found.append(("group_owner", f"{name}: group {group.gid!r} counts "
-                          f"{group.checked_out} checked out, none held"))
+            found.append(
+                (
+                    "group_owner",
+                    f"{name}: group {group.gid!r} counts "
+                    f"{group.checked_out} checked out, none held",
+                )
+            )
         for message in (*group.returns, *group.ready):
             if message.group != group.gid:
-                found.append(("group_membership", f"{name}: a message of {message.group!r} "
-                              f"waits in {group.gid!r}"))
+                found.append(
+                    (
+                        "group_membership",
+                        f"{name}: a message of {message.group!r} waits in {group.gid!r}",
+                    )
+                )
         positions = [m.pos for m in (*group.returns, *group.ready)]
         if positions != sorted(positions):
             found.append(("group_order", f"{name}: group {group.gid!r} waits out of order"))
@@ -585,9 +760,14 @@ def check_groups(queue: probe.Queue) -> list[Found]:
     for consumer in takers:
         for group in grouping.groups.values():
             if (group.returns or group.ready) and group.owner in (None, consumer.key):
-                found.append(("group_starvation", f"{name}: {consumer.tag} has credit "
-                              f"{consumer.credit} while group {group.gid!r} waits "
-                              f"(owner {group.owner})"))
+                found.append(
+                    (
+                        "group_starvation",
+                        f"{name}: {consumer.tag} has credit "
+                        f"{consumer.credit} while group {group.gid!r} waits "
+                        f"(owner {group.owner})",
+                    )
+                )
                 return found
     return found
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fifo.commands import ConsumerId
-from fifo.state import Consumer, Group, Message, Queue, State
+from fifo.state import Consumer, ConsumerGroup, Group, Message, Queue, State
 
-__all__ = ["Consumer", "Group", "Message", "Queue", "State"]
+__all__ = ["Consumer", "ConsumerGroup", "Group", "Message", "Queue", "State"]
 
 
 def queues(state: State) -> Iterator[Queue]:
@@ -53,7 +53,8 @@ def find_consumer(queue_: Queue, key: object) -> Consumer | None:
 
 def _same_id(consumer: Consumer, key: object) -> bool:
     return isinstance(key, ConsumerId) and (key.tag, key.connection) == (
-        consumer.tag, consumer.connection
+        consumer.tag,
+        consumer.connection,
     )
 
 

@@ -145,8 +145,9 @@ def check_timers(run: Run, index: int) -> list[tuple[str, str]]:
 
     Also `next_deadline_ms` is not later than a deadline that is already due. Runs on a copy.
     """
-    return check_timers_at(run.state, run.now_ms, Meta(index + 1, 1, run.now_ms, run.version),
-                           run.apply_fn)
+    return check_timers_at(
+        run.state, run.now_ms, Meta(index + 1, 1, run.now_ms, run.version), run.apply_fn
+    )
 
 
 def check_timers_at(
@@ -159,8 +160,12 @@ def check_timers_at(
     deadline = fifo.next_deadline_ms(state)
     found: list[tuple[str, str]] = []
     if deadline is None or deadline > now_ms:
-        found.append(("timer_deadline", f"{len(due)} commands due at {now_ms} but "
-                      f"next_deadline_ms is {deadline}"))
+        found.append(
+            (
+                "timer_deadline",
+                f"{len(due)} commands due at {now_ms} but next_deadline_ms is {deadline}",
+            )
+        )
     copy = fifo.restore(fifo.snapshot(state))
     for _ in range(TIMER_ROUNDS_MAX):
         before = fifo.digest(copy)
@@ -193,10 +198,28 @@ def check_queries(state: State) -> list[tuple[str, str]]:
         for group in probe.groups(queue):
             ready += len(group.ready)
             returned += len(group.returns)
-        want = (ready, returned, held, queue.messages_total,
-                queue.bytes_ready, len(queue.consumers), len(queue.waiting))
-        got = None if view is None else (view.ready, view.returned, view.checked_out, view.total,
-                                         view.bytes, view.consumers, view.waiting_consumers)
+        want = (
+            ready,
+            returned,
+            held,
+            queue.messages_total,
+            queue.bytes_ready,
+            len(queue.consumers),
+            len(queue.waiting),
+        )
+        got = (
+            None
+            if view is None
+            else (
+                view.ready,
+                view.returned,
+                view.checked_out,
+                view.total,
+                view.bytes,
+                view.consumers,
+                view.waiting_consumers,
+            )
+        )
         if got != want:
             found.append(("query_overview", f"{name}: overview {got}, state {want}"))
         listed = fifo.consumers(state, name)
@@ -263,8 +286,14 @@ def new_run(seed: int, machine_version: int, apply_fn: ApplyFn | None) -> tuple[
     """A fresh run and its generator, all choices derived from `seed`."""
     rng = SplitMix64(seed)
     world = World(machine_version)
-    run = Run(seed, fifo.init_state(machine_version), world, machine_version,
-              apply_fn or fifo.apply, rng.fork(1))
+    run = Run(
+        seed,
+        fifo.init_state(machine_version),
+        world,
+        machine_version,
+        apply_fn or fifo.apply,
+        rng.fork(1),
+    )
     return run, Generator(rng.fork(2), world)
 
 
@@ -281,8 +310,9 @@ def run(
 
     `ignore` names invariants not to report (a known, pinned machine bug) so a run goes on.
     """
-    return run_with_log(seed, steps, machine_version, upgrade_at, snapshot_check, apply_fn,
-                        ignore)[1]
+    return run_with_log(seed, steps, machine_version, upgrade_at, snapshot_check, apply_fn, ignore)[
+        1
+    ]
 
 
 def run_with_log(
@@ -319,8 +349,9 @@ def run_with_log(
     final_digest = fifo.digest(fuzz.state)
     if snap is not None and not fuzz.violations:
         check_snapshot(fuzz, snap, snap_log_len, final_digest, snap_at or 0)
-    return fuzz.log, result(fuzz, steps, done, machine_version, upgrade_index, final_digest,
-                            snapshot_check, snap_at)
+    return fuzz.log, result(
+        fuzz, steps, done, machine_version, upgrade_index, final_digest, snapshot_check, snap_at
+    )
 
 
 def check_snapshot(fuzz: Run, snap: bytes, log_from: int, full: str, at: int) -> None:
@@ -328,13 +359,22 @@ def check_snapshot(fuzz: Run, snap: bytes, log_from: int, full: str, at: int) ->
     restored = fifo.restore(snap)
     replayed = fifo.digest(replay(restored, fuzz.log[log_from:], fuzz.apply_fn))
     if replayed != full:
-        fuzz.violations.append(Violation(at, "snapshot", "snapshot_replay",
-                                         f"replay from snapshot {replayed} != full {full}"))
+        fuzz.violations.append(
+            Violation(
+                at, "snapshot", "snapshot_replay", f"replay from snapshot {replayed} != full {full}"
+            )
+        )
 
 
 def result(
-    fuzz: Run, steps: int, done: int, version: int, upgrade_index: int | None, digest: str,
-    snapshot_check: bool, snap_at: int | None,
+    fuzz: Run,
+    steps: int,
+    done: int,
+    version: int,
+    upgrade_index: int | None,
+    digest: str,
+    snapshot_check: bool,
+    snap_at: int | None,
 ) -> FuzzResult:
     """Summarise a finished run."""
     ready = total = 0
@@ -344,12 +384,21 @@ def result(
             ready += overview.ready + overview.returned  # everything waiting for a consumer
             total += overview.total
     return FuzzResult(
-        seed=fuzz.seed, steps=steps, initial_machine_version=version,
-        final_machine_version=fuzz.version, upgrade_index=upgrade_index, digest=digest,
-        violations=fuzz.violations, ready=ready, total=total,
+        seed=fuzz.seed,
+        steps=steps,
+        initial_machine_version=version,
+        final_machine_version=fuzz.version,
+        upgrade_index=upgrade_index,
+        digest=digest,
+        violations=fuzz.violations,
+        ready=ready,
+        total=total,
         reproduce=reproduce_command(fuzz.seed, steps, version, upgrade_index, snapshot_check),
-        steps_run=done, error_replies=fuzz.error_replies, deliveries=fuzz.checker.deliveries,
-        snapshot_index=snap_at, command_counts=dict(sorted(fuzz.counts.items())),
+        steps_run=done,
+        error_replies=fuzz.error_replies,
+        deliveries=fuzz.checker.deliveries,
+        snapshot_index=snap_at,
+        command_counts=dict(sorted(fuzz.counts.items())),
     )
 
 

@@ -42,12 +42,14 @@ class ShrinkResult:
         out: list[str] = []
         for entry in self.entries:
             if isinstance(entry, Upgrade):
-                out.append(f"upgrade to v{entry.meta.machine_version} before index "
-                           f"{entry.meta.index}")
+                out.append(
+                    f"upgrade to v{entry.meta.machine_version} before index {entry.meta.index}"
+                )
             else:
                 meta, command = entry
-                out.append(f"{meta.index} @{meta.system_time_ms} v{meta.machine_version}: "
-                           f"{command!r}")
+                out.append(
+                    f"{meta.index} @{meta.system_time_ms} v{meta.machine_version}: {command!r}"
+                )
         return out
 
 
@@ -69,8 +71,12 @@ def breaks(entries: list[LogEntry], version: int, apply_fn: ApplyFn, invariant: 
         found = [name for name, _ in checker.after(state, command, reply, effects, peek)]
         if before is not None and isinstance(reply, Error) and fifo.digest(state) != before:
             found.append("error_changed_state")
-        found += [name for name, _ in _sampled_checks(invariant, state, meta, apply_fn,
-                                                       [command, reply, *effects])]
+        found += [
+            name
+            for name, _ in _sampled_checks(
+                invariant, state, meta, apply_fn, [command, reply, *effects]
+            )
+        ]
         if invariant in found:
             return True
     return False
@@ -97,7 +103,7 @@ def ddmin(
     while len(items) >= 2 and replays < budget:
         size = -(-len(items) // chunks)
         for start in range(0, len(items), size):
-            candidate = items[:start] + items[start + size:]
+            candidate = items[:start] + items[start + size :]
             replays += 1
             if candidate and fails(candidate):
                 items, chunks = candidate, max(chunks - 1, 2)

@@ -18,11 +18,14 @@ from fifo.commands import (
     ConsumerKey,
     Credited,
     DeclareGroupedQueue,
+    DeclarePartitionedQueue,
     DeclareQueue,
     DeleteQueue,
     Dequeue,
     Enqueue,
     GroupConfig,
+    JoinGroup,
+    LeaveGroup,
     NodeDown,
     NodeUp,
     QueueConfig,
@@ -31,7 +34,16 @@ from fifo.commands import (
     UpdateConfig,
 )
 from fifo.effects import CreditReply, Deliver, Effect
-from fifo.replies import CancelOk, CheckoutOk, DeclareOk, DeleteOk, DequeueOk, Ok, Reply
+from fifo.replies import (
+    CancelOk,
+    CheckoutOk,
+    DeclareOk,
+    DeleteOk,
+    DequeueOk,
+    JoinGroupOk,
+    Ok,
+    Reply,
+)
 
 NODES = ("n1", "n2", "n3")
 WORK_QUEUES = ("q0", "q1")
@@ -72,6 +84,17 @@ class Pending:
 
 
 @dataclass
+class MemberSlot:
+    """A consumer-group member as its client knows it (v3)."""
+
+    group: str
+    queue: str  # the partitioned queue
+    member: str
+    cid: ConsumerId
+    epoch: int
+
+
+@dataclass
 class World:
     """Everything the generator needs to produce plausible commands."""
 
@@ -84,6 +107,8 @@ class World:
     enqueuers: dict[str, EnqueuerSlot] = field(default_factory=dict)
     pending: list[Pending] = field(default_factory=list)
     counter: int = 0  # names and message bodies
+    partitioned: dict[str, int] = field(default_factory=dict)  # v3: partitioned queues
+    members: list[MemberSlot] = field(default_factory=list)  # v3: consumer-group members
 
     def fresh(self) -> int:
         """A new number for names and bodies, increasing over the run."""
@@ -121,7 +146,19 @@ class World:
             self.pending.append(Pending(effect.queue, cid, message.msg_id))
 
     def _observe_command(self, command: Command, reply: Reply) -> None:
-        if isinstance(command, DeclareQueue) and isinstance(reply, DeclareOk):
+        if isinstance(command, DeclarePartitionedQueue) and isinstance(reply, DeclareOk):
+            self.partitioned[command.queue] = command.partitions
+            for index in range(command.partitions):
+                self.queues[f"{command.queue}.{index}"] = command.config
+        elif isinstance(command, JoinGroup) and isinstance(reply, JoinGroupOk):
+            slot = MemberSlot(command.group, command.queue, command.member, command.consumer,
+                              reply.epoch)  # fmt: skip
+            if all(m.member != slot.member or m.group != slot.group for m in self.members):
+                self.members.append(slot)
+        elif isinstance(command, LeaveGroup) and isinstance(reply, Ok):
+            self.members = [m for m in self.members
+                            if (m.group, m.member) != (command.group, command.member)]  # fmt: skip
+        elif isinstance(command, DeclareQueue) and isinstance(reply, DeclareOk):
             self.queues[command.queue] = command.config
             if isinstance(command, DeclareGroupedQueue):
                 self.groups[command.queue] = command.groups
@@ -184,6 +221,7 @@ class World:
             self.enqueuers.pop(name)
 
     def _forget_connection(self, conn: ConnectionId) -> None:
+        self.members = [m for m in self.members if m.cid.connection != conn]
         if conn in self.connections:
             self.connections.remove(conn)
         for cid in [s.cid for s in self.consumers.values() if s.cid.connection == conn]:

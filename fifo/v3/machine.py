@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from fifo.commands import AnnotatedEnqueue, PurgeGroup
 from fifo.v3.grouped import GroupedQueue
+from fifo.v3.partitioned import PartitionedQueue
 
 
-class QueueMachineV3(GroupedQueue):
+class QueueMachineV3(GroupedQueue, PartitionedQueue):
     """Per-queue command handlers of machine version 3."""
 
     def __init__(self) -> None:

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from fifo import limits
 from fifo import validate as v
-from fifo.commands import Command, DeclareGroupedQueue, DeclareQueue, GroupConfig
+from fifo.commands import (
+    Command,
+    ConnectionDown,
+    DeclareGroupedQueue,
+    DeclareQueue,
+    EvalConsumerTimeouts,
+    GroupConfig,
+    NodeDown,
+)
+from fifo.effects import Effect
+from fifo.meta import Meta
 from fifo.replies import DeclareOk, Error, Reply
 from fifo.shared import Ctx, invalid
 from fifo.state import Grouping, Queue, State
 from fifo.v2.registry import MachineV2
 from fifo.v3 import timers
 from fifo.v3.machine import QueueMachineV3
+from fifo.v3.partitioned import ConsumerGroups
 
 
 def group_config_error(groups: object) -> str | None:
@@ -28,7 +39,7 @@ def group_config_error(groups: object) -> str | None:
     return None
 
 
-class MachineV3(MachineV2):
+class MachineV3(MachineV2, ConsumerGroups):
     """Machine version 3: `apply(meta, command, state)`, `init()` and its timers."""
 
     version = 3
@@ -36,6 +47,40 @@ class MachineV3(MachineV2):
     def __init__(self) -> None:
         super().__init__()
         self.global_handlers[DeclareGroupedQueue] = self.declare
+        self.global_handlers.update(self.group_handlers())
+
+    def apply(self, meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect]]:
+        """As v2; then consumer-group members timed out on a partition end, and partitions
+        whose revoked holder left their queue during the command are handed to their new
+        member (`ConsumerGroups.settle_groups`)."""
+        reply, effects = super().apply(meta, command, state)
+        groups = state.consumer_groups
+        if not groups:
+            return reply, effects
+        timed_out = type(command) is EvalConsumerTimeouts and reply.__class__ is not Error
+        if timed_out or any(group.revoking for group in groups.values()):
+            ctx = Ctx(state, meta.index, state.last_time)
+            if timed_out:
+                self.groups_consumer_timeouts(ctx, command.queue)  # type: ignore[attr-defined]
+            self.settle_groups(ctx)
+            if ctx.dirty:  # messages returned over their delivery limit were dead-lettered
+                self.qm.process_dirty(ctx)
+            effects += ctx.effects
+        return reply, effects
+
+    def connection_down(self, ctx: Ctx, cmd: ConnectionDown) -> Reply:
+        """As v2, then the consumer-group members on that connection end."""
+        reply = super().connection_down(ctx, cmd)
+        if reply.__class__ is not Error:
+            self.groups_connection_down(ctx, cmd)
+        return reply
+
+    def node_down(self, ctx: Ctx, cmd: NodeDown) -> Reply:
+        """As v2, then the consumer-group members connected through that node end."""
+        reply = super().node_down(ctx, cmd)
+        if reply.__class__ is not Error:
+            self.groups_node_down(ctx, cmd)
+        return reply
 
     def queue_machine(self) -> QueueMachineV3:
         """The per-queue handlers of this version."""

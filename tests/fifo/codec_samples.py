@@ -68,4 +68,11 @@ SAMPLES: tuple[object, ...] = (
     c.DeclareGroupedQueue("q", c.QueueConfig(max_length=100), c.GroupConfig()),
     c.AnnotatedEnqueue("q", b"m", "e", 9, CONN, 1000, (("x-group-id", "g1"), ("n", 3))),
     c.PurgeGroup("q", "g1"),
+    # machine v3: partitioned queues and consumer groups
+    c.DeclarePartitionedQueue("orders", c.QueueConfig(single_active_consumer=True), 8),
+    c.JoinGroup("orders", CID, c.SimplePrefetch(10), 0, None, "billing", "m1"),
+    c.LeaveGroup("orders", CID, c.Cancel(), 0, None, "billing", "m1", 3),
+    r.JoinGroupOk(3, 8),
+    e.GroupAssigned(CONN, "orders.1", "tag-1", 5, True, "single_active", "billing", "m1", 3),
+    e.GroupRevoked(CONN, "orders.1", "tag-1", 5, False, "waiting", "billing", "m1", 4),
 )

@@ -5,7 +5,9 @@ line, the output lines, a blank line. Each input line is a command expression (e
 the classes of fifo.commands and the helpers `conn`, `cid` in scope), optionally prefixed by
 `@T ` to set the clock to T ms, or a directive: `overview Q`, `consumers Q`, `messages Q N`,
 `due T`, `deadline`, `convert` (to the next version at the current index and time), `queues`,
-`groups Q` (v3). `pub(Q, body, group)` is a v3 grouped publish.
+`groups Q` (v3), `cgroup G` (a v3 consumer group). `pub(Q, body, group)` is a v3 grouped
+publish; `join(Q, G, member, number)` / `leave(Q, G, member, epoch, number)` join and leave a
+v3 consumer group from connection n1/1/number.
 Each command is applied at the next Raft index (starting at 1), shown as `[index]`.
 """
 
@@ -19,7 +21,7 @@ from fifo import commands as c
 from fifo import effects as e
 
 DIRECTIVES = ("overview", "consumers", "messages", "due", "deadline", "convert", "queues",
-              "groups")
+              "groups", "cgroup")
 
 
 def conn(node: str = "n1", number: int = 1, incarnation: int = 1) -> c.ConnectionId:
@@ -39,7 +41,19 @@ def pub(queue: str, body: bytes, group: str | None = None, **kw: Any) -> c.Annot
     return c.AnnotatedEnqueue(queue, body, annotations=anns, **kw)
 
 
-NAMESPACE.update(conn=conn, cid=cid, pub=pub)
+def join(queue: str, group: str, member: str, number: int = 1, prefetch: int = 5) -> c.JoinGroup:
+    """v3: `member` joins consumer group `group` from connection n1/1/`number` (tag = member)."""
+    consumer = cid(member, conn(number=number))
+    return c.JoinGroup(queue, consumer, c.SimplePrefetch(prefetch), group=group, member=member)
+
+
+def leave(queue: str, group: str, member: str, epoch: int, number: int = 1) -> c.LeaveGroup:
+    """v3: `member` (epoch `epoch`) leaves consumer group `group`."""
+    consumer = cid(member, conn(number=number))
+    return c.LeaveGroup(queue, consumer, c.Cancel(), group=group, member=member, epoch=epoch)
+
+
+NAMESPACE.update(conn=conn, cid=cid, pub=pub, join=join, leave=leave)
 
 
 def fmt(value: Any) -> str:
@@ -135,6 +149,20 @@ class Runner:
                 f"owner={fmt(g.owner)} age={g.oldest_age_ms}"
                 for g in fifo.groups(self.state, args[0])
             ] or ["none"]
+        if word == "cgroup":
+            info = fifo.consumer_group(self.state, args[0])
+            if info is None:
+                return ["no such consumer group"]
+            o = info.overview
+            out = [f"epoch={o.epoch} members={o.members} pending={o.pending} "
+                   f"last_rebalance={o.last_rebalance_index} moves={o.last_moves} "
+                   f"reassigned={o.last_reassigned}"]  # fmt: skip
+            out += [f"  {m.member} join={m.join_seq} epoch={m.epoch} {','.join(m.partitions)}"
+                    for m in info.members]  # fmt: skip
+            out += [f"  {p.partition} member={p.member} holder={p.holder} lag={p.lag} "
+                    f"out={p.checked_out}" + (" pending" if p.pending else "")
+                    for p in info.partitions]  # fmt: skip
+            return out
         # convert
         version = self.state.version
         self.state = fifo.convert(self.state, version, version + 1, self.meta())

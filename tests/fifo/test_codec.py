@@ -40,6 +40,11 @@ SAMPLES: list[object] = [
     e.ConsumerCancelled(CONN, "q", "t", 5, "down"), e.DeadLettered("q", "maxlen", 3, None),
     c.GroupConfig(), c.DeclareGroupedQueue("q", c.QueueConfig(), c.GroupConfig("k", "exclusive")),
     c.AnnotatedEnqueue("q", b"b", annotations=(("k", 1),)), c.PurgeGroup("q", None),
+    c.DeclarePartitionedQueue("p", c.QueueConfig(single_active_consumer=True), 4),
+    c.JoinGroup("p", CID, c.Credited(0), group="g", member="m"),
+    c.LeaveGroup("p", CID, c.Cancel(), group="g", member="m", epoch=2), r.JoinGroupOk(1, 4),
+    e.GroupAssigned(CONN, "p.0", "t", 5, True, "single_active", "g", "m", 1),
+    e.GroupRevoked(CONN, "p.0", "t", 5, False, "waiting", "g", "m", 2),
 ]  # fmt: skip
 
 

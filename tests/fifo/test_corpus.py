@@ -74,6 +74,7 @@ def test_corpus_covers_the_machine() -> None:
     assert common | {"Modify", "RenewLocks", "EvalConsumerTimeouts",
                      "ConsumerDisconnectedTimeout"} <= kinds[2]  # fmt: skip
     assert {"AnnotatedEnqueue", "DeclareGroupedQueue", "PurgeGroup"} <= kinds[3]  # v3: groups
+    assert {"DeclarePartitionedQueue", "JoinGroup", "LeaveGroup"} <= kinds[3]  # consumer groups
     assert {"NoneType", "list"} <= kinds[1]  # bad input that is not a command at all
     assert upgrades >= rc.SEEDS_PER_VERSION // 2 - 10
 

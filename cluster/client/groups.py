@@ -1,0 +1,265 @@
+"""Consumer groups (machine v3): `join_group(client, group, queue)` and its `GroupConsumer`.
+
+The machine decides which partitions of the partitioned queue a member consumes: it checks the
+member's consumer out on a partition (the tag this member joined with) when it assigns it, and
+stops it when it revokes it (the member settles what it holds; the next member starts only
+then). The member registers a receive buffer per partition before joining (deliveries are
+routed by queue and tag) and never checks out by itself. `on_assign` / `on_revoke` get the
+partitions that changed and run in the thread that calls `get` (or iterates), before the next
+message. A member whose connection ends is ended by the machine; after a reconnect `get` joins
+again as a new member (`member.2`, ...): the old one's unsettled messages went back to the
+partitions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from cluster.client.client import Client
+from cluster.client.consumer import Consumer, Message
+from cluster.client.errors import CommandRefused
+from fifo.commands import (
+    Cancel,
+    ConnectionId,
+    ConsumerId,
+    DeclarePartitionedQueue,
+    JoinGroup,
+    LeaveGroup,
+    QueueConfig,
+    SimplePrefetch,
+)
+from fifo.replies import DeclareOk, Error, JoinGroupOk, Reply
+
+Hook = Callable[[list[str]], None]
+WAIT_SLICE_S = 0.5
+
+
+def declare_partitioned_queue(
+    client: Client, queue: str, partitions: int, config: QueueConfig | None = None
+) -> DeclareOk:
+    """Create `queue.0` .. `queue.{partitions - 1}` (single active consumer each)."""
+    config = config or QueueConfig(single_active_consumer=True)
+    reply = client.command(DeclarePartitionedQueue(queue, config, partitions))
+    return _expect(reply, DeclareOk)
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The partition of a message key: CRC-32 of the bytes (stable across processes, versions
+    and languages; never Python's `hash`) modulo the partition count."""
+    import binascii
+
+    return binascii.crc32(key) % partitions
+
+
+class GroupConsumer:
+    """One member of a consumer group: iterate it (or `get`) for messages of its partitions."""
+
+    def __init__(
+        self,
+        client: Client,
+        group: str,
+        queue: str,
+        *,
+        member: str | None = None,
+        prefetch: int = 10,
+        on_assign: Hook | None = None,
+        on_revoke: Hook | None = None,
+    ) -> None:
+        if prefetch < 1:
+            raise ValueError("prefetch must be at least 1")
+        self.client = client
+        self.group = group
+        self.queue = queue
+        self.prefetch = prefetch
+        self.on_assign = on_assign
+        self.on_revoke = on_revoke
+        self._base = member or client._core.next_tag()
+        self._incarnations = itertools.count(1)
+        self.member = ""
+        self.tag = ""
+        self.epoch = 0
+        self.partitions: list[str] = []
+        self._consumers: dict[str, Consumer] = {}
+        self._assigned: list[str] = []
+        self._turn = 0
+        self._reconnects = -1
+        self.closed = False
+
+    # --- membership ---------------------------------------------------------------------------
+
+    def join(self) -> None:
+        """Join (again, as a new member after a reconnect): buffers first, then JoinGroup.
+        A rejoin first revokes (hook) what the ended membership had."""
+        lost, self._assigned = self._assigned, []
+        if lost and self.on_revoke is not None:
+            self.on_revoke(lost)
+        self._drop_buffers()
+        self._reconnects = self.client.reconnects
+        incarnation = next(self._incarnations)
+        self.member = self._base if incarnation == 1 else f"{self._base}.{incarnation}"
+        self.tag = f"{self.group}/{self.member}"
+        count = self.client.query("partitions", {"queue": self.queue})
+        if not isinstance(count, int):
+            raise CommandRefused("unknown_queue", f"no partitioned queue {self.queue!r}")
+        self.partitions = [f"{self.queue}.{i}" for i in range(count)]
+        for partition in self.partitions:
+            consumer = Consumer(self.client, partition, prefetch=self.prefetch, tag=self.tag)
+            with self.client._lock:  # inactive until the machine says GroupAssigned
+                consumer._state.active, consumer._state.status = False, "waiting"
+            self._consumers[partition] = consumer
+        command = JoinGroup(
+            self.queue, ConsumerId(self.tag, self._connection()), SimplePrefetch(self.prefetch),
+            group=self.group, member=self.member,
+        )  # fmt: skip
+        reply = self.client.command(command)
+        if isinstance(reply, Error):
+            self._drop_buffers()
+            raise CommandRefused(reply.code, reply.message)
+        self.epoch = _expect(reply, JoinGroupOk).epoch
+
+    def leave(self) -> None:
+        """Leave the group: what this member did not settle goes back to its partitions."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            for consumer in self._consumers.values():
+                consumer.flush_acks()
+            command = LeaveGroup(
+                self.queue, ConsumerId(self.tag, self._connection()), Cancel(),
+                group=self.group, member=self.member, epoch=self.epoch,
+            )  # fmt: skip
+            self.client.command(command)
+        finally:
+            self._drop_buffers()
+
+    close = leave
+
+    def __enter__(self) -> GroupConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.leave()
+
+    # --- receiving ----------------------------------------------------------------------------
+
+    @property
+    def assigned(self) -> list[str]:
+        """The partitions this member is active on, as the machine last said."""
+        return [p for p in self.partitions if self._consumers[p].active]
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        message = self.get(timeout_s=None)
+        if message is None:
+            raise StopIteration
+        return message
+
+    def get(self, timeout_s: float | None = None) -> Message | None:
+        """The next message of any of its partitions (in turn), after running the hooks if the
+        assignment changed; None at the timeout or once left."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        client = self.client
+        while not self.closed:
+            if client.reconnects != self._reconnects:
+                self.join()
+            self._run_hooks()
+            message = self._next_buffered()
+            if message is not None:
+                return message
+            with client._changed:
+                if any(c._state.buffer for c in self._consumers.values()):
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                client._changed.wait(WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S))
+        return None
+
+    def _next_buffered(self) -> Message | None:
+        client, core, count = self.client, self.client._core, len(self.partitions)
+        found: tuple[Consumer, object] | None = None
+        with client._lock:
+            for step in range(count):
+                consumer = self._consumers[self.partitions[(self._turn + step) % count]]
+                item = core.next_delivery(consumer._state)
+                if item is not None:
+                    self._turn = (self._turn + step + 1) % count
+                    found = (consumer, item)
+                    break
+        client._flush()
+        if found is None:
+            return None
+        return found[0]._wrap(found[1])  # type: ignore[arg-type]
+
+    def _run_hooks(self) -> None:
+        now = self.assigned
+        gained = [p for p in now if p not in self._assigned]
+        lost = [p for p in self._assigned if p not in now]
+        self._assigned = now
+        if lost and self.on_revoke is not None:
+            self.on_revoke(lost)
+        if gained and self.on_assign is not None:
+            self.on_assign(gained)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _connection(self) -> ConnectionId:
+        # the node binds every command to the caller's own connection anyway
+        return self.client.connection_id
+
+    def _drop_buffers(self) -> None:
+        core = self.client._core
+        with self.client._lock:
+            for consumer in self._consumers.values():
+                core.remove_consumer(consumer._state)
+        self._consumers = {}
+        self._assigned = []
+
+
+def join_group(
+    client: Client,
+    group: str,
+    queue: str,
+    *,
+    member: str | None = None,
+    prefetch: int = 10,
+    on_assign: Hook | None = None,
+    on_revoke: Hook | None = None,
+    handler: Callable[[Message], None] | None = None,
+) -> GroupConsumer:
+    """Join `group` on partitioned queue `queue` (created by `declare_partitioned_queue` or
+    `quorumq queue declare NAME --partitions P`); iterate the result for messages, or pass
+    `handler` to have a thread call it for each message (hooks then run in that thread)."""
+    consumer = GroupConsumer(
+        client, group, queue, member=member, prefetch=prefetch,
+        on_assign=on_assign, on_revoke=on_revoke,
+    )  # fmt: skip
+    consumer.join()
+    if handler is not None:
+        threading.Thread(
+            target=_handle_all, args=(consumer, handler), name=f"qq-group-{group}", daemon=True
+        ).start()
+    return consumer
+
+
+def _handle_all(consumer: GroupConsumer, handler: Callable[[Message], None]) -> None:
+    for message in consumer:
+        handler(message)
+
+
+_R = TypeVar("_R", DeclareOk, JoinGroupOk)
+
+
+def _expect(reply: Reply, kind: type[_R]) -> _R:
+    if isinstance(reply, Error):
+        raise CommandRefused(reply.code, reply.message)
+    if not isinstance(reply, kind):
+        raise CommandRefused("unexpected_reply", f"expected {kind.__name__}, got {reply!r}")
+    return reply
