@@ -17,6 +17,7 @@ from cluster.cli.common import (
 )
 from cluster.cli.exits import DATA, USAGE, CliError
 from cluster.client import CommandRefused
+from cluster.client.groups import declare_partitioned_queue
 from fifo.commands import (
     CONSUMER_TIMEOUT_MS_DEFAULT,
     GROUP_KEY_DEFAULT,
@@ -24,7 +25,6 @@ from fifo.commands import (
     GroupPolicy,
     QueueConfig,
 )
-from cluster.client.groups import declare_partitioned_queue
 
 QUEUE_NAME_BYTES_MAX = 255
 LIST_COLUMNS = ["name", "ready", "returned", "checked_out", "total", "bytes", "consumers"]
@@ -128,7 +128,7 @@ def queue_group() -> None:
     is_flag=True,
     help="With --group-policy exclusive: a joining consumer takes over idle groups so owners "
     "differ by at most one group.",
-),
+)
 @click.option(
     "--partitions",
     type=click.IntRange(1, 256),
