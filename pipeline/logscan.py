@@ -22,6 +22,8 @@ import fifo
 from fifo.commands import (
     ConnectionDown,
     ConnectionId,
+    DeclareGroupedQueue,
+    DeclarePartitionedQueue,
     DeclareQueue,
     NodeDown,
     NodeUp,
@@ -52,7 +54,20 @@ _CONN = ConnectionId("n", 1, 1)
 GLOBAL_TAGS = frozenset(
     _tag_of(c) for c in (ConnectionDown(_CONN, "normal"), NodeDown("n"), NodeUp("n"))
 )
-CONFIG_TAGS = frozenset(_tag_of(c) for c in (DeclareQueue("q"), UpdateConfig("q", QueueConfig())))
+CONFIG_TAGS = frozenset(
+    _tag_of(c)
+    for c in (
+        DeclareQueue("q"),
+        UpdateConfig("q", QueueConfig()),
+        DeclareGroupedQueue("q"),
+        DeclarePartitionedQueue("q"),
+    )
+)
+PARTITIONED_TAG = _tag_of(DeclarePartitionedQueue("q"))
+# Machine v3 keeps partitioned queues and their consumer groups in the state, not in a queue: every
+# partitioned queue, its partitions and (through JoinGroup / LeaveGroup naming the base) its groups
+# replay in one group, linked through this name (never a queue name: queue names are printable).
+PARTITIONED_ANCHOR = "\x00partitioned"
 DLQ_FIELD = [f.name for f in dataclasses.fields(QueueConfig)].index("dead_letter_queue")
 
 
@@ -225,6 +240,22 @@ def route(blob: bytes) -> tuple[str | None, str | None, bool]:
 _HEAD_BYTES = {24: 1, 25: 2, 26: 4, 27: 8}
 
 
+def links_of(blob: bytes) -> list[tuple[str, str]]:
+    """The (queue, queue) links a config command sets: its dead-letter target, and for a
+    partitioned declare (v3) each partition and the anchor that keeps every partitioned queue in
+    one replay group."""
+    queue, target, config = route(blob)
+    if not config or queue is None:
+        return []
+    links = [(queue, target)] if target is not None else []
+    if cbor2.loads(blob).tag == PARTITIONED_TAG:
+        command = fifo.decode(blob)
+        if isinstance(command, DeclarePartitionedQueue) and isinstance(command.partitions, int):
+            links.append((queue, PARTITIONED_ANCHOR))
+            links += [(queue, f"{queue}.{i}") for i in range(max(0, min(command.partitions, 4096)))]
+    return links
+
+
 def _head(blob: bytes, pos: int) -> tuple[int, int, int]:
     """(major type, argument, next position) of the CBOR item head at `pos`; argument -1 for
     an indefinite length (or a reserved value)."""
@@ -278,8 +309,7 @@ def chunk_shape(path: str, start: int, end: int) -> dict[tuple[str, str | None, 
             key: tuple[str, str | None, str | None] = ("cmd", queue, None)
             counts[key] = counts.get(key, 0) + 1
             if tag is None or tag in CONFIG_TAGS:
-                queue, target, config = route(command[4])
-                if config:
+                for queue, target in links_of(command[4]):
                     key = ("link", queue, target)
                     counts[key] = counts.get(key, 0) + 1
     return counts
@@ -294,8 +324,7 @@ def parse_chunk(path: str, start: int, end: int) -> Iterator[ParsedRow]:
             queue, tag = fast_route(blob)
             yield ("cmd", queue, None, int(index), int(term), int(ms), int(version), blob)
             if tag is None or tag in CONFIG_TAGS:
-                queue, target, config = route(blob)
-                if config:
+                for queue, target in links_of(blob):
                     yield ("link", queue, target, int(index), 0, 0, 0, None)
 
 

@@ -200,7 +200,7 @@ class GroupReplay:
         self.now = self.state.last_time
         # queue -> sort key of its place in the state's dict (the snapshot's order, then the
         # index of the declare that created it): merging groups rebuilds the cluster's order
-        self.created: dict[str, int] = {}
+        self.created: dict[str, float] = {}
         self.seq_base: dict[str, int] = {}
         for position, (name, q) in enumerate(self.state.queues.items()):
             self.created[name] = position - len(self.state.queues)
@@ -228,12 +228,18 @@ class GroupReplay:
             self._deleted(cmd.queue, index)
             self.created.pop(cmd.queue, None)
         elif isinstance(reply, DeclareOk) and reply.created:
-            self.created[cmd.queue] = index
+            # a partitioned declare (v3) creates queue.0 .. queue.{P-1}, in that order
+            new = [name for name in self.state.queues if name not in self.created]
+            for offset, name in enumerate(new):
+                self.created[name] = index + offset / (len(new) + 1)
         touched: dict[str, None] = {}
         if isinstance(cmd, GLOBAL_COMMANDS):
             touched.update(dict.fromkeys(sorted(self.state.queues)))
         elif isinstance(qname, str) and qname in self.state.queues:
             touched[qname] = None
+        elif isinstance(qname, str) and qname in self.state.partitioned:  # v3 JoinGroup, ...
+            partitions = (f"{qname}.{i}" for i in range(self.state.partitioned[qname]))
+            touched.update(dict.fromkeys(p for p in partitions if p in self.state.queues))
         for effect in effects:
             if type(effect) is DeadLettered and effect.target in self.state.queues:
                 touched[effect.target] = None
@@ -361,7 +367,7 @@ class GroupReplay:
         if track is None:
             return []
         found = (track.checked_out.get((key, i)) for i in ids if type(i) is int)
-        return [row for row in found if row is not None]
+        return list({id(row): row for row in found if row is not None}.values())  # ids may repeat
 
     def _sync(
         self,
@@ -864,6 +870,8 @@ def merged_digest(parts: Iterable[dict[str, Any]], version: int) -> str:
         merged.version = state.version
         keys = dict(zip(part["order"], part["keys"], strict=True))
         keyed += [(keys.get(name, 0), name, q) for name, q in state.queues.items()]
+        if state.partitioned or state.consumer_groups:  # v3: all in one group (PARTITIONED_ANCHOR)
+            merged.partitioned, merged.consumer_groups = state.partitioned, state.consumer_groups
     merged.queues = {name: q for _, name, q in sorted(keyed, key=lambda t: (t[0], t[1]))}
     return fifo.digest(merged)
 

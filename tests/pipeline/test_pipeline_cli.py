@@ -102,8 +102,16 @@ def test_planted_bug_exits_1_and_prints_each_failing_seed_with_its_command(
         ["--seeds", "5", "--steps", "10", "--upgrade-at", "-3"],
         ["--seeds", "5", "--steps", "10", "--upgrade-at", "10"],
         ["--seeds", "5", "--steps", "10", "--machine-version", "99"],
-        ["--seeds", "5", "--steps", "10", "--machine-version", str(fifo.LATEST_VERSION),
-         "--upgrade-at", "random"],  # the latest version has nothing to upgrade to
+        [
+            "--seeds",
+            "5",
+            "--steps",
+            "10",
+            "--machine-version",
+            str(fifo.LATEST_VERSION),
+            "--upgrade-at",
+            "random",
+        ],  # the latest version has nothing to upgrade to
         ["--seeds", "5", "--steps", "10", "--apply-fn", "no_such_module:apply"],
         ["--seeds", "5", "--steps", "10", "--apply-fn", "no-colon"],
         ["--steps", "10"],

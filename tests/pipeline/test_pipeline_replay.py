@@ -26,6 +26,7 @@ from fifo.fuzz.runner import run_with_log
 from pipeline.logscan import (
     Groups,
     LogScanError,
+    links_of,
     parse_chunk,
     pick_log,
     place,
@@ -73,11 +74,11 @@ def test_fuzz_logs_replayed_per_group_reproduce_the_machine(seed: int) -> None:
         blob = fifo.encode(command)
         entries.append(("cmd", (meta.index, meta.term, meta.system_time_ms, meta.machine_version,
                                 blob)))  # fmt: skip
-        queue, target, _ = route(blob)
+        queue, _, _ = route(blob)
         if queue is not None:
             groups.find(queue)
-            if target is not None:
-                groups.link(queue, target)
+            for source, target in links_of(blob):
+                groups.link(source, target)
     out, rows = replay_groups(entries, groups.members(), 1)
     assert merged_digest(out["parts"], 2) == result.digest
     assert out["stats"]["resyncs"] == 0
