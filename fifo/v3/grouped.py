@@ -494,6 +494,13 @@ class GroupedQueue(QueueMachineV2):
             return super().enqueue(ctx, q, cmd)
         return self.enqueue_with(ctx, q, cmd, anns)
 
+    @staticmethod
+    def resent(q: Queue, cmd: Enqueue) -> bool:
+        """A publish the enqueuer's dedup will answer as already stored (seq below next_seq)."""
+        en = q.enqueuers.get(cmd.enqueuer) if type(cmd.enqueuer) is str else None
+        seq = cmd.seq
+        return en is not None and type(seq) is int and 1 <= seq < en.next_seq
+
     def enqueue_with(self, ctx: Ctx, q: Queue, cmd: Enqueue, anns: Annotations) -> Reply:
         """Store a message with annotations (into its group), deliver, then apply the limits."""
         body = cmd.body
@@ -509,9 +516,9 @@ class GroupedQueue(QueueMachineV2):
                 gid = anns[0][1]  # the common case of `G.group_of`
             else:
                 gid = G.group_of(gr.config, anns)
-        if (gr is not None and gid not in gr.groups
+        if (gr is not None and gid not in gr.groups and not self.resent(q, cmd)
                 and not G.has_room(gr, gid, limits.groups_per_queue_max)):  # fmt: skip
-            return group_limit_error(q)
+            return group_limit_error(q)  # (a resend is answered by the dedup below, as stored)
         if cmd.enqueuer is not None or cmd.seq is not None:
             reply = self.track_enqueue(ctx, q, cmd)
             if reply is not None:

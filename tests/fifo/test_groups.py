@@ -220,6 +220,28 @@ def test_group_limit_refuses_a_new_group_clearly(monkeypatch: pytest.MonkeyPatch
     assert publish(log, None, b"5") == fifo.replies.Ok()  # the default group always is
 
 
+def test_a_resent_publish_at_the_group_limit_is_a_duplicate_not_a_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pinned (found after the fifo hand-over of issue 9): the limit was checked before the
+    enqueuer's dedup, so a resend of a stored message whose group had gone (settled) was refused
+    with the group limit although its message was stored; the publisher then failed."""
+    monkeypatch.setattr(limits, "groups_per_queue_max", 1)
+    log = grouped()
+    attach(log, "a", 10)
+    sent = AnnotatedEnqueue("q", b"1", "p", 1, CONN, annotations=(("x-group-id", "g1"),))
+    assert log(sent)[0] == fifo.replies.Ok()
+    log(Settle("q", log.key("a"), (0,)))  # g1 is gone: nothing waiting or held
+    assert publish(log, "g2", b"2") == fifo.replies.Ok()  # the one tracked group now
+    assert log(sent)[0] == fifo.replies.Ok()  # the resend: a duplicate, nothing stored
+    assert fifo.overview(log.state, "q").total == 1  # type: ignore[union-attr]
+    fresh = AnnotatedEnqueue("q", b"3", "p", 2, CONN, annotations=(("x-group-id", "g3"),))
+    reply = log(fresh)[0]
+    assert isinstance(reply, Error) and "groups_per_queue_max" in reply.message
+    gap = AnnotatedEnqueue("q", b"3", "p", 2, CONN, annotations=(("x-group-id", "g2"),))
+    assert log(gap)[0] == fifo.replies.Ok()  # seq 2 was not consumed by the refusal
+
+
 def test_exclusive_limit_evicts_the_longest_idle_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(limits, "groups_per_queue_max", 2)
     log = grouped("exclusive")
