@@ -155,6 +155,7 @@ class PeerConnection:
         self.auth_deadline: float | None = None
         self._sock: socket.socket | None = None
         self._fileno: int | None = None
+        self._events = 0  # the poller events subscribed to
         self._state: int = CONNECTION_STATE.DISCONNECTED
         self._phase = _DIALING
         self._reset_buffers()
@@ -281,14 +282,19 @@ class PeerConnection:
     # --- I/O ------------------------------------------------------------------------------------
 
     def _subscribe(self) -> None:
+        """(Re)subscribe to the poller if the events we need changed (WRITE only while there is
+        something to write, or a dial to complete)."""
         if self._fileno is None:
             return
         events = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
         if self._wbuf or (self._phase == _DIALING and self._state == CONNECTION_STATE.CONNECTING):
             events |= POLL_EVENT_TYPE.WRITE
-        self._poller.subscribe(self._fileno, self._on_event, events)
+        if events != self._events:
+            self._events = events
+            self._poller.subscribe(self._fileno, self._on_event, events)
 
     def _close_socket(self) -> None:
+        self._events = 0
         if self._fileno is not None:
             self._poller.unsubscribe(self._fileno)
             self._fileno = None
