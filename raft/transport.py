@@ -269,14 +269,21 @@ class PeerConnection:
     # --- deadlines ------------------------------------------------------------------------------
 
     def check_deadlines(self, now: float) -> None:
-        """Close a connection whose handshake overran AUTH_TIMEOUT_S or that heard nothing for
-        the connection timeout (called on every transport tick: pysyncobj's own connection
-        checks its timeout only when it reads or writes, so a silent one lived for ever)."""
+        """Called on every transport tick: close a connection whose handshake overran
+        AUTH_TIMEOUT_S (pysyncobj's own connection checked its timeout only when it read or
+        wrote, so a handshake the peer never answered stayed half-open for ever), or that has
+        bytes waiting to go but heard nothing from the peer for the connection timeout (a paused
+        or cut-off peer). An idle connection with nothing to send stays: two followers have
+        nothing to say to each other until an election."""
         if self._state == CONNECTION_STATE.DISCONNECTED:
             return
         if self.auth_deadline is not None and now > self.auth_deadline:
-            self._refuse("peer_auth_timeout", seconds=AUTH_TIMEOUT_S)
-        elif now - self.last_read_time > self._timeout:
+            if self._phase == _AWAIT_HELLO or self._phase == _AWAIT_PROOF:
+                self._refuse("peer_refused", reason="no handshake", seconds=AUTH_TIMEOUT_S)
+            else:  # our own dial: the peer is paused, cut off, or speaks another protocol
+                log.info("peer_unresponsive", peer=self.peer, seconds=AUTH_TIMEOUT_S)
+                self.disconnect()
+        elif self._wbuf and now - self.last_read_time > self._timeout:
             self.disconnect()
 
     # --- I/O ------------------------------------------------------------------------------------
