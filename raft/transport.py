@@ -136,8 +136,10 @@ class PeerConnection:
         keepalive: Any = None,
         sock: socket.socket | None = None,
         is_member: Callable[[str], bool] | None = None,
+        last_tick: Callable[[], float] | None = None,
     ) -> None:
         self._poller = poller
+        self._last_tick = last_tick
         self._key = key
         self._self_address = self_address
         self._timeout = timeout
@@ -176,6 +178,7 @@ class PeerConnection:
         self._send_seq = 0
         self._recv_seq = 0
         self._frame_len = -1
+        self._waiting_since: float | None = None  # first send since the peer was last heard
 
     def _attach(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -253,6 +256,8 @@ class PeerConnection:
         assert self._send_mac is not None
         tag = self._send_mac.tag(self._send_seq, body)
         self._send_seq += 1
+        if self._waiting_since is None:
+            self._waiting_since = monotonic_time()
         self._write(b"".join((LENGTH.pack(len(body)), body, tag)))
 
     def disconnect(self) -> None:
@@ -272,9 +277,10 @@ class PeerConnection:
         """Called on every transport tick: close a connection whose handshake overran
         AUTH_TIMEOUT_S (pysyncobj's own connection checked its timeout only when it read or
         wrote, so a handshake the peer never answered stayed half-open for ever), or that has
-        bytes waiting to go but heard nothing from the peer for the connection timeout (a paused
-        or cut-off peer). An idle connection with nothing to send stays: two followers have
-        nothing to say to each other until an election."""
+        heard nothing for the connection timeout since it sent something (a paused or cut-off
+        peer: the leader then dials again and catches it up, by a snapshot if it compacted).
+        An idle connection that sent nothing stays: two followers have nothing to say to each
+        other until an election."""
         if self._state == CONNECTION_STATE.DISCONNECTED:
             return
         if self.auth_deadline is not None and now > self.auth_deadline:
@@ -283,7 +289,7 @@ class PeerConnection:
             else:  # our own dial: the peer is paused, cut off, or speaks another protocol
                 log.info("peer_unresponsive", peer=self.peer, seconds=AUTH_TIMEOUT_S)
                 self.disconnect()
-        elif self._wbuf and now - self.last_read_time > self._timeout:
+        elif self._waiting_since is not None and now - self._waiting_since > self._timeout:
             self.disconnect()
 
     # --- I/O ------------------------------------------------------------------------------------
@@ -319,6 +325,14 @@ class PeerConnection:
             self._poller.unsubscribe(descr)
             return
         if event_type & POLL_EVENT_TYPE.ERROR:
+            self.disconnect()
+            return
+        if self._last_tick is not None and monotonic_time() - self._last_tick() > self._timeout:
+            # this process did not tick for longer than the connection timeout (paused, or
+            # starved): the peer has given this connection up by the same rule, and what it
+            # holds is stale; pysyncobj's connection did the same. The peer sends again on a
+            # fresh connection (a snapshot, if it compacted meanwhile).
+            log.info("peer_connection_stale", peer=self.peer, node=self.peer_address)
             self.disconnect()
             return
         if self._phase == _DIALING and self._state == CONNECTION_STATE.CONNECTING:
@@ -407,6 +421,7 @@ class PeerConnection:
                 return
             budget -= len(data)
             self.last_read_time = monotonic_time()
+            self._waiting_since = None
             self._rbuf += data
             if self._phase == _OPEN:
                 self._parse_frames()
@@ -621,6 +636,7 @@ class QuorumTransport(TCPTransport):  # type: ignore[misc]
         self._self_address = selfNode.address
         self._refused_pending = 0
         self._refused_logged_at = 0.0
+        self._last_tick: float = monotonic_time()
         super().__init__(syncObj, selfNode, otherNodes)
         self._syncObj.addOnTickCallback(self._check_deadlines)
 
@@ -646,7 +662,12 @@ class QuorumTransport(TCPTransport):  # type: ignore[misc]
             keepalive=conf.tcp_keepalive,
             sock=sock,
             is_member=self._is_member,
+            last_tick=self.last_tick,
         )
+
+    def last_tick(self) -> float:
+        """When the tick thread last ran this transport's tick callback."""
+        return self._last_tick
 
     def _is_member(self, address: str) -> bool:
         """A member that dials us (pysyncobj: the larger address dials; we dial the others)."""
@@ -718,6 +739,6 @@ class QuorumTransport(TCPTransport):  # type: ignore[misc]
             self._onNodeConnected(node)
 
     def _check_deadlines(self) -> None:
-        now = monotonic_time()
+        now = self._last_tick = monotonic_time()
         for conn in list(self._unknownConnections) + list(self._connections.values()):
             conn.check_deadlines(now)
