@@ -42,6 +42,7 @@ from raft.durability import DurableFileJournal
 from raft.entry import Entry, decode_entry, encode_entry
 from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldError
 from raft.replicated import InternalFailure, Outcome, ReplicatedState
+from raft.transport import PeerConnection, QuorumTransport
 
 log = structlog.get_logger("raft")
 
@@ -50,6 +51,18 @@ APPEND_ENTRIES_BYTES_MAX = 64 * 1024 * 1024
 # how long the leader may hold back an AppendEntries that would only carry a new commit index:
 # the next entry's AppendEntries (usually sooner, under load) carries it for free
 COMMIT_SEND_DELAY_S = 0.002
+# the peer transport: "quorumq" (raft/transport.py, the default) or "pysyncobj" (its pickle +
+# zlib + Fernet transport, kept selectable only to measure against; every node must agree)
+TRANSPORT_ENV = "QUORUMQ_RAFT_TRANSPORT"
+TRANSPORTS = ("quorumq", "pysyncobj")
+
+
+def transport_name() -> str:
+    """The peer transport this process uses (TRANSPORT_ENV, default quorumq)."""
+    name = os.environ.get(TRANSPORT_ENV, "") or "quorumq"
+    if name not in TRANSPORTS:
+        raise ValueError(f"{TRANSPORT_ENV} must be one of {TRANSPORTS}, got {name!r}")
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +161,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             DialedTCPNode(address, settings.peer_dial.get(node_id, address))
             for node_id, address in settings.peers.items()
         ]
-        super().__init__(settings.address, peers, conf)
+        if transport_name() == "quorumq":
+            super().__init__(settings.address, peers, conf, transportClass=QuorumTransport)
+        else:
+            super().__init__(settings.address, peers, conf)
         # pysyncobj compares Node objects, not address strings
         self._peer_nodes = {self._address_to_id[node.id]: node for node in self.otherNodes}
         self.addOnTickCallback(self._guard_leadership)
@@ -421,6 +437,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         timeout = self._SyncObj__conf.connectionTimeout
         now = monotonic_time()
         for node, conn in list(getattr(transport, "_connections", {}).items()):
+            if isinstance(conn, PeerConnection):
+                continue  # its transport enforces its own deadlines on every tick
             if node in connected or conn.state == CONNECTION_STATE.DISCONNECTED:
                 continue
             if now - conn._TcpConnection__lastReadTime > timeout:
@@ -513,7 +531,8 @@ def _syncobj_conf(
     """pysyncobj's configuration: journal + CBOR dump always together, password, timeouts."""
     low, high = settings.election_timeout_ms
     return SyncObjConf(
-        password=settings.password,
+        # our transport authenticates with the secret itself; pysyncobj's uses it for Fernet
+        password=settings.password if transport_name() == "pysyncobj" else None,
         bindAddress=f"{settings.bind_host}:{settings.address.rsplit(':', 1)[1]}",
         journalFile=settings.journal_file,
         fullDumpFile=settings.dump_file,
