@@ -273,6 +273,22 @@ def _guarded(phase: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(err).__name__}: {err}"}
 
 
+def peak_rss_mib(cluster: LocalCluster) -> dict[str, float | None]:
+    """Each node's peak resident set (VmHWM, Linux) so far, in MiB; None where unreadable."""
+    peaks: dict[str, float | None] = {}
+    for node_id, proc in sorted(cluster.procs.items()):
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            peaks[node_id] = None
+            continue
+        kib = next(
+            (line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), None
+        )
+        peaks[node_id] = round(int(kib) / 1024, 1) if kib is not None else None
+    return peaks
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start a fresh cluster, run every phase, stop the cluster."""
     with (
@@ -301,6 +317,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             phase: _ratio(results, phase)
             for phase in ("publish_window_100", "publish_window_1000", "consume_ack_prefetch_100")
         }
+        # before the kill: the killed node's peak goes with its process
+        results["peak_rss_mib"] = peak_rss_mib(cluster)
         results["leader_kill"] = _guarded(lambda: leader_kill_recovery(cluster, "kill"))
 
         def interleaved() -> dict[str, Any]:
