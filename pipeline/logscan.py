@@ -249,7 +249,10 @@ def links_of(blob: bytes) -> list[tuple[str, str]]:
         return []
     links = [(queue, target)] if target is not None else []
     if cbor2.loads(blob).tag == PARTITIONED_TAG:
-        command = fifo.decode(blob)
+        try:
+            command = fifo.decode(blob)
+        except Exception:  # malformed: the machine refuses it in every group, it creates nothing
+            return links
         if isinstance(command, DeclarePartitionedQueue) and isinstance(command.partitions, int):
             links.append((queue, PARTITIONED_ANCHOR))
             links += [(queue, f"{queue}.{i}") for i in range(max(0, min(command.partitions, 4096)))]

@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import cbor2
 import pytest
 from click.testing import CliRunner
 
@@ -15,6 +16,7 @@ from cluster.cli.main import cli
 from fifo.commands import (
     ConnectionDown,
     ConnectionId,
+    DeclarePartitionedQueue,
     DeclareQueue,
     Enqueue,
     NodeDown,
@@ -24,6 +26,7 @@ from fifo.commands import (
 from fifo.fuzz.runner import Upgrade as FuzzUpgrade
 from fifo.fuzz.runner import run_with_log
 from pipeline.logscan import (
+    PARTITIONED_ANCHOR,
     Groups,
     LogScanError,
     links_of,
@@ -163,3 +166,21 @@ def test_analyze_cli_refuses_bad_input_before_starting_spark(tmp_path: Path) -> 
     assert code("--log", str(tmp_path / "junk.log"), "--out", out) == USAGE
     assert code("--log", str(tmp_path), "--out", out, "--from", "2026-01-02",
                 "--to", "2026-01-01") == USAGE  # fmt: skip
+
+
+def test_links_of_a_partitioned_declare_and_of_a_malformed_one() -> None:
+    """A partitioned declare (v3) links its partitions, its dead-letter target and the anchor that
+    keeps every partitioned queue in one replay group; a malformed one links nothing more (the
+    machine refuses it everywhere) instead of failing the parse task."""
+    blob = fifo.encode(
+        DeclarePartitionedQueue("orders", QueueConfig(dead_letter_queue="dlx"), partitions=2)
+    )
+    assert links_of(blob) == [
+        ("orders", "dlx"),
+        ("orders", PARTITIONED_ANCHOR),
+        ("orders", "orders.0"),
+        ("orders", "orders.1"),
+    ]
+    tag = cbor2.loads(blob)
+    broken = cbor2.dumps(cbor2.CBORTag(tag.tag, [*tag.value[:-1], "two"]))
+    assert links_of(broken) == [("orders", "dlx")]
