@@ -161,6 +161,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             peers = {m.id: m.raft for m in self._member_set.members if m.id != settings.node_id}
         self._refusals: dict[tuple[str, str], Refusal] = {}  # (op, node) -> why it was refused
         self._transfer_requested = False  # set by any thread, acted on by the tick thread
+        self._change_appended_at = 0  # index of the last change this node appended as leader
         self.stopped_reason: str | None = None
         # batch id -> the decoded commands of an entry this node submitted (skips a decode):
         # a handoff from the loop thread (hand_decoded) to the tick thread (one pop per entry)
@@ -525,6 +526,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             return False
         accepted = bool(self._SyncObj__doChangeCluster(request))
         if accepted:
+            # pysyncobj appends it right after this returns, at the next index
+            self._change_appended_at = int(self._SyncObj__getCurrentLogIndex()) + 1
             log.info("membership_change_appended", op=change.op, node=change.node)
         return accepted
 
@@ -737,6 +740,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 "log_len": int(raw["log_len"]),
                 "has_quorum": bool(raw["has_quorum"]),
                 "members": list(meta.members),
+                # a change this node appended (as leader) is not applied yet
+                "membership_change_pending": self._change_appended_at > int(raw["last_applied"]),
             }
         if self.stopped_reason is not None:
             status["reason"] = self.stopped_reason
