@@ -485,6 +485,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         `callback(None, why)` if the leader refused it or it was lost."""
         key = (change.op, change.node)
         self._refusals.pop(key, None)
+        payload = membership.encode_change(change)
+        try:
+            membership.decode_change(payload)  # what every node will read: refuse it now
+        except MembershipError as err:
+            callback(None, Refusal(str(err)))
+            return
 
         def done(result: Any, error: int) -> None:
             if error == FAIL_REASON.SUCCESS:
@@ -496,7 +502,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 refusal = Refusal(message, unavailable=error != FAIL_REASON.REQUEST_DENIED)
             callback(None, refusal)
 
-        self._applyCommand(membership.encode_change(change), done, _COMMAND_TYPE.MEMBERSHIP)
+        self._applyCommand(payload, done, _COMMAND_TYPE.MEMBERSHIP)
 
     def _SyncObj__parseChangeClusterRequest(self, command: bytes) -> list[Any] | None:
         # our payload is CBOR (raft.membership), never a pickle; pysyncobj reads
@@ -506,8 +512,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         try:
             change = membership.decode_change(bytes(command[1:]))
         except MembershipError as err:
+            # not None: pysyncobj would append it as an ordinary entry; an unknown op is
+            # refused by the leader (`_SyncObj__changeCluster`) and a no-op anywhere else
             log.error("membership_entry_malformed", error=str(err))
-            return None
+            return ["invalid", _INVALID_NODE.id, _INVALID_NODE, None]
         self._address_to_id.setdefault(change.raft, change.node)
         node = self._tcp_node(change.node, change.raft)
         return ["add" if change.op == "add" else "rem", change.raft, node, change]
@@ -522,7 +530,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         refusal = self._refusal(change)
         if refusal is not None:
             self._refusals[(change.op, change.node)] = refusal
-            log.warning("membership_change_refused", reason=refusal)
+            log.warning("membership_change_refused", reason=refusal.message)
             return False
         accepted = bool(self._SyncObj__doChangeCluster(request))
         if accepted:
@@ -791,6 +799,8 @@ def _syncobj_conf(
         dynamicMembershipChange=True,  # through raft.membership's entries only
     )
 
+
+_INVALID_NODE = TCPNode("invalid:0")  # the node of a malformed change (never dialed)
 
 _FAIL_REASONS = {
     FAIL_REASON.QUEUE_FULL: "the leader's command queue is full: retry",
