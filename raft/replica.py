@@ -148,6 +148,10 @@ class Replica:
 
         self._node.change_membership(change, done)
 
+    def peers(self) -> list[str]:
+        """The other members of the applied member set (cluster.toml's peers until a change)."""
+        return [row["id"] for row in self._node.members() if row["id"] != self.settings.node_id]
+
     def members(self) -> list[dict[str, Any]]:
         """The applied member set (id, raft, client; addresses None before any change)."""
         return self._node.members()
