@@ -105,6 +105,7 @@ class RaftSettings:
         return str(self.data_dir / "raft.dump")
 
 
+_MEMBERSHIP_PREFIX = bytes([_COMMAND_TYPE.MEMBERSHIP])  # pysyncobj's entry type byte
 OutcomeListener = Callable[[Outcome], None]
 MembershipCallback = Callable[[Any, "Refusal | None"], None]  # (reply, None) | (None, refusal)
 SnapshotListener = Callable[[int], None]  # the index the state now stands at
@@ -573,7 +574,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if last <= applied:
             return None
         for entry in self._SyncObj__getEntries(applied + 1, last - applied):
-            if entry[0][:1] == bytes([_COMMAND_TYPE.MEMBERSHIP]):
+            if entry[0][:1] == _MEMBERSHIP_PREFIX:
                 return int(entry[1])
         return None
 
@@ -600,7 +601,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         )
 
     def _SyncObj__doApplyCommand(self, command: bytes) -> Any:
-        if command[:1] != bytes([_COMMAND_TYPE.MEMBERSHIP]) or self.stopped_reason is not None:
+        if command[:1] != _MEMBERSHIP_PREFIX or self.stopped_reason is not None:
             return SyncObj._SyncObj__doApplyCommand(self, command)
         request = self._SyncObj__parseChangeClusterRequest(command)
         reply = None
