@@ -136,6 +136,8 @@ def test_replacing_n3_by_n4_under_traffic_loses_nothing_and_ends_with_equal_dige
     cluster3.start_node("n4")
     target = applied(cluster3, leader)
     wait_until(lambda: applied(cluster3, "n4") >= target, 60, "n4 catching up")
+    n4_log = (cluster3.config.node("n4").data_dir / "node.log").read_text()
+    assert '"snapshot_loaded"' in n4_log  # rebuilt from the leader's snapshot, then the log
     settled = len(traffic.confirmed)
     wait_until(lambda: len(traffic.confirmed) >= settled + 30, 60, "traffic with n4")
     code, out = quorumq(cluster3.data_dir, "member", "remove", victim)
