@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from cluster.cli.exits import CliError
 from cluster.cli.main import cli
 from cluster.client.errors import ClusterError
-from cluster.launcher import LocalCluster, free_ports, node_status, wait_until
+from cluster.launcher import LocalCluster, free_ports, node_status, start_cluster, wait_until
 from raft import membership
 
 pytestmark = pytest.mark.cluster
@@ -268,3 +268,14 @@ def test_a_second_change_is_refused_while_the_first_is_in_flight(cluster3: Local
         return len(statuses) == 3 and all("n4" in s["members"] for s in statuses)
 
     wait_until(n4_member, 60, "the first change applied everywhere")
+
+
+def test_the_last_member_cannot_be_removed(tmp_path: Path) -> None:
+    """A single-node cluster: removing its only member is refused (exit 65), nothing changes."""
+    cluster = start_cluster(tmp_path / "D", nodes=1)
+    try:
+        code, out = quorumq(cluster.data_dir, "member", "remove", "n1")
+        assert code == 65 and "n1 is the last member" in out, out
+        assert cluster.converged()["n1"]["members"] == ["n1"]
+    finally:
+        cluster.stop()
