@@ -12,7 +12,7 @@ import hmac
 import os
 import secrets
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,6 +68,13 @@ class ClusterConfig:
     # compact the Raft log into a snapshot once it holds this many entries
     snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES_DEFAULT
     metrics_bind: str = "127.0.0.1"  # where nodes with a metrics_port serve /metrics
+    # the members the cluster was created with, once membership changed (empty: `nodes` are
+    # the founders); a node that joins starts its replicated member set from these
+    founders: tuple[str, ...] = ()
+
+    def founder_ids(self) -> list[str]:
+        """The members the cluster was created with."""
+        return list(self.founders) if self.founders else self.node_ids()
 
     def node(self, node_id: str) -> NodeConfig:
         """The node called `node_id`; ConfigError if there is none."""
@@ -117,7 +124,13 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
             f"{path}: snapshot_every_entries must be within "
             f"[{SNAPSHOT_EVERY_ENTRIES_MIN}, {SNAPSHOT_EVERY_ENTRIES_MAX}], got {every}"
         )
+    founders = section.get("founders", [])
+    if not isinstance(founders, list) or not all(isinstance(f, str) for f in founders):
+        raise ConfigError(f"{path}: founders must be a list of node ids")
+    if len(set(founders)) != len(founders):
+        raise ConfigError(f"{path}: duplicate node ids in founders {founders}")
     return ClusterConfig(
+        founders=tuple(founders),
         name=_typed(section, "name", str, path, "quorumq"),
         created_ms=_typed(section, "created_ms", int, path, 0),
         nodes=nodes,
@@ -180,6 +193,8 @@ def dumps(config: ClusterConfig) -> str:
         lines.append(f"snapshot_every_entries = {config.snapshot_every_entries}")
     if config.metrics_bind != "127.0.0.1":
         lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
+    if config.founders:
+        lines.append(f"founders = [{', '.join(_toml_str(f) for f in config.founders)}]")
     for node in config.nodes:
         lines += [
             "",
@@ -200,6 +215,41 @@ def dumps(config: ClusterConfig) -> str:
             )
             lines.append(f"peer_addresses = {{ {pairs} }}")
     return "\n".join(lines) + "\n"
+
+
+def with_member_added(
+    config: ClusterConfig, node_id: str, raft_address: str, client_address: str, data_dir: Path
+) -> ClusterConfig:
+    """`config` with a node added (after `member add` committed); founders recorded."""
+    if node_id in config.node_ids():
+        raise ConfigError(f"node {node_id!r} is already in the cluster config")
+    node = NodeConfig(
+        id=node_id,
+        host=_host(raft_address),
+        raft_port=int(raft_address.rpartition(":")[2]),
+        client_port=int(client_address.rpartition(":")[2]),
+        data_dir=Path(data_dir) / node_id,
+    )
+    if _host(client_address) != node.host:
+        raise ConfigError(
+            f"{node_id}: raft and client addresses must share a host in cluster.toml "
+            f"({raft_address}, {client_address})"
+        )
+    return replace(config, nodes=(*config.nodes, node), founders=tuple(config.founder_ids()))
+
+
+def with_member_removed(config: ClusterConfig, node_id: str) -> ClusterConfig:
+    """`config` without a node (after `member remove` committed); founders recorded."""
+    nodes = tuple(node for node in config.nodes if node.id != node_id)
+    if len(nodes) == len(config.nodes):
+        raise ConfigError(f"no node {node_id!r} in the cluster config")
+    if not nodes:
+        raise ConfigError("a cluster config needs at least one node")
+    return replace(config, nodes=nodes, founders=tuple(config.founder_ids()))
+
+
+def _host(address: str) -> str:
+    return address.rpartition(":")[0]
 
 
 def _toml_str(value: str) -> str:

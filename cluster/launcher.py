@@ -428,6 +428,11 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def reload(self) -> ClusterConfig:
+        """Read cluster.toml again (after `member add` / `member remove` rewrote it)."""
+        self.config = cluster_config.load(self.data_dir)
+        return self.config
+
     # --- processes ---------------------------------------------------------------------------
 
     def start_node(self, node_id: str, max_machine_version: int | None = None) -> None:

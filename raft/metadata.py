@@ -5,7 +5,8 @@
 metadata after an entry: members' supported versions and incarnations (`Hello`), the effective
 machine version and its switches (`Switch`), client connections by node and the nodes marked
 down (a fifo command that was just applied, with its `reply`: called once per command, so it
-allocates nothing on that path). Golden files: tests/raft/golden/metadata.
+allocates nothing on that path); `apply_member_change` switches the member set (a membership
+entry, `raft.membership`). Golden files: tests/raft/golden/metadata.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fifo.commands import (
     RegisterEnqueuer,
 )
 from fifo.replies import Error, Ok, Reply
+from raft.membership import MemberChange
 
 INITIAL_MACHINE_VERSION = 1
 
@@ -42,10 +44,14 @@ class Metadata:
     last_time_ms: int = 0
     last_index: int = 0
     connections: dict[str, dict[tuple[int, int], None]] = field(default_factory=dict)
+    # member id -> (raft address, client address): empty until the first membership change
+    # (the founders' addresses are in cluster.toml), then the whole member set's
+    addresses: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def to_plain(self) -> dict[str, Any]:
-        """CBOR-able form (connections sorted, so the encoding is canonical)."""
-        return {
+        """CBOR-able form (connections sorted, so the encoding is canonical; `addresses` only
+        once a membership change recorded them, so older digests stay as they were)."""
+        plain: dict[str, Any] = {
             "members": list(self.members),
             "supported": dict(sorted(self.supported.items())),
             "incarnations": dict(sorted(self.incarnations.items())),
@@ -60,6 +66,11 @@ class Metadata:
                 for node, conns in sorted(self.connections.items())
             },
         }
+        if self.addresses:
+            plain["addresses"] = {
+                node: [raft, client] for node, (raft, client) in sorted(self.addresses.items())
+            }
+        return plain
 
     @classmethod
     def from_plain(cls, raw: dict[str, Any]) -> Metadata:
@@ -77,6 +88,10 @@ class Metadata:
             connections={
                 node: {(int(inc), int(num)): None for inc, num in conns}
                 for node, conns in raw["connections"].items()
+            },
+            addresses={
+                str(node): (str(pair[0]), str(pair[1]))
+                for node, pair in raw.get("addresses", {}).items()
             },
         )
 
@@ -147,6 +162,38 @@ def _hello(meta: Metadata, hello: Hello) -> Reply:
     meta.refused.pop(hello.node, None)
     meta.supported[hello.node] = hello.version
     meta.incarnations[hello.node] = hello.incarnation
+    return OK
+
+
+def member_change_refusal(meta: Metadata, change: MemberChange) -> str | None:
+    """Why `change` does not fit the current member set, or None."""
+    present = change.node in meta.members
+    if change.op == "add" and present:
+        return f"{change.node} is already a member"
+    if change.op == "remove" and not present:
+        return f"{change.node} is not a member"
+    expected = set(meta.members) | {change.node}
+    if change.op == "remove":
+        expected.discard(change.node)
+    if {m.id for m in change.members} != expected:
+        after = sorted(m.id for m in change.members)
+        return f"{change.op} {change.node}: {after} does not follow from {meta.members}"
+    return None
+
+
+def apply_member_change(meta: Metadata, change: MemberChange) -> Reply:
+    """Switch the member set (a committed membership entry); an Error, changing nothing, if the
+    change does not fit the current set (the leader checked it before appending it)."""
+    refusal = member_change_refusal(meta, change)
+    if refusal is not None:
+        return Error("invalid_argument", refusal)
+    meta.members = sorted(m.id for m in change.members)
+    meta.addresses = {m.id: (m.raft, m.client) for m in change.members}
+    if change.op == "remove":
+        for per_node in (meta.supported, meta.incarnations, meta.refused):
+            per_node.pop(change.node, None)
+        if change.node in meta.down_nodes:
+            meta.down_nodes.remove(change.node)
     return OK
 
 

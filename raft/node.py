@@ -15,7 +15,12 @@ Ordering obligations (as etcd's `Ready` documents them):
   snapshot covers are never applied here, so their effects (deliveries to this node's clients)
   never come, and entries already applied may be applied again: the listener must drop whatever
   it promised its clients;
-- nothing raised inside apply reaches pysyncobj, except the deliberate version stop.
+- nothing raised inside apply reaches pysyncobj, except the deliberate version stop;
+- membership (pysyncobj's dynamic membership, `raft.membership`): the leader checks a change
+  before it appends it (one at a time, a quorum left, no duplicate); every node switches its
+  peers when the entry reaches its log (pysyncobj), and when it applies the entry switches the
+  replicated member set, persists it (`<data dir>/members`, fsynced) and hands the outcome over
+  like any entry's; a node that is not in the member set it applied never stands for election.
 """
 
 from __future__ import annotations
@@ -34,13 +39,15 @@ import structlog
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.node import TCPNode
-from pysyncobj.syncobj import SyncObjExceptionWrongVer
+from pysyncobj.syncobj import _COMMAND_TYPE, FAIL_REASON, SyncObjExceptionWrongVer
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from raft import durability, safe_pickle, storage
+from raft import durability, membership, safe_pickle, storage
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, decode_entry, encode_entry
 from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldError
+from raft.membership import MemberChange, MemberSet, MembershipError, Refusal
+from raft.metadata import member_change_refusal
 from raft.replicated import InternalFailure, Outcome, ReplicatedState
 from raft.transport import PeerConnection, QuorumTransport
 
@@ -83,6 +90,9 @@ class RaftSettings:
     compaction_min_entries: int = 5000
     compaction_min_time_s: int = 300
     peer_dial: dict[str, str] = field(default_factory=dict)  # node id -> address to dial
+    # the members the cluster was created with (the replicated member set before any change;
+    # empty: this node and its peers, which is the same for a cluster that never changed)
+    founders: tuple[str, ...] = ()
 
     @property
     def journal_file(self) -> str:
@@ -95,7 +105,9 @@ class RaftSettings:
         return str(self.data_dir / "raft.dump")
 
 
+_MEMBERSHIP_PREFIX = bytes([_COMMAND_TYPE.MEMBERSHIP])  # pysyncobj's entry type byte
 OutcomeListener = Callable[[Outcome], None]
+MembershipCallback = Callable[[Any, "Refusal | None"], None]  # (reply, None) | (None, refusal)
 SnapshotListener = Callable[[int], None]  # the index the state now stands at
 
 
@@ -140,7 +152,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # our attributes exist before SyncObj starts its tick thread (it may load the dump)
         self.settings = settings
         self.lock = threading.RLock()
-        self.replicated_state = ReplicatedState([settings.node_id, *settings.peers])
+        self.replicated_state = ReplicatedState(
+            list(settings.founders) or [settings.node_id, *settings.peers]
+        )
+        # the member set this node last applied wins over cluster.toml, which may lag
+        self._member_set = membership.read_member_set(settings.data_dir, settings.node_id)
+        peers = dict(settings.peers)
+        if self._member_set is not None:
+            peers = {m.id: m.raft for m in self._member_set.members if m.id != settings.node_id}
+        self._refusals: dict[tuple[str, str], Refusal] = {}  # (op, node) -> why it was refused
+        self._transfer_requested = False  # set by any thread, acted on by the tick thread
+        self._change_appended_at = 0  # index of the last change this node appended as leader
         self.stopped_reason: str | None = None
         # batch id -> the decoded commands of an entry this node submitted (skips a decode):
         # a handoff from the loop thread (hand_decoded) to the tick thread (one pop per entry)
@@ -155,16 +177,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self.observe_fsync: Callable[[float], None] | None = None
         self.observe_apply: Callable[[float], None] | None = None
         self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
+        self._address_to_id.update({addr: nid for nid, addr in peers.items()})
         self._address_to_id[settings.address] = settings.node_id
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
-        peers = [
-            DialedTCPNode(address, settings.peer_dial.get(node_id, address))
-            for node_id, address in settings.peers.items()
-        ]
+        peer_nodes = [self._tcp_node(node_id, address) for node_id, address in peers.items()]
         if transport_name() == "quorumq":
-            super().__init__(settings.address, peers, conf, transportClass=QuorumTransport)
+            super().__init__(settings.address, peer_nodes, conf, transportClass=QuorumTransport)
         else:
-            super().__init__(settings.address, peers, conf)
+            super().__init__(settings.address, peer_nodes, conf)
         # pysyncobj compares Node objects, not address strings
         self._peer_nodes = {self._address_to_id[node.id]: node for node in self.otherNodes}
         self.addOnTickCallback(self._guard_leadership)
@@ -353,7 +373,31 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         last_entry = (bytes(last[0]), last[1], last[2])
         prev_entry = (bytes(prev[0]), prev[1], prev[2])
         self._align_journal_to_snapshot(prev_entry, last_entry)
-        return last_entry, prev_entry, raft["cluster"]
+        return last_entry, prev_entry, self._snapshot_peers(int(last[1]), raft["cluster"])
+
+    def _snapshot_peers(self, index: int, cluster: list[str]) -> list[DialedTCPNode]:
+        """The peers as of a snapshot: its member set if a change recorded one (persisted
+        unless the node already knows a later one), else pysyncobj's own list. Never this node
+        (pysyncobj compares its own Node with the strings and would add itself)."""
+        with self.lock:
+            addresses = dict(self.replicated_state.meta.addresses)
+        if self._member_set is not None and self._member_set.index > index:
+            # the node applied a later change from its journal before (a restart): keep it
+            # (pysyncobj replays the changes after the snapshot, each a no-op then)
+            addresses = {m.id: (m.raft, m.client) for m in self._member_set.members}
+        if addresses:
+            if self._member_set is None or self._member_set.index <= index:
+                self._persist_members(index, addresses)
+            return [
+                self._tcp_node(node_id, raft)
+                for node_id, (raft, _client) in sorted(addresses.items())
+                if node_id != self.settings.node_id
+            ]
+        return [
+            self._tcp_node(self._address_to_id.get(address, address), address)
+            for address in cluster
+            if address != self.settings.address
+        ]
 
     def _align_journal_to_snapshot(self, prev_entry: Any, last_entry: Any) -> None:
         """Drop the journal's entries before the snapshot's last two if it still holds them.
@@ -377,11 +421,21 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     # --- leadership guard --------------------------------------------------------------------
 
     def _guard_leadership(self) -> None:
-        """A node that stopped applying never stands for election and hands leadership over.
+        """A node that stopped applying never stands for election and hands leadership over;
+        nor does a node outside the member set it applied (one that joins and has not caught
+        up to its own addition, or one that was removed): its term would only disrupt.
 
         pysyncobj has no pre-vote hook, so this pushes the election deadline away instead.
         """
+        if self._transfer_requested:
+            self._transfer_requested = False
+            if self._isLeader():
+                log.info("leadership_transfer_requested")
+                self.transferLeadership()
         if self.stopped_reason is None:
+            if self.settings.node_id in self.replicated_state.meta.members:
+                return
+            self._SyncObj__raftElectionDeadline = monotonic_time() + 3600
             return
         self._SyncObj__raftElectionDeadline = monotonic_time() + 3600
         if self._isLeader():
@@ -420,7 +474,195 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             log.warning("leadership_transfer_disk_full")
             self.transferLeadership()
 
-    # --- peer connections ----------------------------------------------------------------------
+    # --- membership ------------------------------------------------------------------------------
+
+    def _tcp_node(self, node_id: str, address: str) -> DialedTCPNode:
+        """The pysyncobj node of a member (dialed through `peer_dial` if it names one)."""
+        return DialedTCPNode(address, self.settings.peer_dial.get(node_id, address))
+
+    def change_membership(self, change: MemberChange, callback: MembershipCallback) -> None:
+        """Append a membership change through the leader (thread-safe): `callback(reply, None)`
+        from the tick thread once this node applied it (the reply of the member set switch), or
+        `callback(None, why)` if the leader refused it or it was lost."""
+        key = (change.op, change.node)
+        self._refusals.pop(key, None)
+        payload = membership.encode_change(change)
+        try:
+            membership.decode_change(payload)  # what every node will read: refuse it now
+        except MembershipError as err:
+            callback(None, Refusal(str(err)))
+            return
+
+        def done(result: Any, error: int) -> None:
+            if error == FAIL_REASON.SUCCESS:
+                callback(result, None)
+                return
+            refusal = self._refusals.pop(key, None)
+            if refusal is None:
+                message = _FAIL_REASONS.get(error, f"failed (pysyncobj reason {error})")
+                refusal = Refusal(message, unavailable=error != FAIL_REASON.REQUEST_DENIED)
+            callback(None, refusal)
+
+        self._applyCommand(payload, done, _COMMAND_TYPE.MEMBERSHIP)
+
+    def _SyncObj__parseChangeClusterRequest(self, command: bytes) -> list[Any] | None:
+        # our payload is CBOR (raft.membership), never a pickle; pysyncobj reads
+        # [op, node id, node] and we carry the decoded change as a fourth item
+        if not command or command[0] != _COMMAND_TYPE.MEMBERSHIP:
+            return None
+        try:
+            change = membership.decode_change(bytes(command[1:]))
+        except MembershipError as err:
+            # not None: pysyncobj would append it as an ordinary entry; an unknown op is
+            # refused by the leader (`_SyncObj__changeCluster`) and a no-op anywhere else
+            log.error("membership_entry_malformed", error=str(err))
+            return ["invalid", _INVALID_NODE.id, _INVALID_NODE, None]
+        self._address_to_id.setdefault(change.raft, change.node)
+        node = self._tcp_node(change.node, change.raft)
+        return ["add" if change.op == "add" else "rem", change.raft, node, change]
+
+    def _SyncObj__changeCluster(self, request: list[Any]) -> bool:
+        # the leader, before it appends a change: our checks replace pysyncobj's (whose "one
+        # change in flight" test never fires: it never records the change's index)
+        change = request[3] if len(request) > 3 else None
+        if not isinstance(change, MemberChange):
+            log.warning("membership_change_refused", reason="malformed change")
+            return False
+        refusal = self._refusal(change)
+        if refusal is not None:
+            self._refusals[(change.op, change.node)] = refusal
+            log.warning("membership_change_refused", reason=refusal.message)
+            return False
+        accepted = bool(self._SyncObj__doChangeCluster(request))
+        if accepted:
+            # pysyncobj appends it right after this returns, at the next index
+            self._change_appended_at = int(self._SyncObj__getCurrentLogIndex()) + 1
+            log.info("membership_change_appended", op=change.op, node=change.node)
+        return accepted
+
+    def _refusal(self, change: MemberChange) -> Refusal | None:
+        """Why the leader must not append `change` now (tick thread), or None."""
+        applied = int(self.raftLastApplied)
+        if applied < int(self._SyncObj__noopIDx or 0):
+            return Refusal(
+                "the leader was elected moments ago (its first entry is not applied yet): retry",
+                unavailable=True,
+            )
+        pending = self._pending_change_index(applied)
+        if pending is not None:
+            return Refusal(
+                f"another membership change is in flight (log index {pending}): wait until it "
+                "is applied, then retry",
+                unavailable=True,
+            )
+        with self.lock:
+            refused = member_change_refusal(self.replicated_state.meta, change)
+        if refused is not None:
+            return Refusal(refused)
+        if change.op == "remove" and change.node == self.settings.node_id:
+            return Refusal(f"{change.node} is the leader: hand leadership over first, then retry")
+        known = {node.address for node in self.otherNodes} | {self.settings.address}
+        if change.op == "add" and change.raft in known:
+            return Refusal(f"raft address {change.raft} is already a member's")
+        if change.op == "add" and len(known) >= membership.MEMBERS_MAX:
+            return Refusal(f"the cluster has {len(known)} members, the most it may have")
+        return self._quorum_left(change)
+
+    def _pending_change_index(self, applied: int) -> int | None:
+        """The index of a membership entry in the log after `applied`, if there is one."""
+        last = int(self._SyncObj__getCurrentLogIndex())
+        if last <= applied:
+            return None
+        for entry in self._SyncObj__getEntries(applied + 1, last - applied):
+            if entry[0][:1] == _MEMBERSHIP_PREFIX:
+                return int(entry[1])
+        return None
+
+    def _quorum_left(self, change: MemberChange) -> Refusal | None:
+        """Refuse a change after which the members that answer now would not be a majority
+        (as etcd's strict reconfiguration check: replace a dead member by removing it first)."""
+        connected = self._SyncObj__connectedNodes
+        answering = {self.settings.address} | {
+            node.address for node in self.otherNodes if node in connected
+        }
+        size = len(self.otherNodes) + 1
+        if change.op == "add":
+            size_after, answering_after = size + 1, len(answering)
+        else:
+            size_after, answering_after = size - 1, len(answering - {change.raft})
+        needed = size_after // 2 + 1
+        if answering_after >= needed:
+            return None
+        hint = " (remove a dead member before adding its replacement)" if change.op == "add" else ""
+        return Refusal(
+            f"no quorum after the change: {answering_after} of the {size_after} members would "
+            f"answer, {needed} are needed{hint}",
+            unavailable=True,
+        )
+
+    def _SyncObj__doApplyCommand(self, command: bytes) -> Any:
+        if command[:1] != _MEMBERSHIP_PREFIX or self.stopped_reason is not None:
+            return SyncObj._SyncObj__doApplyCommand(self, command)
+        request = self._SyncObj__parseChangeClusterRequest(command)
+        reply = None
+        if request is not None:
+            reply = self._apply_member_change(request[3])
+        SyncObj._SyncObj__doApplyCommand(self, command)  # pysyncobj's peers (a no-op if done)
+        return reply
+
+    def _apply_member_change(self, change: MemberChange) -> Any:
+        """Apply a committed change to the replicated member set, persist it, hand it over."""
+        index = self.raftLastApplied + 1
+        with self.lock:
+            outcome = self.replicated_state.apply_member_change(
+                index, self._entry_term(index), change
+            )
+            members = self.replicated_state.meta.addresses
+        reply = outcome.replies[0] if outcome.replies else None
+        log.info(
+            "membership_changed", index=index, op=change.op, node=change.node, reply=repr(reply)
+        )
+        self._persist_members(index, members)
+        self.sync_journal()
+        try:
+            self._on_outcome(outcome)
+        except Exception:  # a listener bug must not wedge the log
+            log.exception("outcome_listener_failed", index=index)
+        return reply
+
+    def _persist_members(self, index: int, addresses: dict[str, tuple[str, str]]) -> None:
+        """Write the member set to `<data dir>/members` if it changed (and learn addresses)."""
+        if not addresses:
+            return
+        members = tuple(sorted(membership.Member(n, r, c) for n, (r, c) in addresses.items()))
+        for member in members:
+            self._address_to_id[member.raft] = member.id
+            if member.id != self.settings.node_id:
+                self._peer_nodes[member.id] = self._tcp_node(member.id, member.raft)
+        if self._member_set is not None and self._member_set.members == members:
+            return
+        self._member_set = MemberSet(index, members)
+        membership.write_member_set(self.settings.data_dir, self._member_set)
+
+    def request_leadership_transfer(self) -> None:
+        """Hand leadership over on the next tick, if this node leads (thread-safe)."""
+        self._transfer_requested = True
+
+    def members(self) -> list[dict[str, Any]]:
+        """The applied member set: id, raft and client address (addresses only once a change
+        recorded them; before, cluster.toml has them)."""
+        with self.lock:
+            meta = self.replicated_state.meta
+            return [
+                {
+                    "id": node,
+                    "raft": meta.addresses.get(node, ("", ""))[0] or None,
+                    "client": meta.addresses.get(node, ("", ""))[1] or None,
+                }
+                for node in meta.members
+            ]
+
+    # --- peer connections -------------------------------------------------------------------
 
     def _expire_stuck_handshakes(self) -> None:
         """Drop a peer connection whose handshake has heard nothing for the connection timeout.
@@ -506,6 +748,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 "leader": self.leader_id(),
                 "log_len": int(raw["log_len"]),
                 "has_quorum": bool(raw["has_quorum"]),
+                "members": list(meta.members),
+                # a change this node appended (as leader) is not applied yet
+                "membership_change_pending": self._change_appended_at > int(raw["last_applied"]),
             }
         if self.stopped_reason is not None:
             status["reason"] = self.stopped_reason
@@ -552,5 +797,18 @@ def _syncobj_conf(
         logCompactionMinEntries=settings.compaction_min_entries,
         logCompactionMinTime=settings.compaction_min_time_s,
         commandsWaitLeader=True,
-        dynamicMembershipChange=False,
+        dynamicMembershipChange=True,  # through raft.membership's entries only
     )
+
+
+_INVALID_NODE = TCPNode("invalid:0")  # the node of a malformed change (never dialed)
+
+_FAIL_REASONS = {
+    FAIL_REASON.QUEUE_FULL: "the leader's command queue is full: retry",
+    FAIL_REASON.MISSING_LEADER: "no leader: the cluster has no quorum",
+    FAIL_REASON.DISCARDED: "the change was cut from the log by a new leader: check the members",
+    FAIL_REASON.NOT_LEADER: "this node is not the leader",
+    FAIL_REASON.LEADER_CHANGED: "the leader changed: check the members, then retry",
+    FAIL_REASON.REQUEST_DENIED: "the leader refused the change: check the members, then retry",
+    FAIL_REASON.UNKNOWN_OUTCOME: "unknown outcome (the leader changed): check the members",
+}

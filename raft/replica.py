@@ -31,6 +31,7 @@ from raft.batcher import GroupCommitter, Reply, Sink
 from raft.entry import Entry, Origin
 from raft.errors import SubmitError
 from raft.fastcodec import encode_command
+from raft.membership import MemberChange, Refusal
 from raft.node import RaftNode, RaftSettings
 from raft.replicated import Metadata, Outcome, ReplicatedState
 
@@ -133,6 +134,31 @@ class Replica:
             )
 
         self._committer.submit_entry(make, on_reply)
+
+    def change_membership(
+        self, change: MemberChange, on_done: Callable[[Any, Refusal | None], None]
+    ) -> None:
+        """Append a membership change (this node should lead); `on_done(reply, None)` on the
+        loop thread once this node applied it, or `on_done(None, why)` if it was refused or
+        lost. No timeout here: the caller bounds its wait."""
+
+        def done(reply: Any, refusal: Refusal | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
+                self._loop.call_soon_threadsafe(on_done, reply, refusal)
+
+        self._node.change_membership(change, done)
+
+    def peers(self) -> list[str]:
+        """The other members of the applied member set (cluster.toml's peers until a change)."""
+        return [row["id"] for row in self._node.members() if row["id"] != self.settings.node_id]
+
+    def members(self) -> list[dict[str, Any]]:
+        """The applied member set (id, raft, client; addresses None before any change)."""
+        return self._node.members()
+
+    def transfer_leadership(self) -> None:
+        """Ask the leader (this node) to hand leadership to the most caught-up peer."""
+        self._node.request_leadership_transfer()
 
     def sweep(self) -> None:
         """Fail proposals that got no commit within their timeout (call periodically)."""

@@ -19,7 +19,7 @@ from typing import Any
 import cbor2
 
 import fifo
-from fifo.commands import ConnectionDown
+from fifo.commands import ConnectionDown, ConnectionId
 from fifo.effects import Effect
 from fifo.meta import Meta
 from fifo.replies import Error, Ok, Reply
@@ -28,6 +28,7 @@ from raft import metadata
 from raft.entry import Entry, Origin, command_index
 from raft.errors import VersionTooOldError
 from raft.fastcodec import decode_command
+from raft.membership import MemberChange
 from raft.metadata import INITIAL_MACHINE_VERSION, Hello, Metadata, Switch, apply_metadata
 
 __all__ = ["INITIAL_MACHINE_VERSION", "InternalFailure", "Metadata", "Outcome", "ReplicatedState"]
@@ -130,6 +131,23 @@ class ReplicatedState:
         stale = self.stale_connection_downs(entry.node, entry.incarnation)
         self._apply_commands(index, term, now, list(stale), outcome)
         outcome.replies = [Ok()]
+
+    def apply_member_change(self, index: int, term: int, change: MemberChange) -> Outcome:
+        """Apply a committed membership entry at log `index`: a removed member's client
+        connections are closed first (ConnectionDown normal, in sorted order: its consumers'
+        messages come back, as when a node restarts), then the member set switches."""
+        self.meta.last_index = index
+        outcome = Outcome(index, None, [], [])
+        now = self.meta.last_time_ms
+        refusal = metadata.member_change_refusal(self.meta, change)
+        if refusal is None and change.op == "remove":
+            downs = [
+                ConnectionDown(ConnectionId(change.node, inc, num), "normal")
+                for inc, num in sorted(self.meta.connections.get(change.node, {}))
+            ]
+            self._apply_commands(index, term, now, list(downs), outcome)
+        outcome.replies = [metadata.apply_member_change(self.meta, change)]
+        return outcome
 
     def stale_connection_downs(self, node: str, incarnation: int) -> list[ConnectionDown]:
         """The ConnectionDowns a hello of `node` at `incarnation` applies (sorted; see

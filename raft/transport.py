@@ -670,7 +670,11 @@ class QuorumTransport(TCPTransport):  # type: ignore[misc]
         return self._last_tick
 
     def _is_member(self, address: str) -> bool:
-        """A member that dials us (pysyncobj: the larger address dials; we dial the others)."""
+        """A member that dials us (pysyncobj: the larger address dials; we dial the others).
+
+        Follows membership changes: pysyncobj calls `addNode` / `dropNode` when a change
+        reaches the log (and undoes it if the entry is cut), so a new member is answered as
+        soon as this node knows of it and a removed one is refused (its connection dropped)."""
         node = self._nodeAddrToNode.get(address)
         return node is not None and not self._shouldConnect(node)
 
@@ -723,7 +727,7 @@ class QuorumTransport(TCPTransport):  # type: ignore[misc]
     def _onIncomingAuthenticated(self, conn: PeerConnection, address: str) -> None:
         self._unknownConnections.discard(conn)
         node = self._nodeAddrToNode.get(address)
-        if node is None:  # checked before the challenge; membership is static
+        if node is None:  # checked before the challenge, but removed since (a membership change)
             conn.disconnect()
             return
         old = self._connections.get(node)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import structlog
 from cluster import config as cluster_config
 from cluster import launcher
 from cluster.chaos.linkproxy import ProxyMesh
+from cluster.client import Client
+from cluster.client.errors import ClusterError
 from cluster.config import ClusterConfig, NodeConfig
 from raft import storage
 
@@ -26,6 +29,8 @@ log = structlog.get_logger(__name__)
 PEER_ADDRESSES_FIELD = "peer_addresses"
 STATUS_TIMEOUT_S = 1.0
 REAP_TIMEOUT_S = 5.0
+CHANGE_RETRY_S = 30.0  # a membership change refused as unavailable is retried this long
+CATCH_UP_TIMEOUT_S = 60.0  # a new member must apply what the leader had when it was added
 
 
 def supports_peer_addresses() -> bool:
@@ -132,6 +137,86 @@ class LauncherCluster:
         launcher.stop_cluster(self.config, grace_s=3.0)
         for node in self.node_ids():
             self.local.reap(node, wait_s=REAP_TIMEOUT_S)
+
+    def replace(self, old: str) -> str:
+        """Replace member `old` by a new node, as an operator replaces a machine: `member add`
+        through the leader, start the new node empty and wait until it caught up, `member
+        remove` the old one, stop it for good. Returns the new node's id."""
+        new = self._new_node_id()
+        raft_port, client_port = launcher.free_ports(2)
+        raft, client = f"127.0.0.1:{raft_port}", f"127.0.0.1:{client_port}"
+        args: dict[str, str | int] = {"node": new, "raft_address": raft, "client_address": client}
+        self._change("member_add", args)
+        config = cluster_config.with_member_added(self.config, new, raft, client, self.data_dir)
+        self._write(config)
+        target = self._leader_commit()
+        self.start(new)
+        self._wait_applied(new, target)
+        self._change("member_remove", {"node": old})
+        self._signal(old, signal.SIGCONT)
+        launcher.stop_node(self.node(old), grace_s=3.0)
+        self.local.reap(old, wait_s=REAP_TIMEOUT_S)
+        self._write(cluster_config.with_member_removed(self.config, old))
+        log.info("node_replaced", old=old, new=new)
+        return new
+
+    def _new_node_id(self) -> str:
+        number = len(self.starts) + 1
+        while f"n{number}" in self.starts:
+            number += 1
+        return f"n{number}"
+
+    def _write(self, config: ClusterConfig) -> None:
+        cluster_config.write(self.data_dir, config)
+        self.config = self.local.reload()
+        for node_id in self.config.node_ids():
+            self.starts.setdefault(node_id, 0)
+
+    def _change(self, action: str, args: dict[str, str | int]) -> None:
+        """A membership change through the current leader, retried while refused as
+        unavailable (no leader yet, another change in flight, the target leads)."""
+        deadline = time.monotonic() + CHANGE_RETRY_S
+        reason = "no leader"
+        while time.monotonic() < deadline:
+            leader = self.leader()
+            if leader is None:
+                time.sleep(0.5)
+                continue
+            try:
+                with Client(
+                    [self.node(leader).client_address],
+                    self.key,
+                    name="chaos-membership",
+                    reconnect=False,
+                    prefer_leader=False,
+                    connect_timeout_s=2.0,
+                ) as client:
+                    result = client.admin(action, args, timeout_s=40.0)
+            except (ClusterError, OSError) as err:
+                reason = f"{type(err).__name__}: {err}"
+                time.sleep(0.5)
+                continue
+            if result.get("changed"):
+                return
+            reason = str(result.get("refused"))
+            if not result.get("unavailable"):
+                break
+            time.sleep(0.5)
+        raise RuntimeError(f"{action} {args.get('node')} refused: {reason}")
+
+    def _leader_commit(self) -> int:
+        leader = self.leader()
+        status = launcher.node_status(self.node(leader), self.key) if leader else None
+        return int((status or {}).get("commit_index") or 0)
+
+    def _wait_applied(self, node_id: str, target: int) -> None:
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = launcher.node_status(self.node(node_id), self.key, timeout_s=STATUS_TIMEOUT_S)
+            if status is not None and int(status.get("raft_last_applied") or 0) >= target:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{node_id} did not catch up to index {target} in time")
 
     def pids(self) -> dict[str, int]:
         """Node id -> pid of every running node."""

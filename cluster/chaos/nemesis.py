@@ -1,5 +1,9 @@
 """Nemeses (kill, pause, partition, restart-all, power-loss, leader variants) and their schedule.
 
+`membership` replaces a random follower by a new node (member add, catch up, member remove,
+stop the old one: what an operator does with a dead machine); the replacement is permanent, so
+the fault has nothing to heal and later faults pick among the new member set.
+
 `power-loss` (one node) and `power-loss-all` (every node at once) SIGKILL and then drop every
 journal write the node had not fsynced (a seeded prefix of the unsynced tail may survive, its
 last record torn), as LazyFS does for Jepsen; the nodes run with the test-only power-loss layer
@@ -38,6 +42,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "restart-all",
     "power-loss",
     "power-loss-all",
+    "membership",
 )
 # `leader` on the command line adds the leader variant of every other chosen fault.
 LEADER_TOKEN = "leader"
@@ -78,6 +83,10 @@ class ClusterHandle(Protocol):
 
     def stop_all(self) -> None:
         """Stop every node (SIGTERM, then SIGKILL if it lingers)."""
+        ...
+
+    def replace(self, node: str) -> str:
+        """Replace member `node` by a new node through membership changes; the new id."""
         ...
 
     def start_all(self) -> None:
@@ -184,6 +193,7 @@ class Nemesis:
         self._killed: set[str] = set()
         self._paused: set[str] = set()
         self.power_lost: list[str] = []  # what each power-loss fault dropped, for the report
+        self.replaced: list[str] = []  # "old -> new" of each membership fault, for the report
 
     def inject(self, fault: ScheduledFault) -> FaultRecord:
         """Start `fault` now and return its record (open until `heal`)."""
@@ -198,6 +208,8 @@ class Nemesis:
         self._guard(record, lambda: self._start(fault, nodes))
         if fault.kind.startswith("power-loss") and self.power_lost:
             record.detail = f"{detail}: {self.power_lost[-1]}"
+        if fault.kind == "membership" and self.replaced and not record.errors:
+            record.detail = f"{detail}: {self.replaced[-1]}"
         self.records.append(record)
         log.info("fault_started", kind=fault.kind, nodes=nodes, detail=detail)
         return record
@@ -244,6 +256,9 @@ class Nemesis:
             if leader is not None:
                 return [leader], "leader"
             return [nodes[fault.pick % len(nodes)]], "no leader known: random node"
+        if fault.kind == "membership":  # a member cannot remove itself while it leads
+            followers = [node for node in nodes if node != leader] or nodes
+            return [followers[fault.pick % len(followers)]], "random follower replaced"
         return [nodes[fault.pick % len(nodes)]], "random node"
 
     def _start(self, fault: ScheduledFault, nodes: list[str]) -> None:
@@ -266,6 +281,9 @@ class Nemesis:
             lost = [self.cluster.lose_power(node, fault.pick + i) for i, node in enumerate(nodes)]
             self.power_lost.append("; ".join(lost))
             log.info("power_lost", nodes=nodes, lost=lost)
+        elif base == "membership":
+            new = self.cluster.replace(nodes[0])
+            self.replaced.append(f"{nodes[0]} -> {new}")
 
     def _partition(self, node: str, shape: str) -> None:
         if self.mesh is None:

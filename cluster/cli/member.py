@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import click
 
+from cluster import config as cluster_config
 from cluster.cli.common import (
     connect,
     connection_options,
@@ -15,10 +17,15 @@ from cluster.cli.common import (
     output_format,
     translate_errors,
 )
-from cluster.cli.exits import USAGE, CliError
-from cluster.launcher import client_key, cluster_status
+from cluster.cli.exits import DATA, UNAVAILABLE, USAGE, CliError
+from cluster.client.client import Client
+from cluster.config import ClusterConfig
+from cluster.errors import ConfigError
+from cluster.launcher import NoLeader, client_key, cluster_status, wait_for_leader
 
 NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ADMIN_TIMEOUT_S = 40.0  # the node answers within 30 s (cluster.node.membership)
+LEADER_WAIT_S = 10.0
 
 
 @click.group("member")
@@ -38,6 +45,10 @@ def member_group() -> None:
 def list_members(ctx: click.Context) -> None:
     """List the members with their role and addresses.
 
+    With --data-dir, every node of cluster.toml is asked; `committed` says whether the member
+    set the leader applied holds it (a node still listed after a failed `member remove`, or
+    not yet listed after `member add`, shows up here).
+
     \b
     Example:
       quorumq --data-dir /tmp/qq -o json member list
@@ -47,6 +58,7 @@ def list_members(ctx: click.Context) -> None:
         config = load_config(Path(data_dir))
         rows = cluster_status(config, client_key(Path(data_dir)))
         by_id = {node.id: node for node in config.nodes}
+        committed = _committed(rows)
         emit(
             ctx,
             [
@@ -55,6 +67,7 @@ def list_members(ctx: click.Context) -> None:
                     "role": row.get("role"),
                     "client": row.get("address"),
                     "raft": by_id[row["id"]].raft_address if row["id"] in by_id else None,
+                    "committed": None if committed is None else row["id"] in committed,
                 }
                 for row in rows
             ],
@@ -63,7 +76,16 @@ def list_members(ctx: click.Context) -> None:
     with connect(ctx) as client:
         status = client.status()
         members = status.get("members") if isinstance(status, dict) else None
-    emit(ctx, members if isinstance(members, list) else [status])
+    emit(ctx, [{"id": m} for m in members] if isinstance(members, list) else [status])
+
+
+def _committed(rows: list[dict[str, Any]]) -> set[str] | None:
+    """The member set the leader reports (None when no node leads)."""
+    for row in rows:
+        members = row.get("members")
+        if row.get("role") == "leader" and isinstance(members, list):
+            return {str(m) for m in members}
+    return None
 
 
 def _check_node_id(node_id: str) -> None:
@@ -85,25 +107,94 @@ def _check_address(address: str, what: str) -> None:
 @click.pass_context
 @translate_errors
 def add(ctx: click.Context, node_id: str, raft_address: str, client_address: str) -> None:
-    """Add a member through the log (then start it with `node start`).
+    """Add a voting member through the Raft log, then start it with `node start`.
+
+    The leader refuses (exit 65) a duplicate id or address, and (exit 69) a change while
+    another one is in flight or when the members that answer would not be a majority of the
+    new set: to replace a dead node, remove it first, then add its replacement. With
+    --data-dir, cluster.toml gets the node once the change is committed; the new node starts
+    empty and is rebuilt from its peers (snapshot and log) before it may vote.
 
     \b
     Example:
       quorumq --data-dir /tmp/qq member add n4 --raft-address 127.0.0.1:7006 \\
         --client-address 127.0.0.1:7007
+      quorumq --data-dir /tmp/qq node start --node-id n4 &
     """
     _check_node_id(node_id)
     _check_address(raft_address, "--raft-address")
     _check_address(client_address, "--client-address")
-    with connect(ctx) as client:
-        result = client.admin(
-            "member_add",
-            {"node": node_id, "raft_address": raft_address, "client_address": client_address},
-        )
+    data_dir = ctx.find_root().obj.data_dir
+    if data_dir is not None:  # before any change: cluster.toml must be able to take the node
+        _config_after_add(Path(data_dir), node_id, raft_address, client_address)
+    args: dict[str, str | int] = {
+        "node": node_id,
+        "raft_address": raft_address,
+        "client_address": client_address,
+    }
+    result = _admin_on_leader(ctx, "member_add", args)
+    if data_dir is not None:
+        config = _config_after_add(Path(data_dir), node_id, raft_address, client_address)
+        cluster_config.write(Path(data_dir), config)
     if output_format(ctx) == "table":
-        click.echo(f"member {node_id} added")
+        hint = f"; start it with: quorumq --data-dir {data_dir} node start --node-id {node_id}"
+        click.echo(f"member {node_id} added{hint if data_dir is not None else ''}")
     else:
         emit(ctx, {"node": node_id, "result": result})
+
+
+def _admin_on_leader(
+    ctx: click.Context, action: str, args: dict[str, str | int]
+) -> dict[str, object]:
+    """Send a membership admin action to the leader (only the leader appends a change; with
+    --endpoints, to the node the client lands on, which names the leader if it is not)."""
+    data_dir = ctx.find_root().obj.data_dir
+    if data_dir is None:
+        with connect(ctx) as client:
+            return _changed(client.admin(action, args, timeout_s=ADMIN_TIMEOUT_S))
+    config = load_config(Path(data_dir))
+    key = client_key(Path(data_dir))
+    try:
+        leader = wait_for_leader(config, key, timeout_s=LEADER_WAIT_S)
+    except NoLeader as err:
+        raise CliError(f"cluster unavailable: {err}; nothing was changed", UNAVAILABLE) from err
+    for _attempt in range(2):  # once more if leadership moved meanwhile
+        with Client(
+            [config.node(leader).client_address],
+            key,
+            name="quorumq-cli",
+            reconnect=False,
+            prefer_leader=False,
+            connect_timeout_s=5.0,
+        ) as client:
+            result = client.admin(action, args, timeout_s=ADMIN_TIMEOUT_S)
+        moved = result.get("leader")
+        if result.get("changed") or not isinstance(moved, str) or moved not in config.node_ids():
+            break
+        leader = moved
+    return _changed(result)
+
+
+def _changed(result: dict[str, object]) -> dict[str, object]:
+    """The result of a change that was made; CliError (69 if it may work later, else 65) with
+    the node's reason if it was refused."""
+    if result.get("changed"):
+        return result
+    reason = result.get("refused", "refused")
+    code = UNAVAILABLE if result.get("unavailable") else DATA
+    raise CliError(f"refused: {reason}; nothing was changed", code)
+
+
+def _config_after_add(
+    data_dir: Path, node_id: str, raft_address: str, client_address: str
+) -> ClusterConfig:
+    config = load_config(data_dir)
+    try:
+        return cluster_config.with_member_added(
+            config, node_id, raft_address, client_address, data_dir.resolve()
+        )
+    except ConfigError as err:
+        raise CliError(f"{err}; nothing was changed", USAGE) from err
 
 
 @member_group.command("remove")
@@ -112,15 +203,27 @@ def add(ctx: click.Context, node_id: str, raft_address: str, client_address: str
 @click.pass_context
 @translate_errors
 def remove(ctx: click.Context, node_id: str) -> None:
-    """Remove a member through the log (stop its process afterwards).
+    """Remove a voting member through the Raft log (stop its process afterwards).
+
+    Refused (exit 65) for a node that is not a member or the last one; (exit 69) while another
+    change is in flight, when the members left that answer would not be a majority, or when
+    the node leads (it hands leadership over at once: run the command again). With
+    --data-dir, cluster.toml drops the node once the change is committed.
 
     \b
     Example:
       quorumq --data-dir /tmp/qq member remove n3
+      quorumq --data-dir /tmp/qq node stop n3
     """
     _check_node_id(node_id)
-    with connect(ctx) as client:
-        result = client.admin("member_remove", {"node": node_id})
+    result = _admin_on_leader(ctx, "member_remove", {"node": node_id})
+    data_dir = ctx.find_root().obj.data_dir
+    if data_dir is not None:
+        config = load_config(Path(data_dir))
+        if node_id in config.node_ids():
+            cluster_config.write(
+                Path(data_dir), cluster_config.with_member_removed(config, node_id)
+            )
     if output_format(ctx) == "table":
         click.echo(f"member {node_id} removed")
     else:

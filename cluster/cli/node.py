@@ -191,12 +191,14 @@ def _wait_answering(data_dir: Path, node_id: str, timeout_s: float) -> dict[str,
     raise CliError(f"{node_id} did not answer within {timeout_s:.0f}s", UNAVAILABLE)
 
 
-STORAGE_FILES = ("raft.journal", "raft.journal.meta", "raft.dump")
+# `members` too: a damaged member set refuses the start; it is rebuilt with the rest
+STORAGE_FILES = ("raft.journal", "raft.journal.meta", "raft.dump", "members")
 STORAGE_LEFTOVERS = (
     "raft.journal.tmp",
     "raft.journal.meta.tmp",
     "raft.dump.tmp",
     "raft.dump.1.tmp",
+    "members.tmp",
 )
 
 

@@ -92,6 +92,7 @@ class NodeServer:
             bind_host=cluster.bind,
             peer_dial={peer: dial for peer, dial in node.peer_addresses.items() if peer != node.id},
             compaction_min_entries=cluster.snapshot_every_entries,
+            founders=tuple(cluster.founder_ids()),
         )
         self.replica: Replica
         self.timers: LeaderTimers

@@ -17,6 +17,7 @@ import structlog
 import fifo
 from cluster import protocol
 from cluster.errors import ProtocolError
+from cluster.node.membership import handle_member_admin
 from cluster.node.queries import QueryError, run_query
 from fifo.commands import (
     Checkout,
@@ -338,8 +339,7 @@ class ClientSession:
             self.server.replica.force_snapshot()
             self.send(protocol.result(request_id, {"requested": True}))
         elif action in ("member_add", "member_remove"):
-            message = "membership is static (cluster.toml) in this version"
-            self.error(protocol.REFUSED, message, request_id)
+            handle_member_admin(self, request_id, action, args)
         else:
             self.error(protocol.BAD_REQUEST, f"unknown admin action {action!r}", request_id)
 

@@ -129,7 +129,7 @@ class LeaderTimers:
         if replica.role() != "leader":
             return TimerView(leader=False, me=me, connected={})
         now_ms = replica.now_ms() if now_ms is None else now_ms
-        connected = {peer: replica.peer_connected(peer) for peer in replica.settings.peers}
+        connected = {peer: replica.peer_connected(peer) for peer in replica.peers()}
 
         def read(view: ReplicaView) -> TimerView:
             return TimerView(

@@ -3,7 +3,8 @@
 Each file in tests/raft/golden/metadata/ starts with comment lines and `members n1 n2 ...`, then
 blocks: input lines, `----`, the output, a blank line. An input line is a change, a Python
 expression over `Hello(node, version, incarnation)`, `Switch(index, version)`,
-`Applied(command, reply)` (a fifo command applied with that reply), the fifo commands and
+`Applied(command, reply)` (a fifo command applied with that reply), a membership change
+`MemberChange(op, node, raft, members)` with `Member(id, raft, client)`, the fifo commands and
 replies and `conn(node, number, incarnation)`;
 or a query: `stale NODE INCARNATION`, `target`, `refusal VERSION`. The output gives each
 change's reply (or the query's answer), then the metadata after the block.
@@ -20,10 +21,12 @@ from typing import Any
 import pytest
 
 from fifo import commands, replies
+from raft.membership import Member, MemberChange
 from raft.metadata import (
     Hello,
     Metadata,
     Switch,
+    apply_member_change,
     apply_metadata,
     stale_connection_downs,
     upgrade_refusal,
@@ -46,6 +49,7 @@ def Applied(command: commands.Command, reply: replies.Reply) -> tuple[Any, ...]:
 NAMESPACE: dict[str, Any] = {n: getattr(commands, n) for n in dir(commands) if n[0].isupper()}
 NAMESPACE.update({n: getattr(replies, n) for n in dir(replies) if n[0].isupper()})
 NAMESPACE.update(Applied=Applied, Hello=Hello, Switch=Switch, conn=conn)
+NAMESPACE.update(Member=Member, MemberChange=MemberChange)
 
 
 def _step(meta: Metadata, line: str) -> str:
@@ -58,6 +62,8 @@ def _step(meta: Metadata, line: str) -> str:
     if word == "refusal":
         return f"refusal: {upgrade_refusal(meta, int(args[0]))}"
     change = eval(line, NAMESPACE)  # test input, ours
+    if isinstance(change, MemberChange):
+        return repr(apply_member_change(meta, change))
     if isinstance(change, tuple):
         return repr(apply_metadata(meta, *change))
     return repr(apply_metadata(meta, change))

@@ -64,6 +64,14 @@ class SleeperCluster:
             if node not in self.procs or self.procs[node].poll() is not None:
                 self.start(node)
 
+    def replace(self, node: str) -> str:
+        new = f"n{len(self.starts) + 1}"
+        self.ids = [n for n in self.ids if n != node] + [new]
+        self.starts[new] = 0
+        self.start(new)
+        self.kill(node)
+        return new
+
     def state(self, node: str) -> str:
         """The process state letter from /proc (R/S running or sleeping, T stopped)."""
         if self.procs[node].poll() is not None:
@@ -239,3 +247,20 @@ def _blocked_links(mesh: ProxyMesh) -> set[tuple[str, str]]:
         if link.mode("backward") != "pass":
             blocked.add((target, dialer))
     return blocked
+
+
+def test_membership_replaces_a_follower_for_good_and_heal_changes_nothing(
+    cluster: SleeperCluster,
+) -> None:
+    """The membership fault never targets the leader; the new member stays after the heal."""
+    nemesis = Nemesis(cluster, Recorder())
+    for pick in range(4):
+        cluster.current_leader = cluster.node_ids()[pick % 3]
+        leader = cluster.current_leader
+        record = nemesis.inject(ScheduledFault("membership", 0.0, 1.0, pick))
+        assert record.nodes != [leader] and not record.errors
+        assert record.nodes[0] not in cluster.node_ids()
+        assert record.detail.endswith(nemesis.replaced[-1])
+        nemesis.heal(record)
+        assert len(cluster.node_ids()) == 3 and leader in cluster.node_ids()
+    assert len(nemesis.replaced) == 4

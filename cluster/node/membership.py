@@ -1,0 +1,158 @@
+"""The admin actions `member_add` / `member_remove`: checked here, then through the Raft log.
+
+The request names one node; the change appended carries the whole member set after it (ids with
+raft and client addresses: the replicated set's addresses once a change recorded them, before
+that cluster.toml's). Only the leader appends a change; what only the leader can check at the
+moment it appends (another change in flight, a quorum left, a duplicate) is checked there, in
+the tick thread (raft/node.py), and comes back as a `Refusal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from cluster import protocol
+from fifo.replies import Error
+from raft.membership import (
+    NODE_ID,
+    Member,
+    MemberChange,
+    MembershipError,
+    Refusal,
+    check_address,
+    check_members,
+    plain_members,
+)
+
+if TYPE_CHECKING:
+    from cluster.node.session import ClientSession
+
+log = structlog.get_logger("cluster.node.membership")
+
+CHANGE_TIMEOUT_S = 30.0  # the caller hears back within this, whatever happens to the change
+
+
+def current_members(session: ClientSession) -> dict[str, Member]:
+    """The applied member set with addresses (cluster.toml's for members no change recorded)."""
+    server = session.server
+    configured = {
+        node.id: Member(node.id, node.raft_address, node.client_address)
+        for node in server.cluster.nodes
+    }
+    members: dict[str, Member] = {}
+    for row in server.replica.members():
+        node_id = str(row["id"])
+        if row["raft"] and row["client"]:
+            members[node_id] = Member(node_id, str(row["raft"]), str(row["client"]))
+        elif node_id in configured:
+            members[node_id] = configured[node_id]
+        else:
+            raise MembershipError(f"the addresses of member {node_id} are unknown here")
+    return members
+
+
+def requested_change(session: ClientSession, action: str, args: Any) -> MemberChange:
+    """The change an admin request asks for; MembershipError (the message says why)."""
+    if not isinstance(args, dict) or not isinstance(args.get("node"), str):
+        raise MembershipError("argument 'node' (a node id) is required")
+    node = str(args["node"])
+    if not NODE_ID.match(node):
+        raise MembershipError(f"bad node id {node!r}: letters, digits, '-' and '_' only")
+    members = current_members(session)
+    if action == "member_add":
+        raft, client = args.get("raft_address"), args.get("client_address")
+        if not isinstance(raft, str) or not isinstance(client, str):
+            raise MembershipError("arguments 'raft_address' and 'client_address' are required")
+        check_address(raft, "raft address")
+        check_address(client, "client address")
+        if node in members:
+            raise MembershipError(f"{node} is already a member")
+        for member in members.values():
+            for address in (raft, client):
+                if address in (member.raft, member.client):
+                    raise MembershipError(f"{member.id} already uses {address}")
+        after = (*members.values(), Member(node, raft, client))
+        change = MemberChange("add", node, raft, tuple(sorted(after)))
+    else:
+        if node not in members:
+            raise MembershipError(f"{node} is not a member (members: {', '.join(sorted(members))})")
+        if len(members) == 1:
+            raise MembershipError(f"{node} is the last member: a cluster cannot remove it")
+        after = tuple(sorted(m for m in members.values() if m.id != node))
+        change = MemberChange("remove", node, members[node].raft, after)
+    check_members(change.members)
+    return change
+
+
+def refused(message: str, unavailable: bool = False, leader: str | None = None) -> dict[str, Any]:
+    """The result of a change that was not made (a result, not an error frame: clients retry
+    `unavailable` errors on their own until they time out, and the caller must hear why at
+    once); `unavailable`: it may succeed later unchanged."""
+    result: dict[str, Any] = {"changed": False, "refused": message, "unavailable": unavailable}
+    if leader is not None:
+        result["leader"] = leader
+    return result
+
+
+def handle_member_admin(session: ClientSession, request_id: int, action: str, args: Any) -> None:
+    """Answer a `member_add` / `member_remove` admin request (loop thread)."""
+    replica = session.server.replica
+
+    def reply(result: dict[str, Any]) -> None:
+        session.send(protocol.result(request_id, result))
+
+    try:
+        change = requested_change(session, action, args)
+    except MembershipError as err:
+        reply(refused(str(err)))
+        return
+    if replica.role() != "leader":
+        leader = replica.leader_id()
+        if leader is None:
+            reply(refused("no leader: the cluster has no quorum", unavailable=True))
+        else:
+            reply(refused(f"this node is not the leader ({leader} is)", True, leader))
+        return
+    if change.op == "remove" and change.node == session.server.node_id:
+        replica.transfer_leadership()
+        message = (
+            f"{change.node} leads the cluster and cannot remove itself: it is handing "
+            "leadership to another member now; run the command again in a few seconds"
+        )
+        reply(refused(message, unavailable=True))
+        return
+    _propose(session, request_id, change)
+
+
+def _propose(session: ClientSession, request_id: int, change: MemberChange) -> None:
+    answered = False
+
+    def answer(outcome: Any, refusal: Refusal | None) -> None:
+        nonlocal answered
+        if answered:
+            return
+        answered = True
+        timer.cancel()
+        if refusal is not None:
+            result = refused(refusal.message, refusal.unavailable)
+        elif isinstance(outcome, Error):
+            result = refused(outcome.message)
+        else:
+            log.info("member_changed", op=change.op, node=change.node)
+            members = plain_members(change.members)
+            result = {"changed": True, "op": change.op, "node": change.node, "members": members}
+        session.send(protocol.result(request_id, result))
+
+    def expired() -> None:
+        message = (
+            f"no outcome within {CHANGE_TIMEOUT_S:.0f}s: the change may still be applied; "
+            "check `quorumq member list`"
+        )
+        answer(None, Refusal(message, unavailable=True))
+
+    timer = asyncio.get_running_loop().call_later(CHANGE_TIMEOUT_S, expired)
+    log.info("member_change_proposed", op=change.op, node=change.node)
+    session.server.replica.change_membership(change, answer)
