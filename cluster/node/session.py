@@ -18,6 +18,8 @@ import fifo
 from cluster import protocol
 from cluster.errors import ProtocolError
 from cluster.node.queries import QueryError, run_query
+from fifo import limits as fifo_limits
+from fifo.codec import TAG_BASE
 from fifo.commands import (
     Checkout,
     ConnectionDown,
@@ -51,6 +53,10 @@ HELLO_TIMEOUT_S = 5.0  # an unauthenticated connection must finish its handshake
 HELLO_BYTES_MAX = 8 * 1024  # a hello is a proof and a name: never read 16 MiB before auth
 PENDING_HANDSHAKES_MAX = 64  # unauthenticated connections at once; more are closed at once
 _pending_handshakes = 0
+# the largest client command holds msg_ids_per_command_max ids and a few dozen other items
+COMMAND_ITEMS_MAX = 2 * fifo_limits.msg_ids_per_command_max + 1024
+# queries always answered: "status" says itself whether this node has a leader
+FRESH_QUERIES = frozenset({"status"})
 WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 READ_BYTES = 256 * 1024
 OK_BYTES = fifo.encode(Ok())  # the most frequent reply, encoded once
@@ -100,6 +106,11 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
         consumer = dataclasses.replace(command.consumer, connection=connection)
         return dataclasses.replace(command, consumer=consumer)
     return command
+
+
+def _fifo_tag(tag: int) -> bool:
+    """Commands carry fifo's class tags only (no cbor2 semantic tag: dates, regexes, MIME...)."""
+    return tag >= TAG_BASE
 
 
 def _splice(blob: bytes, command: Any, conn_blob: bytes) -> bytes | None:
@@ -242,7 +253,7 @@ class ClientSession:
     async def _serve(self) -> None:
         # read what has arrived and parse every whole frame in it: pipelined clients send
         # bursts, and one read per burst is much cheaper than two awaits per frame
-        decoder = protocol.FrameDecoder(self.server.frame_bytes_max)
+        decoder = protocol.FrameDecoder(self.server.frame_bytes_max, protocol.FRAME_ITEMS_MAX)
         while not self.closed:
             data = await self.reader.read(READ_BYTES)
             if not data:
@@ -278,7 +289,12 @@ class ClientSession:
             self.error(protocol.BAD_COMMAND, "'cmd' must be bytes (fifo.encode)", request_id)
             return
         try:
+            if len(blob) > protocol.SCAN_BYTES_MIN:  # bound what decoding it costs the loop
+                protocol.check_cost(blob, COMMAND_ITEMS_MAX, _fifo_tag, "command")
             command = decode_command(blob)
+        except ProtocolError as err:
+            self.error(protocol.BAD_COMMAND, err.message, request_id)
+            return
         except Exception as err:
             self.error(protocol.BAD_COMMAND, f"command does not decode: {err}", request_id)
             return
