@@ -47,6 +47,11 @@ CLIENT_OPS: Final = frozenset({HELLO, COMMAND, QUERY, ADMIN})
 QUERIES: Final = ("overview", "queues", "consumers", "messages", "status", "machine", "groups")
 ADMIN_ACTIONS: Final = ("member_add", "member_remove", "machine_upgrade")
 
+# a query arg: answer from this node's state even when it has no leader (the result frame then
+# carries STALE, the reason); without it such a node answers `unavailable` ("no leader/quorum")
+STALE_OK: Final = "stale_ok"
+STALE: Final = "stale"
+
 # error codes
 BAD_FRAME: Final = "bad_frame"
 FRAME_TOO_LARGE: Final = "frame_too_large"
@@ -285,9 +290,13 @@ def query(request_id: int, name: str, args: dict[str, Any] | None = None) -> Mes
     return {"op": QUERY, "id": request_id, "query": name, "args": args or {}}
 
 
-def result(request_id: int, value: Any) -> Message:
-    """Server -> client: the result of a query or admin request (plain CBOR data)."""
-    return {"op": RESULT, "id": request_id, "result": value}
+def result(request_id: int, value: Any, stale: str | None = None) -> Message:
+    """Server -> client: the result of a query or admin request (plain CBOR data); `stale` is
+    why it may be stale, set only on a query that passed STALE_OK to a node without a leader."""
+    frame: Message = {"op": RESULT, "id": request_id, "result": value}
+    if stale is not None:
+        frame[STALE] = stale
+    return frame
 
 
 def admin(request_id: int, action: str, args: dict[str, Any] | None = None) -> Message:

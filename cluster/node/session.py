@@ -302,6 +302,10 @@ class ClientSession:
             name = type(command).__name__
             self.error(protocol.BAD_COMMAND, f"{name} is not a client command", request_id)
             return
+        refusal = self.server.unavailable_reason(for_read=False)
+        if refusal is not None:  # say so now: held, it would only time out (nothing submitted)
+            self.error(protocol.UNAVAILABLE, f"{refusal}; nothing was submitted", request_id)
+            return
         bound = bind_connection(command, self.connection)
         if bound is not command:  # re-encode only what changed (the codec is the hot path)
             blob = self._rebound_blob(blob, command, bound)
@@ -336,6 +340,14 @@ class ClientSession:
         if not isinstance(name, str) or not isinstance(args, dict):
             self.error(protocol.BAD_REQUEST, "'query' must be a string, 'args' a map", request_id)
             return
+        stale = None if name in FRESH_QUERIES else self.server.unavailable_reason(for_read=True)
+        if stale is not None and args.get(protocol.STALE_OK) is not True:
+            message = (
+                f"{stale}: its state may be stale (ask a node of the majority, or pass "
+                f"{protocol.STALE_OK} to read it anyway)"
+            )
+            self.error(protocol.UNAVAILABLE, message, request_id)
+            return
         try:
             value = run_query(self.server.replica, name, args, self.server.status_extra())
         except QueryError as err:
@@ -345,7 +357,7 @@ class ClientSession:
             log.exception("query_failed", query=name)
             self.error(protocol.INTERNAL, f"query {name} failed: {err!r}", request_id)
             return
-        self.send(protocol.result(request_id, value))
+        self.send(protocol.result(request_id, value, stale))
 
     def _admin(self, request_id: int, action: Any, args: Any) -> None:
         if action == "machine_upgrade" and isinstance(args, dict):
