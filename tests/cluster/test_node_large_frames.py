@@ -4,13 +4,16 @@ with its messages checked out, the caller waited for its timeout)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from cluster import protocol
 from cluster.errors import ProtocolError
-from cluster.launcher import LocalCluster, init_cluster
+from cluster.launcher import LocalCluster, init_cluster, start_cluster
 from cluster.node.effects import split_delivery
 from fifo.commands import Checkout, ConsumerId, DeclareQueue, Enqueue, SimplePrefetch
 from fifo.effects import Deliver, Delivery
@@ -58,5 +61,36 @@ def test_a_prefetch_of_large_messages_arrives_whole(tmp_path: Path) -> None:
         assert all(len(m.body) == BODY for m in received)
         publisher.close()
         consumer.close()
+    finally:
+        cluster.stop()
+
+
+def test_the_cli_consumer_on_a_follower_gets_a_prefetch_of_large_messages(tmp_path: Path) -> None:
+    """Acceptance 4 on a 3-node cluster: `quorumq consume --prefetch 100` attached to a follower
+    (whose effect router splits the 30 MB delivery) prints all 100 messages of 300 KB."""
+    data_dir = tmp_path / "D"
+    init_cluster(data_dir, 3)
+    cluster = start_cluster(data_dir, 3)
+    try:
+        follower = cluster.followers()[0]
+        with cluster.client() as client:
+            client.declare_queue("big")
+            with client.publisher("big", window=10) as publisher:
+                for i in range(COUNT):
+                    publisher.publish(b"%05d" % i + b"x" * (BODY - 5))
+                publisher.wait_for_confirms(120)
+        command = [
+            *(sys.executable, "-m", "cluster.cli", "--endpoints", cluster.endpoint(follower)),
+            *("--credentials", str(data_dir / "client.key"), "-o", "jsonl", "consume", "big"),
+            *("--prefetch", str(COUNT), "--count", str(COUNT), "--timeout", "60"),
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+        assert result.returncode == 0, result.stderr[-2000:]
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        assert sorted(int(row["body"][:5]) for row in rows) == list(range(COUNT))
+        assert all(len(row["body"]) == BODY for row in rows)
+        with cluster.client() as client:
+            overview = client.overview("big")
+            assert overview is not None and overview.total == 0  # every one acked
     finally:
         cluster.stop()
