@@ -61,6 +61,17 @@ def test_malformed_frames_get_an_error_and_change_nothing(shared_cluster3: Local
             "bad_command",
         ),
         (cbor2.dumps({"op": "query", "id": 5, "query": "nope", "args": {}}), protocol.BAD_REQUEST),
+        (
+            cbor2.dumps(
+                {
+                    "op": "query",
+                    "id": 6,
+                    "query": "messages",
+                    "args": {"queue": "frames", "limit": 10**9},
+                }
+            ),
+            protocol.BAD_REQUEST,
+        ),
     ]
     for body, code in cases:
         frame = raw_frame(client, body)
