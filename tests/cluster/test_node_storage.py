@@ -151,6 +151,7 @@ def test_damage_is_refused_then_rebuilt_from_peers(cluster: LocalCluster) -> Non
     node = cluster.config.node(second)
     dump = node.data_dir / "raft.dump"
     wait_until(dump.exists, 30, "the snapshot")
+    assert stat.S_IMODE(os.stat(dump).st_mode) == 0o600  # the snapshot is private too
     stop_node(node, grace_s=5)
     dump.write_bytes(dump.read_bytes()[: dump.stat().st_size // 2])
     _start_refused(cluster, second, dump)
@@ -171,7 +172,7 @@ def test_damage_is_refused_then_rebuilt_from_peers(cluster: LocalCluster) -> Non
     for node_id in cluster.config.node_ids():
         node_dir = cluster.config.node(node_id).data_dir
         assert stat.S_IMODE(os.stat(node_dir).st_mode) == 0o700
-        for name in ("raft.journal", "raft.journal.meta", "node.log", "stderr.log"):
+        for name in ("raft.journal", "raft.journal.meta", "node.log", "stdout.log", "stderr.log"):
             assert stat.S_IMODE(os.stat(node_dir / name).st_mode) == 0o600, (node_id, name)
 
 
