@@ -158,6 +158,17 @@ def test_damage_is_refused_then_rebuilt_from_peers(cluster: LocalCluster) -> Non
     _recover(cluster, second)
     _converged(cluster, {"a": MESSAGES, "b": 40})
 
+    # 2b. one byte changed in the middle of a whole snapshot
+    client = _raw(cluster, second)
+    client.admin("snapshot")
+    client.close()
+    wait_until(dump.exists, 30, "the snapshot")
+    stop_node(node, grace_s=5)
+    _flip(dump, dump.stat().st_size // 2)
+    _start_refused(cluster, second, dump)
+    _recover(cluster, second)
+    _converged(cluster, {"a": MESSAGES, "b": 40})
+
     # 3. a corrupt meta on the (old) leader: its term and vote are never reset silently
     node = cluster.config.node(leader)
     stop_node(node, grace_s=5)
