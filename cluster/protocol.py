@@ -4,7 +4,10 @@ Frame: a 4-byte big-endian length N (1 <= N <= frame_bytes_max) then N bytes of 
 a map with an "op" key. Sequence: server sends `challenge`, client answers `hello` with
 HMAC-SHA256(client_key, nonce), server answers `welcome` or an `auth_failed` error and closes.
 Then `command` / `query` / `admin` requests (pipelined, matched by "id") and `effect` pushes.
-Commands inside frames are `fifo.encode` bytes; this module never decodes them.
+Commands inside frames are `fifo.encode` bytes; this module never decodes them. A node without a
+reachable leader answers queries (but "status") and, after a while, commands with an
+`unavailable` error whose message starts with "no leader/quorum"; a query with the STALE_OK arg is
+answered anyway, its result frame carrying STALE (why it may be stale).
 """
 
 from __future__ import annotations
