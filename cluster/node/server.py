@@ -134,9 +134,8 @@ class NodeServer:
         """Why this node cannot count on a leader right now (None when it can): it has none,
         lost its connection to it, or leads without a majority connected (pysyncobj steps such a
         leader down only after its fallback timeout)."""
-        reason = self.replica.stopped_reason
-        if reason is not None:
-            return f"this node stopped applying ({reason})"
+        if self.replica.stopped_reason is not None:
+            return "this node stopped applying"
         leader = self.replica.leader_id()
         if leader is None:
             return "an election is under way or this node is cut off from the majority"
@@ -171,6 +170,9 @@ class NodeServer:
         problem = self._leader_problem()
         if problem is None:
             return None
+        stopped = self.replica.stopped_reason
+        if stopped is not None:  # older code than the log needs: it will not catch up
+            return f"{self.node_id} stopped applying the log: {stopped}"
         return f"{NO_LEADER} on {self.node_id}: {problem}"
 
     # --- what the replica hands over (loop thread) ------------------------------------------
