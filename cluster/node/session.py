@@ -17,6 +17,7 @@ import structlog
 import fifo
 from cluster import protocol
 from cluster.errors import ProtocolError
+from cluster.node.effects import EFFECT_BYTES_MAX
 from cluster.node.queries import QueryError, run_query
 from fifo import limits as fifo_limits
 from fifo.codec import TAG_BASE
@@ -55,6 +56,9 @@ PENDING_HANDSHAKES_MAX = 64  # unauthenticated connections at once; more are clo
 _pending_handshakes = 0
 # the largest client command holds msg_ids_per_command_max ids and a few dozen other items
 COMMAND_ITEMS_MAX = 2 * fifo_limits.msg_ids_per_command_max + 1024
+# a body that fits a publish frame must fit a delivery or dequeue frame too, where up to
+# annotations_per_message_max annotations (about 17 KiB) may have been added (modify, dead-letter)
+PUBLISH_BODY_BYTES_MAX = EFFECT_BYTES_MAX
 # queries always answered: "status" says itself whether this node has a leader
 FRESH_QUERIES = frozenset({"status"})
 WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
@@ -301,6 +305,13 @@ class ClientSession:
         if not isinstance(command, CLIENT_COMMANDS):
             name = type(command).__name__
             self.error(protocol.BAD_COMMAND, f"{name} is not a client command", request_id)
+            return
+        if isinstance(command, Enqueue) and len(command.body) > PUBLISH_BODY_BYTES_MAX:
+            message = (
+                f"a body of {len(command.body)} bytes: at most {PUBLISH_BODY_BYTES_MAX} (its "
+                "delivery must fit in one frame with the message's fields and annotations)"
+            )
+            self.error(protocol.BAD_COMMAND, message, request_id)
             return
         refusal = self.server.unavailable_reason(for_read=False)
         if refusal is not None:  # say so now: held, it would only time out (nothing submitted)
