@@ -27,8 +27,8 @@ from cluster.errors import ProtocolError
 FRAME_BYTES_MAX_DEFAULT: Final = 16 * 1024 * 1024
 # what decoding costs is the number of CBOR items, not bytes (a 16 MiB byte string decodes in
 # about 3 ms, a 16 MiB array of zeros in 0.6 s): a body above SCAN_BYTES_MIN is first walked
-# without building anything, and refused past its item budget (a body below it decodes in ~1 ms)
-SCAN_BYTES_MIN: Final = 64 * 1024
+# without building anything, and refused past its item budget (one below it decodes in < 1 ms)
+SCAN_BYTES_MIN: Final = 16 * 1024
 FRAME_ITEMS_MAX: Final = 1024  # a request frame is a map of a few keys; bulk data is one string
 CBOR_DEPTH_MAX: Final = 64
 HEADER = struct.Struct(">I")

@@ -54,8 +54,12 @@ HELLO_TIMEOUT_S = 5.0  # an unauthenticated connection must finish its handshake
 HELLO_BYTES_MAX = 8 * 1024  # a hello is a proof and a name: never read 16 MiB before auth
 PENDING_HANDSHAKES_MAX = 64  # unauthenticated connections at once; more are closed at once
 _pending_handshakes = 0
-# the largest client command holds msg_ids_per_command_max ids and a few dozen other items
-COMMAND_ITEMS_MAX = 2 * fifo_limits.msg_ids_per_command_max + 1024
+# fifo's decoder builds a command's nested values in Python (about 0.5 us per CBOR item): a blob
+# over COMMAND_SCAN_BYTES_MIN is walked first and refused past COMMAND_ITEMS_MAX items; the
+# largest client command holds msg_ids_per_command_max ids and about a hundred other items
+COMMAND_SCAN_BYTES_MIN = 4 * 1024
+COMMAND_ITEMS_MAX = fifo_limits.msg_ids_per_command_max + 512
+CBOR_MAJOR_TAG = 6
 # a body that fits a publish frame must fit a delivery or dequeue frame too, where up to
 # annotations_per_message_max annotations (about 17 KiB) may have been added (modify, dead-letter)
 PUBLISH_BODY_BYTES_MAX = EFFECT_BYTES_MAX
@@ -293,7 +297,9 @@ class ClientSession:
             self.error(protocol.BAD_COMMAND, "'cmd' must be bytes (fifo.encode)", request_id)
             return
         try:
-            if len(blob) > protocol.SCAN_BYTES_MIN:  # bound what decoding it costs the loop
+            if not blob or blob[0] >> 5 != CBOR_MAJOR_TAG:  # a list of commands decodes slowly
+                raise ProtocolError(protocol.BAD_COMMAND, "a command is one tagged fifo command")
+            if len(blob) > COMMAND_SCAN_BYTES_MIN:  # bound what decoding it costs the loop
                 protocol.check_cost(blob, COMMAND_ITEMS_MAX, _fifo_tag, "command")
             command = decode_command(blob)
         except ProtocolError as err:

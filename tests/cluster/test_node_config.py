@@ -115,7 +115,7 @@ def test_cost_check_refuses_many_items_tags_and_deep_nesting() -> None:
 
 def test_frame_decoder_with_an_item_budget_refuses_a_costly_frame_in_place() -> None:
     """Over SCAN_BYTES_MIN, a frame with more items than the budget is a bad_frame (parsing goes
-    on); a frame of the same size holding one byte string passes; small frames are not walked."""
+    on); a larger frame holding one byte string passes; small frames are not walked."""
     costly = protocol.HEADER.pack(0) + cbor2.dumps({"op": "query", "x": [0] * 70_000})
     costly = protocol.HEADER.pack(len(costly) - 4) + costly[4:]
     bulky = protocol.encode_frame({"op": "command", "id": 1, "cmd": b"x" * 100_000})
