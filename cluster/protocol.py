@@ -93,7 +93,7 @@ def check_length(length: int, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) ->
         )
 
 
-def decode_body(body: bytes) -> Message:
+def decode_body(body: bytes | bytearray | memoryview) -> Message:
     """Decode a frame body: CBOR of a map with a string "op"; ProtocolError(bad_frame) otherwise."""
     try:
         message = cbor2.loads(body)
@@ -211,8 +211,9 @@ class FrameDecoder:
             end = offset + HEADER.size + length
             if len(buffer) < end:
                 break
+            with memoryview(buffer) as view:  # one copy of the body, not two
+                body = bytes(view[offset + HEADER.size : end])
             try:
-                body = bytes(buffer[offset + HEADER.size : end])
                 if self.items_max is not None and length > SCAN_BYTES_MIN:
                     check_cost(body, self.items_max)
                 out.append(decode_body(body))
