@@ -116,7 +116,12 @@ def check_cost(
     are more than `items_max`, nesting deeper than CBOR_DEPTH_MAX, an indefinite length or a tag
     `tag_allowed` refuses. Strings are skipped by their length, so the walk costs at most
     `items_max` steps (about 0.3 us each) whatever the size."""
-    data = memoryview(body)
+    with memoryview(body) as data:  # released even on refusal: the buffer may be resized
+        _walk(data, items_max, tag_allowed, what)
+
+
+def _walk(data: memoryview, items_max: int, tag_allowed: Callable[[int], bool], what: str) -> None:
+    """check_cost's walk over a view of the body."""
     end, position, items = len(data), 0, 0
     remaining = [1]  # items still to read at each open level
     while remaining:
@@ -211,17 +216,21 @@ class FrameDecoder:
             end = offset + HEADER.size + length
             if len(buffer) < end:
                 break
-            with memoryview(buffer) as view:  # one copy of the body, not two
-                body = bytes(view[offset + HEADER.size : end])
             try:
-                if self.items_max is not None and length > SCAN_BYTES_MIN:
-                    check_cost(body, self.items_max)
-                out.append(decode_body(body))
+                out.append(decode_body(self._body(offset + HEADER.size, end)))
             except ProtocolError as err:
                 out.append(err)
             offset = end
         del self._buffer[:offset]
         return out
+
+    def _body(self, start: int, end: int) -> bytes:
+        """The body at [start, end) of the buffer, checked against the item budget before it is
+        copied (one copy: a refused 16 MiB frame is never copied)."""
+        with memoryview(self._buffer) as view, view[start:end] as body:
+            if self.items_max is not None and end - start > SCAN_BYTES_MIN:
+                check_cost(body, self.items_max)
+            return bytes(body)
 
 
 def recv_frame(sock: socket.socket, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> Message:

@@ -7,8 +7,9 @@ and records each round trip; an authenticated attacker sends one 16 MiB frame at
 - `command_items`: a command frame whose `cmd` blob is a 16 MiB CBOR array of zeros;
 - `publish_bytes`: a legitimate publish of a 15 MiB body (one byte string), for comparison.
 
-The stall of an attack is the longest pinger round trip from the moment the frame is sent until
-it is answered; the baseline is the longest round trip over the same time with no attack.
+The stall of an attack is the longest round trip of the pinger (a process of its own) from the
+moment the frame is sent until it is answered; the baseline is the longest round trip over 2 s
+with no attack.
 Prints JSON. Example: `python scripts/bench_loop_stall.py --reps 3`.
 """
 
@@ -16,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,25 +37,23 @@ from fifo.commands import DeclareQueue, Enqueue
 FRAME_BYTES = protocol.FRAME_BYTES_MAX_DEFAULT - 64  # room for the frame map around the payload
 
 
-class Pinger(threading.Thread):
-    """Small queries back to back; (sent_at, round_trip_s) of each."""
+def ping(address: str, key: bytes, stop: Any, out: Any) -> None:
+    """Child process: small queries back to back until `stop` is set; sends (sent_at, rtt_s)
+    pairs (CLOCK_MONOTONIC, comparable across processes) through `out`. A process of its own,
+    so the attacker's work never delays the pings."""
+    client = RawClient(address, key, "pinger")
+    samples: list[tuple[float, float]] = []
+    while not stop.is_set():
+        sent = time.monotonic()
+        client.query("queues")
+        samples.append((sent, time.monotonic() - sent))
+    client.close()
+    out.send(samples)
 
-    def __init__(self, client: RawClient) -> None:
-        super().__init__(daemon=True)
-        self.client = client
-        self.samples: list[tuple[float, float]] = []
-        self.done = threading.Event()
 
-    def run(self) -> None:
-        while not self.done.is_set():
-            sent = time.monotonic()
-            self.client.query("queues")
-            self.samples.append((sent, time.monotonic() - sent))
-
-    def worst_s(self, start: float, end: float) -> float:
-        """The longest round trip that overlapped [start, end]."""
-        rtts = [rtt for sent, rtt in self.samples if sent <= end and sent + rtt >= start]
-        return max(rtts, default=0.0)
+def worst_s(samples: list[tuple[float, float]], start: float, end: float) -> float:
+    """The longest round trip that overlapped [start, end]."""
+    return max((rtt for sent, rtt in samples if sent <= end and sent + rtt >= start), default=0.0)
 
 
 def zeros(size: int) -> bytes:
@@ -76,23 +75,26 @@ ATTACKS: dict[str, Callable[[int], dict[str, Any]]] = {
 }
 
 
-def attack(address: str, key: bytes, pinger: Pinger, name: str) -> dict[str, Any]:
-    """Send one frame of attack `name`; the stall it caused and how it was answered."""
+def attack(address: str, key: bytes, frame: bytes) -> tuple[float, float, str]:
+    """Send one attack frame; (sent_at, answered_at, what answered it)."""
     attacker = RawClient(address, key, "attacker", timeout_s=60)
-    frame = protocol.encode_frame(ATTACKS[name](1))
     try:
         start = time.monotonic()
         attacker.sock.sendall(frame)
-        answer = attacker.wait_for(1)
+        answer = _answer(attacker)
         end = time.monotonic()
     finally:
         attacker.close()
     time.sleep(0.3)  # let the round trip in flight at the end finish
-    return {
-        "stall_ms": round(pinger.worst_s(start, end) * 1000, 1),
-        "answered_in_ms": round((end - start) * 1000, 1),
-        "answer": answer.get("code", answer["op"]),
-    }
+    return start, end, str(answer.get("code", answer["op"]))
+
+
+def _answer(client: RawClient) -> dict[str, Any]:
+    """The frame answering request 1, or an error frame (a frame refused unread has no id)."""
+    while True:
+        frame = protocol.recv_frame(client.sock)
+        if frame.get("id") == 1 or frame["op"] == protocol.ERROR:
+            return frame
 
 
 def main() -> None:
@@ -100,7 +102,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=3, help="Frames of each kind.")
     args = parser.parse_args()
-    results: dict[str, Any] = {}
+    frames = {name: protocol.encode_frame(make(1)) for name, make in ATTACKS.items()}
+    windows: dict[str, list[tuple[float, float, str]]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="qq-bench-stall-") as tmp,
         local_cluster(Path(tmp) / "D", 1) as cluster,
@@ -108,26 +111,33 @@ def main() -> None:
         address, key = cluster.endpoint("n1"), cluster.key
         setup = RawClient(address, key, "setup")
         setup.command(DeclareQueue("stall"))
-        pinger = Pinger(RawClient(address, key, "pinger"))
+        stop = multiprocessing.Event()
+        receive, send = multiprocessing.Pipe(duplex=False)
+        pinger = multiprocessing.Process(target=ping, args=(address, key, stop, send))
         pinger.start()
         time.sleep(1.0)
-        quiet_start = time.monotonic()
+        quiet = (time.monotonic(), time.monotonic() + 2.0)
         time.sleep(2.0)
-        results["baseline"] = {
-            "worst_rtt_ms": round(pinger.worst_s(quiet_start, time.monotonic()) * 1000, 1),
-            "p50_rtt_ms": round(statistics.median(r for _s, r in pinger.samples) * 1000, 2),
-        }
-        for name in ATTACKS:
-            runs = [attack(address, key, pinger, name) for _ in range(args.reps)]
-            results[name] = {
-                "stall_ms_max": max(r["stall_ms"] for r in runs),
-                "stall_ms": [r["stall_ms"] for r in runs],
-                "answered_in_ms": [r["answered_in_ms"] for r in runs],
-                "answer": sorted({str(r["answer"]) for r in runs}),
-            }
-        pinger.done.set()
+        for name, frame in frames.items():
+            windows[name] = [attack(address, key, frame) for _ in range(args.reps)]
+        stop.set()
+        samples: list[tuple[float, float]] = receive.recv()
         pinger.join(10)
         setup.close()
+    results: dict[str, Any] = {
+        "baseline": {
+            "worst_rtt_ms": round(worst_s(samples, *quiet) * 1000, 1),
+            "p50_rtt_ms": round(statistics.median(r for _s, r in samples) * 1000, 2),
+        }
+    }
+    for name, runs in windows.items():
+        stalls = [round(worst_s(samples, start, end) * 1000, 1) for start, end, _ in runs]
+        results[name] = {
+            "stall_ms_max": max(stalls),
+            "stall_ms": stalls,
+            "answered_in_ms": [round((end - start) * 1000, 1) for start, end, _ in runs],
+            "answer": sorted({answer for _, _, answer in runs}),
+        }
     json.dump(results, sys.stdout, indent=2)
     print()
 
