@@ -13,6 +13,7 @@ import click
 import structlog
 
 from cluster import config as cluster_config
+from cluster import protocol
 from cluster.cli.exits import (
     CANT_CREATE,
     CONFIG,
@@ -112,6 +113,32 @@ def _override(field: str) -> Callable[[click.Context, click.Parameter, Any], Any
         return value
 
     return callback
+
+
+def stale_ok_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """`--stale-ok`: read a node's state even when it has no leader (a warning on stderr)."""
+    return click.option(
+        "--stale-ok",
+        is_flag=True,
+        help="Print the connected node's state even when it has no leader/quorum (it may be "
+        "stale; a warning on stderr names the node and why). Without it such a node answers "
+        "`unavailable` and the client asks another node; when none has a leader: exit 69.",
+    )(func)
+
+
+def read_query(
+    client: Client, name: str, args: dict[str, Any] | None = None, stale_ok: bool = False
+) -> Any:
+    """The result of query `name`; with `stale_ok`, a node without a leader answers anyway and
+    the reason its answer may be stale is printed to stderr."""
+    query_args = dict(args or {})
+    if stale_ok:
+        query_args[protocol.STALE_OK] = True
+    answer = client.call(protocol.query(0, name, query_args))
+    stale = answer.get(protocol.STALE)
+    if stale:
+        click.echo(f"warning: this answer may be stale: {stale}", err=True)
+    return answer.get("result")
 
 
 def output_option(func: Callable[..., Any]) -> Callable[..., Any]:

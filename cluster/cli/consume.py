@@ -14,6 +14,10 @@ from cluster.cli.common import connect, connection_options, output_format, trans
 from cluster.cli.exits import USAGE, CliError
 from cluster.cli.queue import validate_queue_name
 from cluster.client import Client, Consumer, LeaderlessBalancer, Message
+from fifo import limits
+
+CONSUME_COUNT_MAX = 1_000_000_000
+IDLE_TIMEOUT_S_MAX = 24 * 3600.0  # larger values overflow the wait (threading.TIMEOUT_MAX)
 
 
 def message_row(message: Message) -> dict[str, object]:
@@ -54,16 +58,17 @@ def message_row(message: Message) -> dict[str, object]:
 )
 @click.option(
     "--count",
-    type=click.IntRange(1, None),
+    type=click.IntRange(1, CONSUME_COUNT_MAX),
     default=None,
-    help="Stop after this many messages (default: until idle for --timeout).",
+    help=f"Stop after this many messages, at most {CONSUME_COUNT_MAX:,} (default: until idle "
+    "for --timeout).",
 )
 @click.option(
     "--prefetch",
-    type=click.IntRange(1, 100_000),
+    type=click.IntRange(1, limits.prefetch_max),
     default=100,
     show_default=True,
-    help="Unsettled messages the consumer may hold.",
+    help=f"Unsettled messages the consumer may hold (at most {limits.prefetch_max:,}).",
 )
 @click.option(
     "--ack/--no-ack",
@@ -71,11 +76,17 @@ def message_row(message: Message) -> dict[str, object]:
     show_default=True,
     help="Settle each message after printing it (--no-ack: as soon as it arrives).",
 )
-@click.option("--priority", type=int, default=0, show_default=True, help="Consumer priority.")
+@click.option(
+    "--priority",
+    type=click.IntRange(-limits.priority_abs_max, limits.priority_abs_max),
+    default=0,
+    show_default=True,
+    help=f"Consumer priority (-{limits.priority_abs_max}..{limits.priority_abs_max}).",
+)
 @click.option(
     "--consumer-timeout",
     "consumer_timeout_ms",
-    type=click.IntRange(1, None),
+    type=click.IntRange(1, limits.timeout_ms_max),
     default=None,
     metavar="MS",
     help="Consumer timeout (default: the queue's).",
@@ -89,10 +100,10 @@ def message_row(message: Message) -> dict[str, object]:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(0, None),
+    type=click.FloatRange(0, IDLE_TIMEOUT_S_MAX),
     default=5.0,
     show_default=True,
-    help="Stop after this many seconds without a message.",
+    help="Stop after this many seconds without a message (at most a day).",
 )
 @connection_options
 @click.pass_context

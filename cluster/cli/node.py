@@ -142,7 +142,8 @@ def restart(
     if node_id not in config.node_ids():
         raise CliError(f"no node {node_id!r} (have {config.node_ids()})", USAGE)
     node = config.node(node_id)
-    _check_startable(data_dir, node_id)  # before stopping anything
+    cap = max_machine_version if max_machine_version is not None else node.max_machine_version
+    _check_startable(data_dir, node_id, cap)  # before stopping anything
     was_running = stop_node(node, grace_s)
     if max_machine_version is not None:
         set_node_cap(data_dir, node_id, max_machine_version)
@@ -164,10 +165,14 @@ def restart(
         emit(ctx, row)
 
 
-def _check_startable(data_dir: Path, node_id: str) -> None:
-    """Refuse (78) before stopping a running node that could not start again."""
+def _check_startable(data_dir: Path, node_id: str, cap: int | None = None) -> None:
+    """Refuse (78) before stopping a running node that could not start again (its secret, its
+    machine-version cap)."""
+    from cluster.node.server import supported_version  # the node's own check (heavy import)
+
     try:
         read_secret(data_dir)
+        supported_version(cap)
     except ConfigError as err:
         raise CliError(
             f"not touching {node_id}: it could not start again ({err}); nothing was stopped",
@@ -240,7 +245,7 @@ def recover(
             f"is held by a healthy member ({'; '.join(why_not)}); bring them back first",
             UNAVAILABLE,
         )
-    _check_startable(data_dir, node_id)
+    _check_startable(data_dir, node_id, node.max_machine_version)
     was_running = stop_node(node, grace_s)
     moved_to = _move_storage_aside(node.data_dir)
     spawn_node(data_dir, node_id)

@@ -12,6 +12,8 @@ from cluster.cli.common import (
     emit,
     output_format,
     plain,
+    read_query,
+    stale_ok_option,
     translate_errors,
     untyped,
 )
@@ -199,27 +201,32 @@ def declare(
 
 
 @queue_group.command("list")
+@stale_ok_option
 @connection_options
 @click.pass_context
 @translate_errors
-def list_queues(ctx: click.Context) -> None:
+def list_queues(ctx: click.Context, stale_ok: bool) -> None:
     """List every queue with its counters.
+
+    A node without a leader answers `unavailable` (its state may be stale): the client asks
+    another node, and exits 69 when none has a leader. `--stale-ok` prints it anyway.
 
     \b
     Example:
       quorumq --data-dir /tmp/qq -o json queue list
     """
     with connect(ctx) as client:
-        rows = _rows(client.query("overview"))
+        rows = _rows(read_query(client, "overview", None, stale_ok))
     emit(ctx, rows, LIST_COLUMNS if output_format(ctx) == "table" else None)
 
 
 @queue_group.command("info")
 @click.argument("name")
+@stale_ok_option
 @connection_options
 @click.pass_context
 @translate_errors
-def info(ctx: click.Context, name: str) -> None:
+def info(ctx: click.Context, name: str, stale_ok: bool) -> None:
     """Show one queue: counters, config and consumers.
 
     \b
@@ -228,7 +235,7 @@ def info(ctx: click.Context, name: str) -> None:
     """
     validate_queue_name(name)
     with connect(ctx) as client:
-        overview = client.query("overview", {"queue": name})
+        overview = read_query(client, "overview", {"queue": name}, stale_ok)
     if not overview:
         raise CliError(f"no queue {name!r}", USAGE)
     emit(ctx, untyped(plain(overview)))

@@ -9,6 +9,10 @@ from typing import Any
 import fifo
 from raft.replica import Replica, ReplicaView
 
+# a query runs on the node's event loop: its size bounds how long it holds every client
+MESSAGES_LIMIT_MAX = 10_000
+GROUPS_LIMIT_MAX = 100_000  # `queue groups --limit` allows as many
+
 
 class QueryError(Exception):
     """Raised for an unknown query or bad arguments; answered with a `bad_request` error."""
@@ -34,6 +38,13 @@ def _queue_arg(args: dict[str, Any]) -> str:
     return queue
 
 
+def _limit_arg(args: dict[str, Any], default: int, maximum: int) -> int:
+    limit = args.get("limit", default)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit <= maximum:
+        raise QueryError(f"argument 'limit' must be an integer in 0..{maximum}")
+    return limit
+
+
 def run_query(replica: Replica, name: str, args: dict[str, Any], extra: dict[str, Any]) -> Any:
     """Answer query `name`; `extra` is merged into the status map (address, pid, ...)."""
     if name == "status":
@@ -54,14 +65,10 @@ def _answer(view: ReplicaView, name: str, args: dict[str, Any], supported: int) 
         queues = [_queue_arg(args)] if "queue" in args else list(fifo.list_queues(state))
         return {queue: plain(fifo.consumers(state, queue)) for queue in queues}
     if name == "messages":
-        limit = args.get("limit", 100)
-        if not isinstance(limit, int) or limit < 0:
-            raise QueryError("argument 'limit' must be a non-negative integer")
+        limit = _limit_arg(args, 100, MESSAGES_LIMIT_MAX)
         return plain(fifo.messages(state, _queue_arg(args), limit))
     if name == "groups":  # machine v3 message groups
-        limit = args.get("limit", 1000)
-        if not isinstance(limit, int) or limit < 0:
-            raise QueryError("argument 'limit' must be a non-negative integer")
+        limit = _limit_arg(args, 1000, GROUPS_LIMIT_MAX)
         return plain(fifo.groups(state, _queue_arg(args), limit))
     if name == "consumer_groups":  # machine v3 consumer groups
         return plain(fifo.consumer_groups(state))

@@ -48,6 +48,10 @@ STATUS_PERIOD_S = 2.0
 RAFT_BIND_TIMEOUT_S = 10.0
 GIL_SWITCH_INTERVAL_S = 0.001
 CONNECTION_DOWN_RESUBMIT_S = 2.0
+# a node with no reachable leader for this long "knows" there is none: it answers commands and
+# data queries with `unavailable` at once instead of holding them (an election takes less)
+LEADERLESS_REFUSE_AFTER_S = 2.0
+NO_LEADER = "no leader/quorum"  # starts every such message (clients and operators grep for it)
 
 
 class NodeServer:
@@ -79,6 +83,8 @@ class NodeServer:
         self._down_submitted: dict[int, float] = {}  # connection number -> last submit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: set[ClientSession] = set()
+        self._leaderless_since: float | None = time.monotonic()  # None while a leader is reachable
+        self._had_leader = False  # this incarnation has seen a reachable leader
         self.exit_code = EX_OK
         self.settings = RaftSettings(
             node_id=node.id,
@@ -122,6 +128,53 @@ class NodeServer:
         if self.refused_reason is not None:
             extra["reason"] = self.refused_reason
         return extra
+
+    # --- availability: can this node vouch for its state? -----------------------------------
+
+    def _leader_problem(self) -> str | None:
+        """Why this node cannot count on a leader right now (None when it can): it has none,
+        lost its connection to it, or leads without a majority connected (pysyncobj steps such a
+        leader down only after its fallback timeout)."""
+        if self.replica.stopped_reason is not None:
+            return "this node stopped applying"
+        leader = self.replica.leader_id()
+        if leader is None:
+            return "an election is under way or this node is cut off from the majority"
+        if leader == self.node_id:
+            if not self.replica.status(with_digest=False).get("has_quorum", False):
+                return "this leader is connected to fewer than a majority of the cluster"
+        elif not self.replica.peer_connected(leader):
+            return f"this node lost its connection to the leader {leader}"
+        return None
+
+    def _track_leader(self) -> None:
+        """Loop thread, every timer period: note since when no leader has been reachable."""
+        if self._leader_problem() is None:
+            self._leaderless_since = None
+            self._had_leader = True
+        elif self._leaderless_since is None:
+            self._leaderless_since = time.monotonic()
+
+    def unavailable_reason(self, for_read: bool) -> str | None:
+        """Why this node refuses a command (`for_read` False) or a data query now, or None.
+
+        Commands: only once no leader was reachable for LEADERLESS_REFUSE_AFTER_S (before that
+        pysyncobj holds them until an election ends). Reads: at once when a leader was reachable
+        before (this state may now be behind the majority's), else after the same delay (a node
+        just started serves its journal's state only once it knows a leader)."""
+        since = self._leaderless_since
+        if since is None:
+            return None
+        waited = time.monotonic() - since >= LEADERLESS_REFUSE_AFTER_S
+        if not waited and not (for_read and self._had_leader):
+            return None
+        problem = self._leader_problem()
+        if problem is None:
+            return None
+        stopped = self.replica.stopped_reason
+        if stopped is not None:  # older code than the log needs: it will not catch up
+            return f"{self.node_id} stopped applying the log: {stopped}"
+        return f"{NO_LEADER} on {self.node_id}: {problem}"
 
     # --- what the replica hands over (loop thread) ------------------------------------------
 
@@ -208,6 +261,7 @@ class NodeServer:
                 stop.set()
                 return
             try:
+                self._track_leader()
                 self.timers.tick()
                 self.replica.sweep()
                 self._reconcile_connections()

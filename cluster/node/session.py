@@ -17,8 +17,11 @@ import structlog
 import fifo
 from cluster import protocol
 from cluster.errors import ProtocolError
+from cluster.node.effects import EFFECT_BYTES_MAX
 from cluster.node.membership import handle_member_admin
 from cluster.node.queries import QueryError, run_query
+from fifo import limits as fifo_limits
+from fifo.codec import TAG_BASE
 from fifo.commands import (
     Checkout,
     ConnectionDown,
@@ -52,6 +55,17 @@ HELLO_TIMEOUT_S = 5.0  # an unauthenticated connection must finish its handshake
 HELLO_BYTES_MAX = 8 * 1024  # a hello is a proof and a name: never read 16 MiB before auth
 PENDING_HANDSHAKES_MAX = 64  # unauthenticated connections at once; more are closed at once
 _pending_handshakes = 0
+# fifo's decoder builds a command's nested values in Python (about 0.5 us per CBOR item): a blob
+# over COMMAND_SCAN_BYTES_MIN is walked first and refused past COMMAND_ITEMS_MAX items; the
+# largest client command holds msg_ids_per_command_max ids and about a hundred other items
+COMMAND_SCAN_BYTES_MIN = 4 * 1024
+COMMAND_ITEMS_MAX = fifo_limits.msg_ids_per_command_max + 512
+CBOR_MAJOR_TAG = 6
+# a body that fits a publish frame must fit a delivery or dequeue frame too, where up to
+# annotations_per_message_max annotations (about 17 KiB) may have been added (modify, dead-letter)
+PUBLISH_BODY_BYTES_MAX = EFFECT_BYTES_MAX
+# queries always answered: "status" says itself whether this node has a leader
+FRESH_QUERIES = frozenset({"status"})
 WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 READ_BYTES = 256 * 1024
 OK_BYTES = fifo.encode(Ok())  # the most frequent reply, encoded once
@@ -101,6 +115,11 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
         consumer = dataclasses.replace(command.consumer, connection=connection)
         return dataclasses.replace(command, consumer=consumer)
     return command
+
+
+def _fifo_tag(tag: int) -> bool:
+    """Commands carry fifo's class tags only (no cbor2 semantic tag: dates, regexes, MIME...)."""
+    return tag >= TAG_BASE
 
 
 def _splice(blob: bytes, command: Any, conn_blob: bytes) -> bytes | None:
@@ -243,7 +262,7 @@ class ClientSession:
     async def _serve(self) -> None:
         # read what has arrived and parse every whole frame in it: pipelined clients send
         # bursts, and one read per burst is much cheaper than two awaits per frame
-        decoder = protocol.FrameDecoder(self.server.frame_bytes_max)
+        decoder = protocol.FrameDecoder(self.server.frame_bytes_max, protocol.FRAME_ITEMS_MAX)
         while not self.closed:
             data = await self.reader.read(READ_BYTES)
             if not data:
@@ -279,13 +298,31 @@ class ClientSession:
             self.error(protocol.BAD_COMMAND, "'cmd' must be bytes (fifo.encode)", request_id)
             return
         try:
+            if not blob or blob[0] >> 5 != CBOR_MAJOR_TAG:  # a list of commands decodes slowly
+                raise ProtocolError(protocol.BAD_COMMAND, "a command is one tagged fifo command")
+            if len(blob) > COMMAND_SCAN_BYTES_MIN:  # bound what decoding it costs the loop
+                protocol.check_cost(blob, COMMAND_ITEMS_MAX, _fifo_tag, "command")
             command = decode_command(blob)
+        except ProtocolError as err:
+            self.error(protocol.BAD_COMMAND, err.message, request_id)
+            return
         except Exception as err:
             self.error(protocol.BAD_COMMAND, f"command does not decode: {err}", request_id)
             return
         if not isinstance(command, CLIENT_COMMANDS):
             name = type(command).__name__
             self.error(protocol.BAD_COMMAND, f"{name} is not a client command", request_id)
+            return
+        if isinstance(command, Enqueue) and len(command.body) > PUBLISH_BODY_BYTES_MAX:
+            message = (
+                f"a body of {len(command.body)} bytes: at most {PUBLISH_BODY_BYTES_MAX} (its "
+                "delivery must fit in one frame with the message's fields and annotations)"
+            )
+            self.error(protocol.BAD_COMMAND, message, request_id)
+            return
+        refusal = self.server.unavailable_reason(for_read=False)
+        if refusal is not None:  # say so now: held, it would only time out (nothing submitted)
+            self.error(protocol.UNAVAILABLE, f"{refusal}; nothing was submitted", request_id)
             return
         bound = bind_connection(command, self.connection)
         if bound is not command:  # re-encode only what changed (the codec is the hot path)
@@ -321,6 +358,14 @@ class ClientSession:
         if not isinstance(name, str) or not isinstance(args, dict):
             self.error(protocol.BAD_REQUEST, "'query' must be a string, 'args' a map", request_id)
             return
+        stale = None if name in FRESH_QUERIES else self.server.unavailable_reason(for_read=True)
+        if stale is not None and args.get(protocol.STALE_OK) is not True:
+            message = (
+                f"{stale}: its state may be stale (ask a node of the majority, or pass "
+                f"{protocol.STALE_OK} to read it anyway)"
+            )
+            self.error(protocol.UNAVAILABLE, message, request_id)
+            return
         try:
             value = run_query(self.server.replica, name, args, self.server.status_extra())
         except QueryError as err:
@@ -330,7 +375,7 @@ class ClientSession:
             log.exception("query_failed", query=name)
             self.error(protocol.INTERNAL, f"query {name} failed: {err!r}", request_id)
             return
-        self.send(protocol.result(request_id, value))
+        self.send(protocol.result(request_id, value, stale))
 
     def _admin(self, request_id: int, action: Any, args: Any) -> None:
         if action == "machine_upgrade" and isinstance(args, dict):

@@ -93,3 +93,35 @@ def test_frame_decoder_stops_at_an_oversized_length() -> None:
     items = decoder.feed(b"\x00\x00\x10\x00" + protocol.encode_frame({"op": "x"}))
     assert len(items) == 1 and isinstance(items[0], ProtocolError)
     assert items[0].code == protocol.FRAME_TOO_LARGE
+
+
+def test_cost_check_refuses_many_items_tags_and_deep_nesting() -> None:
+    """The pre-decode walk counts CBOR items (strings are one item, whatever their size)."""
+    protocol.check_cost(cbor2.dumps({"op": "command", "id": 1, "cmd": b"x" * 1_000_000}), 8)
+    protocol.check_cost(cbor2.dumps([0] * 100), 101)
+    cases = {
+        "items": (cbor2.dumps([0] * 101), "more than 101 CBOR items"),
+        "tag": (cbor2.dumps([cbor2.CBORTag(30, [1, 3])]), "CBOR tag 30"),
+        "depth": (b"\x81" * 70 + b"\x00", "nests deeper"),
+        "indefinite": (b"\x9f\x00\xff", "indefinite"),
+    }
+    for name, (body, expected) in cases.items():
+        with pytest.raises(ProtocolError) as info:
+            protocol.check_cost(body, 101)
+        assert info.value.code == protocol.BAD_FRAME, name
+        assert expected in info.value.message, (name, info.value.message)
+    protocol.check_cost(cbor2.dumps(cbor2.CBORTag(71_000, [1])), 8, lambda tag: tag >= 71_000)
+
+
+def test_frame_decoder_with_an_item_budget_refuses_a_costly_frame_in_place() -> None:
+    """Over SCAN_BYTES_MIN, a frame with more items than the budget is a bad_frame (parsing goes
+    on); a larger frame holding one byte string passes; small frames are not walked."""
+    costly = protocol.HEADER.pack(0) + cbor2.dumps({"op": "query", "x": [0] * 70_000})
+    costly = protocol.HEADER.pack(len(costly) - 4) + costly[4:]
+    bulky = protocol.encode_frame({"op": "command", "id": 1, "cmd": b"x" * 100_000})
+    small = protocol.encode_frame({"op": "query", "id": 2, "args": {"ids": list(range(2000))}})
+    decoder = protocol.FrameDecoder(items_max=protocol.FRAME_ITEMS_MAX)
+    items = decoder.feed(costly + bulky + small)
+    assert isinstance(items[0], ProtocolError) and items[0].code == protocol.BAD_FRAME
+    assert [x["id"] for x in items[1:] if isinstance(x, dict)] == [1, 2]
+    assert len(protocol.FrameDecoder().feed(costly)) == 1  # no budget: decoded as before

@@ -14,6 +14,7 @@ from cluster import protocol
 from cluster.errors import ProtocolError
 from cluster.launcher import LocalCluster
 from cluster.rawclient import RawClient
+from fifo.codec import TAG_BASE
 from fifo.commands import (
     Checkout,
     ConnectionId,
@@ -61,6 +62,17 @@ def test_malformed_frames_get_an_error_and_change_nothing(shared_cluster3: Local
             "bad_command",
         ),
         (cbor2.dumps({"op": "query", "id": 5, "query": "nope", "args": {}}), protocol.BAD_REQUEST),
+        (
+            cbor2.dumps(
+                {
+                    "op": "query",
+                    "id": 6,
+                    "query": "messages",
+                    "args": {"queue": "frames", "limit": 10**9},
+                }
+            ),
+            protocol.BAD_REQUEST,
+        ),
     ]
     for body, code in cases:
         frame = raw_frame(client, body)
@@ -68,6 +80,33 @@ def test_malformed_frames_get_an_error_and_change_nothing(shared_cluster3: Local
         assert frame["message"]
     assert client.query("queues") == ["frames"]  # the connection is still usable
     assert digests(shared_cluster3) == before
+    client.close()
+
+
+def test_frames_too_costly_to_decode_are_refused_before_decoding(
+    shared_cluster3: LocalCluster,
+) -> None:
+    """A frame (over 16 KiB) or a command blob (over 4 KiB) holding more CBOR items than any
+    request needs (a 16 MiB array of zeros took the loop 0.6 s, as a command blob 3.2 s) is
+    refused unread;
+    a publish of a large body (one byte string) goes through; the connection stays usable."""
+    client = shared_cluster3.raw_client("n3")
+    client.command(DeclareQueue("costly"))
+    before = digests(shared_cluster3)
+    many = [0] * 200_000
+    frame = raw_frame(client, cbor2.dumps({"op": "query", "id": 7, "query": "queues", "x": many}))
+    assert frame["op"] == "error" and frame["code"] == protocol.BAD_FRAME, frame
+    assert "CBOR items" in str(frame["message"])
+    blob = cbor2.dumps(cbor2.CBORTag(TAG_BASE, many))  # shaped as a command, costly inside
+    frame = raw_frame(client, cbor2.dumps({"op": "command", "id": 8, "cmd": blob}))
+    assert frame["op"] == "error" and frame["code"] == protocol.BAD_COMMAND, frame
+    assert frame["id"] == 8 and "CBOR items" in str(frame["message"])
+    # a list of things at the top (fifo walks those in Python: 32 KiB of lists took 0.1 s)
+    frame = raw_frame(client, cbor2.dumps({"op": "command", "id": 9, "cmd": cbor2.dumps([[]])}))
+    assert frame["code"] == protocol.BAD_COMMAND and "one tagged" in str(frame["message"])
+    assert digests(shared_cluster3) == before
+    assert client.command(Enqueue("costly", b"x" * 1_000_000)) == Ok()
+    assert client.query("overview", queue="costly")["total"] == 1
     client.close()
 
 

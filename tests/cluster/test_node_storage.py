@@ -151,8 +151,20 @@ def test_damage_is_refused_then_rebuilt_from_peers(cluster: LocalCluster) -> Non
     node = cluster.config.node(second)
     dump = node.data_dir / "raft.dump"
     wait_until(dump.exists, 30, "the snapshot")
+    assert stat.S_IMODE(os.stat(dump).st_mode) == 0o600  # the snapshot is private too
     stop_node(node, grace_s=5)
     dump.write_bytes(dump.read_bytes()[: dump.stat().st_size // 2])
+    _start_refused(cluster, second, dump)
+    _recover(cluster, second)
+    _converged(cluster, {"a": MESSAGES, "b": 40})
+
+    # 2b. one byte changed in the middle of a whole snapshot
+    client = _raw(cluster, second)
+    client.admin("snapshot")
+    client.close()
+    wait_until(dump.exists, 30, "the snapshot")
+    stop_node(node, grace_s=5)
+    _flip(dump, dump.stat().st_size // 2)
     _start_refused(cluster, second, dump)
     _recover(cluster, second)
     _converged(cluster, {"a": MESSAGES, "b": 40})
@@ -171,7 +183,7 @@ def test_damage_is_refused_then_rebuilt_from_peers(cluster: LocalCluster) -> Non
     for node_id in cluster.config.node_ids():
         node_dir = cluster.config.node(node_id).data_dir
         assert stat.S_IMODE(os.stat(node_dir).st_mode) == 0o700
-        for name in ("raft.journal", "raft.journal.meta", "node.log", "stderr.log"):
+        for name in ("raft.journal", "raft.journal.meta", "node.log", "stdout.log", "stderr.log"):
             assert stat.S_IMODE(os.stat(node_dir / name).st_mode) == 0o600, (node_id, name)
 
 
@@ -293,3 +305,43 @@ def test_cluster_status_names_the_node_whose_digest_differs_at_the_same_index() 
     message = digest_divergence(rows)
     assert message is not None and "index 90: n2 differ" in message
     assert digest_divergence([rows[0], rows[2], rows[3], rows[4]]) is None
+
+
+def test_cluster_status_exits_1_naming_a_replica_that_diverged(cluster: LocalCluster) -> None:
+    """A follower whose journal holds a different body under valid checksums (what a bug or a
+    tampering would leave) applies the same index to a different digest: `cluster status` exits
+    1 naming it; `node recover` rebuilds it, and status exits 0 again."""
+    probe = b"divergence-probe-0001"
+    with cluster.client() as client:
+        client.declare_queue("d")
+        with client.publisher("d", window=10) as publisher:
+            publisher.publish(probe)
+            publisher.wait_for_confirms(60)
+    odd = cluster.followers()[0]
+    node = cluster.config.node(odd)
+    stop_node(node, grace_s=5)
+    journal = node.data_dir / "raft.journal"
+    data = bytearray(journal.read_bytes())
+    scan = storage.scan_journal(journal, bytes(data))
+    found = [i for i, (payload, _, _) in enumerate(scan.entries) if probe in payload]
+    assert len(found) == 1
+    payload, index, term = scan.entries[found[0]]
+    offset = scan.offsets[found[0]]
+    record = storage.encode_record(
+        offset, payload.replace(probe, b"divergence-probe-9999"), index, term
+    )
+    data[offset : offset + len(record)] = record
+    journal.write_bytes(bytes(data))
+    spawn_node(cluster.data_dir, odd)
+
+    def diverged() -> subprocess.CompletedProcess[str] | None:
+        result = quorumq("cluster", "status", "--data-dir", str(cluster.data_dir))
+        return result if result.returncode == 1 else None
+
+    result = wait_until(diverged, 60, "cluster status seeing the divergence")
+    assert f"{odd} differ" in result.stderr and "replicas disagree" in result.stderr, result.stderr
+    assert "quorumq node recover ID" in result.stderr
+    _recover(cluster, odd)
+    _converged(cluster, {"d": 1})
+    result = quorumq("cluster", "status", "--data-dir", str(cluster.data_dir))
+    assert result.returncode == 0, result.stderr
