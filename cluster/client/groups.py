@@ -13,6 +13,7 @@ partitions.
 
 from __future__ import annotations
 
+import binascii
 import itertools
 import threading
 import time
@@ -47,11 +48,17 @@ def declare_partitioned_queue(
     return _expect(reply, DeclareOk)
 
 
-def partition_of(key: bytes, partitions: int) -> int:
-    """The partition of a message key: CRC-32 of the bytes (stable across processes, versions
-    and languages; never Python's `hash`) modulo the partition count."""
-    import binascii
-
+def partition_of(key: bytes | str | int, partitions: int) -> int:
+    """The partition a publish to a partitioned queue's base name goes to when its partition
+    key (its message group, `publish(..., group=key)`) is `key`: CRC-32 of the key's UTF-8 bytes
+    (an int as its decimal text) modulo the partition count, as the machine routes it (stable
+    across processes, versions and languages; never Python's `hash`)."""
+    if partitions < 1:
+        raise ValueError("partitions must be at least 1")
+    if isinstance(key, int):
+        key = str(key)
+    if isinstance(key, str):
+        key = key.encode("utf-8", "surrogatepass")
     return binascii.crc32(key) % partitions
 
 

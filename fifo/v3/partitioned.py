@@ -42,7 +42,7 @@ from fifo.commands import (
 from fifo.effects import GroupAssigned, GroupRevoked
 from fifo.replies import CheckoutOk, DeclareOk, Error, JoinGroupOk, Reply
 from fifo.shared import OK, Ctx, invalid
-from fifo.state import Consumer, ConsumerGroup, Membership, Queue, State
+from fifo.state import Consumer, ConsumerGroup, Membership, Queue, Routing, State
 from fifo.v2.machine import QueueMachineV2
 from fifo.v3 import consumer_groups as cg
 
@@ -109,13 +109,15 @@ class ConsumerGroups:
                 return DeclareOk(False)
             return Error("queue_exists", f"partitioned queue {cmd.queue!r} exists with another "
                          "config or partition count")  # fmt: skip
-        if cmd.queue in state.queues or any(name in state.queues for name in names):
+        if cmd.queue in state.queues or any(
+                name in state.queues or name in state.partitioned for name in names):  # fmt: skip
             return Error("queue_exists", f"queue {cmd.queue!r} or one of its partitions exists")
         if len(state.queues) + cmd.partitions > limits.queues_max:
             return Error("unsupported", "queues_max reached")
         for name in names:
             state.queues[name] = Queue(name, cmd.config, ctx.now)
         state.partitioned[cmd.queue] = cmd.partitions
+        state.routing[cmd.queue] = Routing()
         return DeclareOk(True)
 
     # --- membership --------------------------------------------------------------------------
