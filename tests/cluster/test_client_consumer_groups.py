@@ -8,11 +8,16 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+import fifo
 from cluster.client import Client
 from cluster.client.consumer import Message
 from cluster.client.groups import declare_partitioned_queue, join_group, partition_of
 from cluster.launcher import LocalCluster
+from fifo.commands import AnnotatedEnqueue, DeclarePartitionedQueue, QueueConfig
+from fifo.meta import Meta
 
 pytestmark = pytest.mark.cluster
 
@@ -76,3 +81,45 @@ def test_a_handler_member_gets_every_partition_then_shares_them_with_a_second(
         second.leave()
     wait_for(lambda: first.assigned == ["jobs.0", "jobs.1"])
     first.leave()
+
+
+@given(st.text(max_size=30) | st.integers(-(10**9), 10**9), st.integers(1, 16))
+def test_partition_of_agrees_with_the_machine_routing(key: str | int, partitions: int) -> None:
+    """A publish to the base name with group `key` lands where `partition_of(key)` says (str,
+    int and UTF-8 bytes of the same key agree), as the machine routes it."""
+    state = fifo.init_state(3)
+    fifo.apply(Meta(1, 1, 1, 3), DeclarePartitionedQueue("q", QueueConfig(True), partitions), state)
+    fifo.apply(Meta(2, 1, 1, 3), AnnotatedEnqueue("q", b"x", annotations=(("x-group-id", key),)),
+               state)  # fmt: skip
+    landed = [i for i in range(partitions) if state.queues[f"q.{i}"].messages_total]
+    assert landed == [partition_of(key, partitions)]
+    assert partition_of(str(key).encode("utf-8", "surrogatepass"), partitions) == landed[0]
+
+
+def test_publishes_to_the_base_name_are_routed_by_group_and_round_robin(
+    client: Client, cluster3: LocalCluster
+) -> None:
+    """On a real cluster: messages published to the base name with a group go to
+    partition_of(group); without one they spread round robin; a member of the group gets all."""
+    declare_partitioned_queue(client, "routed", 3)
+    got: list[Message] = []
+    lock = threading.Lock()
+
+    def handle(message: Message) -> None:
+        with lock:
+            got.append(message)
+        message.ack()
+
+    member = join_group(client, "readers", "routed", member="only", handler=handle)
+    keys = [f"customer-{i}" for i in range(12)]
+    with client.publisher("routed", window=50) as publisher:
+        for key in keys:
+            publisher.publish(key.encode(), group=key)
+        publisher.publish_many([b"plain-%d" % i for i in range(6)])
+    wait_for(lambda: len(got) == len(keys) + 6)
+    for message in got:
+        if message.body.startswith(b"customer-"):
+            assert message.queue == f"routed.{partition_of(message.body, 3)}"
+    plain = sorted(message.queue for message in got if message.body.startswith(b"plain-"))
+    assert plain == ["routed.0", "routed.0", "routed.1", "routed.1", "routed.2", "routed.2"]
+    member.leave()
