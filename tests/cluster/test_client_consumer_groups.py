@@ -123,3 +123,77 @@ def test_publishes_to_the_base_name_are_routed_by_group_and_round_robin(
     plain = sorted(message.queue for message in got if message.body.startswith(b"plain-"))
     assert plain == ["routed.0", "routed.0", "routed.1", "routed.1", "routed.2", "routed.2"]
     member.leave()
+
+
+def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
+    client: Client, cluster3: LocalCluster
+) -> None:
+    """asyncio: one member iterates (`async for`) and is assigned all 4 partitions; a second
+    joins with a coroutine handler and takes 2 of them (the first's on_revoke hook says which);
+    every message published to the base name arrives once, at the owner of its partition."""
+    import asyncio
+
+    from cluster.client import AsyncClient
+
+    async def scenario() -> None:
+        async with AsyncClient.from_data_dir(cluster3.data_dir, name="aio-a") as first_client, \
+                AsyncClient.from_data_dir(cluster3.data_dir, name="aio-b") as second_client:  # fmt: skip
+            await first_client.declare_partitioned_queue("aio-jobs", 4)
+            events: list[tuple[str, str, tuple[str, ...]]] = []
+            got: list[tuple[str, str, bytes]] = []
+
+            def hook(member: str, kind: str) -> object:
+                async def record(partitions: list[str]) -> None:
+                    events.append((member, kind, tuple(partitions)))
+
+                return record
+
+            first = await first_client.join_group(
+                "aio-workers", "aio-jobs", member="first", on_assign=hook("first", "assigned"),
+                on_revoke=hook("first", "revoked"),  # type: ignore[arg-type]
+            )  # fmt: skip
+
+            async def iterate() -> None:
+                async for message in first:
+                    got.append(("first", message.queue, message.body))
+                    await message.ack()
+
+            iterating = asyncio.ensure_future(iterate())
+            parts = ("aio-jobs.0", "aio-jobs.1", "aio-jobs.2", "aio-jobs.3")
+            while ("first", "assigned", parts) not in events:
+                await asyncio.sleep(0.05)
+
+            async def handle(message: object) -> None:
+                assert hasattr(message, "ack")
+                got.append(("second", message.queue, message.body))  # type: ignore[attr-defined]
+                await message.ack()
+
+            second = await second_client.join_group(
+                "aio-workers", "aio-jobs", member="second", handler=handle,
+                on_assign=hook("second", "assigned"),  # type: ignore[arg-type]
+            )  # fmt: skip
+            while not any(e[:2] == ("first", "revoked") for e in events) or len(second.assigned) != 2:
+                await asyncio.sleep(0.05)
+            revoked = next(e[2] for e in events if e[:2] == ("first", "revoked"))
+            assert sorted(revoked) == second.assigned
+            owner = {p: "second" if p in revoked else "first" for p in parts}
+            async with first_client.publisher("aio-jobs", window=50) as publisher:
+                for i in range(40):
+                    await publisher.publish(b"k%d" % i, group=f"k{i}")
+                await publisher.wait_for_confirms(10.0)
+            while len(got) < 40:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+            assert len(got) == 40 and sorted(b for _, _, b in got) == sorted(
+                b"k%d" % i for i in range(40))  # fmt: skip
+            for name, queue, body in got:
+                assert queue == f"aio-jobs.{partition_of(body.decode(), 4)}"
+                assert owner[queue] == name
+            await second.leave()
+            assert second.task is None
+            while first.assigned != list(parts):
+                await asyncio.sleep(0.05)
+            await first.leave()
+            await asyncio.wait_for(iterating, 5.0)  # the iterator ends once left
+
+    asyncio.run(asyncio.wait_for(scenario(), 60.0))
