@@ -136,8 +136,9 @@ def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
     from cluster.client import AsyncClient
 
     async def scenario() -> None:
-        async with AsyncClient.from_data_dir(cluster3.data_dir, name="aio-a") as first_client, \
-                AsyncClient.from_data_dir(cluster3.data_dir, name="aio-b") as second_client:  # fmt: skip
+        data_dir = cluster3.data_dir
+        async with AsyncClient.from_data_dir(data_dir, name="aio-a") as first_client, \
+                AsyncClient.from_data_dir(data_dir, name="aio-b") as second_client:  # fmt: skip
             await first_client.declare_partitioned_queue("aio-jobs", 4)
             events: list[tuple[str, str, tuple[str, ...]]] = []
             got: list[tuple[str, str, bytes]] = []
@@ -172,7 +173,8 @@ def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
                 "aio-workers", "aio-jobs", member="second", handler=handle,
                 on_assign=hook("second", "assigned"),  # type: ignore[arg-type]
             )  # fmt: skip
-            while not any(e[:2] == ("first", "revoked") for e in events) or len(second.assigned) != 2:
+            while len(second.assigned) != 2 or not any(
+                    e[:2] == ("first", "revoked") for e in events):  # fmt: skip
                 await asyncio.sleep(0.05)
             revoked = next(e[2] for e in events if e[:2] == ("first", "revoked"))
             assert sorted(revoked) == second.assigned
