@@ -80,6 +80,8 @@ def random_config(rng: SplitMix64, world: World, queue: str) -> QueueConfig:
     """A queue config exercising SAC, limits, TTL and dead-lettering (v2 adds timeouts)."""
     # mostly the plain dlx queue; sometimes another work queue, which makes dead-letter cycles
     targets = [q for q in (DEAD_LETTER_QUEUE, *WORK_QUEUES) if q != queue]
+    if world.version >= 3:
+        targets.append(PARTITIONED_QUEUE)  # v3: dead-lettered messages are routed to a partition
     dead_letter = None
     if rng.chance(1, 2):
         dead_letter = (

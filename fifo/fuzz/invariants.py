@@ -215,7 +215,8 @@ class Checker:
         """v3, a publish to a partitioned queue's base: exactly one partition stored it when it
         was fresh (none for a duplicate, a gap or an error); a keyed message went to
         crc32(key) mod partitions, always the same for a key; keyless messages are spread round
-        robin (per partition counts differ by at most one)."""
+        robin (per partition counts differ by at most one, counted afresh after messages were
+        dead-lettered into the partitioned queue, which take their turns too)."""
         assert isinstance(command, Enqueue) and peek.partition_totals is not None
         base, totals = command.queue, peek.partition_totals
         stored: dict[str, int] = {}
@@ -330,6 +331,11 @@ class Checker:
                     target = self.ledger(effect.target)
                     target.inflow += effect.count
                     target.disturbed = True
+                    # v3: dead-letters into a partitioned queue move its round robin too: the
+                    # even spread is checked afresh from here
+                    base = effect.target.rpartition(".")[0]
+                    if base in state.partitioned:
+                        self.round_robin.pop(base, None)
             elif isinstance(effect, Deliver):
                 grouped = _grouped(state, effect.queue)
                 self.deliveries += len(effect.messages) if grouped else 0

@@ -24,6 +24,7 @@ from fifo.commands import (
     DeclarePartitionedQueue,
     DeclareQueue,
     DeleteQueue,
+    Discard,
     Enqueue,
     JoinGroup,
     Purge,
@@ -32,7 +33,7 @@ from fifo.commands import (
     SimplePrefetch,
     UpdateConfig,
 )
-from fifo.effects import ConsumerCancelled
+from fifo.effects import ConsumerCancelled, DeadLettered
 from fifo.meta import Meta
 from fifo.replies import DeclareOk, DeleteOk, Error, NotEnqueued, Ok
 from fifo.state import State
@@ -271,3 +272,23 @@ def test_planted_bug_per_partition_dedup_is_caught(monkeypatch: pytest.MonkeyPat
     """Without the partitioned queue's dedup, a resend is stored again."""
     monkeypatch.setattr(routing.Router, "dedup", lambda self, r, cmd: None)
     assert "partition_dedup" in violations(range(300, 306))
+
+
+def test_dead_letters_into_a_partitioned_queue_are_routed_like_publishes() -> None:
+    """A queue dead-lettering into a partitioned queue's name: a keyed message goes to its
+    key's partition, keyless ones round robin (one DeadLettered effect per partition)."""
+    log = orders(3)
+    work = QueueConfig(dead_letter_queue="orders")
+    assert log.apply(DeclareQueue("work", work)) == DeclareOk(True)
+    for body, anns in ((b"k", (("x-group-id", "cust-7"),)), (b"a", ()), (b"b", ())):
+        log.apply(AnnotatedEnqueue("work", body, annotations=anns))
+    consumer = ConsumerId("c", CONN)
+    log.apply(Checkout("work", consumer, SimplePrefetch(10)))
+    assert log.apply(Discard("work", consumer, (0, 1, 2))) == Ok()
+    expected = [1, 1, 0]  # keyless: round robin from partition 0
+    expected[zlib.crc32(b"cust-7") % 3] += 1
+    assert log.totals() == expected
+    lettered = [e for e in log.effects if isinstance(e, DeadLettered)]
+    assert sum(e.count for e in lettered) == 3
+    assert {e.target for e in lettered} == {f"orders.{i}" for i, n in enumerate(expected) if n}
+    assert log.state.routing["orders"].cursor == 2
