@@ -618,8 +618,11 @@ def restore(data: bytes) -> State:
         if len(v) > 4:
             state.partitioned = {name: count for name, count in v[4][0]}
             state.consumer_groups = {g.name: g for g in map(_consumer_group_in, v[4][1])}
+            routed = v[4][2] if len(v[4]) > 2 else []  # (written by every released v3)
             state.routing = {name: _routing_in(cursor, enqueuers)
-                             for name, cursor, enqueuers in v[4][2]}  # fmt: skip
+                             for name, cursor, enqueuers in routed}  # fmt: skip
+            for name in state.partitioned:  # a pre-release v3 snapshot had no routing yet
+                state.routing.setdefault(name, Routing())
         return state
     except Exception as exc:  # any shape error in the snapshot
         raise CodecError(f"bad snapshot: {_codec_error(exc)}") from exc
