@@ -199,3 +199,43 @@ def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
             await asyncio.wait_for(iterating, 5.0)  # the iterator ends once left
 
     asyncio.run(asyncio.wait_for(scenario(), 60.0))
+
+
+def test_a_leader_kill_mid_stream_to_the_base_name_stores_each_message_once(
+    cluster3: LocalCluster,
+) -> None:
+    """Publishing keyless messages to a partitioned queue's name through a leader kill: the
+    resends after the reconnect are deduplicated over the whole partitioned queue (round robin
+    would have put them on another partition), so the partitions hold exactly what was
+    confirmed, spread evenly."""
+    leader = cluster3.leader()
+    total, partitions = 1500, 3
+    with Client(list(cluster3.config.endpoints().values()), cluster3.key, name="rr",
+                reconnect_timeout_s=20.0) as client:  # fmt: skip
+        deadline = time.monotonic() + 30
+        while int(str(client.machine()["effective_version"])) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        declare_partitioned_queue(client, "rr", partitions)
+        publisher = client.publisher("rr", window=200)
+        killed = threading.Event()
+
+        def kill_when_a_third_is_confirmed() -> None:
+            while publisher.confirmed < total // 3:
+                threading.Event().wait(0.005)
+            cluster3.kill(leader)
+            killed.set()
+
+        killer = threading.Thread(target=kill_when_a_third_is_confirmed)
+        killer.start()
+        publisher.publish_many((b"m-%05d" % i for i in range(total)), timeout_s=30.0)
+        publisher.wait_for_confirms(timeout_s=30.0)
+        killer.join()
+        assert killed.is_set() and publisher.confirmed == total
+        assert client.reconnects >= 1, "the client was on the killed leader and must reconnect"
+        totals = []
+        for index in range(partitions):
+            overview = client.overview(f"rr.{index}")
+            totals.append(overview.total if overview is not None else -1)
+    assert sum(totals) == total, totals
+    assert max(totals) - min(totals) <= 1, totals
