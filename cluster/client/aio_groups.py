@@ -6,7 +6,8 @@ member keeps a receive buffer per partition and never checks out by itself. `on_
 `on_revoke` get the partitions that changed (plain functions or coroutines) and run in the task
 that iterates (or `get`s), before the next message. After a reconnect the machine has ended the
 old membership (its unsettled messages went back to the partitions): the next `get` joins again
-as a new member (`member.2`, ...).
+as a new member (`member.2`, ...). Iteration ends when the member leaves or the partitioned
+queue is deleted.
 
 Example:
     async with AsyncClient.from_data_dir(Path("D")) as client:
@@ -173,6 +174,10 @@ class AsyncGroupConsumer:
             message = self._next_buffered()
             if message is not None:
                 return message
+            if self._deleted():
+                self.closed = True  # the partitioned queue was deleted: nothing more comes
+                self._drop_buffers()
+                return None
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
@@ -181,8 +186,14 @@ class AsyncGroupConsumer:
             )
         return None
 
+    def _deleted(self) -> bool:
+        """Every partition's consumer was cancelled: the machine deleted the partitioned
+        queue (a group never cancels its members' consumers otherwise)."""
+        states = [c._state for c in self._consumers.values()]
+        return bool(states) and all(state.finished for state in states)
+
     def _anything_new(self) -> bool:
-        if self.closed or self.client.reconnects != self._reconnects:
+        if self.closed or self.client.reconnects != self._reconnects or self._deleted():
             return True
         if self.assigned != self._assigned:
             return True

@@ -157,7 +157,7 @@ class GroupConsumer:
     @property
     def assigned(self) -> list[str]:
         """The partitions this member is active on, as the machine last said."""
-        return [p for p in self.partitions if self._consumers[p].active]
+        return [p for p in self.partitions if p in self._consumers and self._consumers[p].active]
 
     def __iter__(self) -> Iterator[Message]:
         return self
@@ -180,6 +180,10 @@ class GroupConsumer:
             message = self._next_buffered()
             if message is not None:
                 return message
+            if self._deleted():
+                self.closed = True  # the partitioned queue was deleted: nothing more comes
+                self._drop_buffers()
+                return None
             with client._changed:
                 if any(c._state.buffer for c in self._consumers.values()):
                     continue
@@ -204,6 +208,13 @@ class GroupConsumer:
         if found is None:
             return None
         return found[0]._wrap(found[1])  # type: ignore[arg-type]
+
+    def _deleted(self) -> bool:
+        """Every partition's consumer was cancelled: the machine deleted the partitioned
+        queue (a group never cancels its members' consumers otherwise)."""
+        with self.client._lock:
+            states = [c._state for c in self._consumers.values()]
+            return bool(states) and all(state.finished for state in states)
 
     def _run_hooks(self) -> None:
         now = self.assigned

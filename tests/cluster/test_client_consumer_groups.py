@@ -239,3 +239,35 @@ def test_a_leader_kill_mid_stream_to_the_base_name_stores_each_message_once(
             totals.append(overview.total if overview is not None else -1)
     assert sum(totals) == total, totals
     assert max(totals) - min(totals) <= 1, totals
+
+
+def test_deleting_the_partitioned_queue_ends_its_members_iteration(
+    client: Client, cluster3: LocalCluster
+) -> None:
+    """`queue delete` of the partitioned queue cancels every partition's consumer: a threaded
+    and an asyncio member stop iterating (get answers None, closed) instead of waiting forever."""
+    import asyncio
+
+    from cluster.client import AsyncClient
+
+    declare_partitioned_queue(client, "doomed", 2)
+    client.publish("doomed", b"one")
+    member = join_group(client, "doomers", "doomed", member="t")
+    first = member.get(timeout_s=15.0)
+    assert first is not None and first.body == b"one"  # held, not acked: deleted with the rest
+
+    async def scenario() -> None:
+        async with AsyncClient.from_data_dir(cluster3.data_dir, name="aio-doomed") as aio:
+            await aio.declare_partitioned_queue("doomed-aio", 2)
+            aio_member = await aio.join_group("doomers-aio", "doomed-aio", member="a")
+            while len(aio_member.assigned) != 2:
+                await asyncio.sleep(0.05)
+            await aio.delete_queue("doomed-aio")
+            assert [m async for m in aio_member] == []
+            assert aio_member.closed
+
+    asyncio.run(asyncio.wait_for(scenario(), 30.0))
+    deleted = client.delete_queue("doomed")
+    assert deleted.messages == 1
+    assert member.get(timeout_s=15.0) is None
+    assert member.closed and member.assigned == []
