@@ -23,10 +23,13 @@ import inspect
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cluster import protocol
+from cluster.client._asyncio import AsyncShell, reply_of
 from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
 from cluster.client.errors import CommandRefused
+from fifo.codec import encode
 from fifo.commands import (
     Cancel,
     ConsumerId,
@@ -36,10 +39,7 @@ from fifo.commands import (
     QueueConfig,
     SimplePrefetch,
 )
-from fifo.replies import DeclareOk, JoinGroupOk
-
-if TYPE_CHECKING:
-    from cluster.client.aio import AsyncClient
+from fifo.replies import DeclareOk, JoinGroupOk, Reply
 
 AsyncHook = Callable[[list[str]], Awaitable[None] | None]
 AsyncHandler = Callable[[AsyncMessage], Awaitable[None] | None]
@@ -52,7 +52,7 @@ class AsyncGroupConsumer:
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncShell,
         group: str,
         queue: str,
         *,
@@ -89,7 +89,7 @@ class AsyncGroupConsumer:
         rejoin first revokes (hook) what the ended membership had."""
         lost, self._assigned = self._assigned, []
         if lost:
-            await _call(self.on_revoke, lost)
+            await _invoke(self.on_revoke, lost)
         self._drop_buffers()
         client = self.client
         self._reconnects = client.reconnects
@@ -107,7 +107,7 @@ class AsyncGroupConsumer:
             SimplePrefetch(self.prefetch), group=self.group, member=self.member,
         )  # fmt: skip
         try:
-            reply = await client.command(command)
+            reply = await _command(client, command)
         except BaseException:
             self._drop_buffers()
             raise
@@ -134,7 +134,7 @@ class AsyncGroupConsumer:
                 self.queue, ConsumerId(self.tag, await self.client.connection_id()), Cancel(),
                 group=self.group, member=self.member, epoch=self.epoch,
             )  # fmt: skip
-            await self.client.command(command)
+            await _command(self.client, command)
         finally:
             self._drop_buffers()
 
@@ -217,14 +217,15 @@ class AsyncGroupConsumer:
         lost = [p for p in self._assigned if p not in now]
         self._assigned = now
         if lost:
-            await _call(self.on_revoke, lost)
+            await _invoke(self.on_revoke, lost)
         if gained:
-            await _call(self.on_assign, gained)
+            await _invoke(self.on_assign, gained)
 
     # --- helpers ------------------------------------------------------------------------------
 
     async def _query_partitions(self) -> int:
-        count = await self.client.query("partitions", {"queue": self.queue})
+        answer = await _call(self.client, protocol.query(0, "partitions", {"queue": self.queue}))
+        count = answer.get("result")
         if not isinstance(count, int):
             raise CommandRefused("unknown_queue", f"no partitioned queue {self.queue!r}")
         return count
@@ -238,18 +239,18 @@ class AsyncGroupConsumer:
 
 
 async def declare_partitioned_queue(
-    client: AsyncClient, queue: str, partitions: int, config: QueueConfig | None = None
+    client: AsyncShell, queue: str, partitions: int, config: QueueConfig | None = None
 ) -> DeclareOk:
     """Create `queue.0` .. `queue.{partitions - 1}` (single active consumer each)."""
     config = config or QueueConfig(single_active_consumer=True)
-    reply = await client.command(DeclarePartitionedQueue(queue, config, partitions))
+    reply = await _command(client, DeclarePartitionedQueue(queue, config, partitions))
     if not isinstance(reply, DeclareOk):
         raise CommandRefused("unexpected_reply", f"expected DeclareOk, got {reply!r}")
     return reply
 
 
 async def join_group(
-    client: AsyncClient,
+    client: AsyncShell,
     group: str,
     queue: str,
     *,
@@ -274,13 +275,28 @@ async def join_group(
 
 async def _handle_all(consumer: AsyncGroupConsumer, handler: AsyncHandler) -> None:
     async for message in consumer:
-        await _call(handler, message)
+        await _invoke(handler, message)
 
 
-async def _call(function: Callable[[Any], object] | None, argument: object) -> None:
+async def _invoke(function: Callable[[Any], object] | None, argument: object) -> None:
     """Call a hook or handler; await it if it is a coroutine."""
     if function is None:
         return
     result = function(argument)
     if inspect.isawaitable(result):
         await result
+
+
+async def _call(client: AsyncShell, frame: dict[str, Any]) -> dict[str, Any]:
+    """One request and its answer frame (what `AsyncClient.call` does; this module is below
+    `cluster.client.aio`, which imports it)."""
+    timeout, core = client.request_timeout_s, client._core
+    answer = await client._request(
+        lambda: core.submit(frame, timeout, now=time.monotonic()), timeout, str(frame.get("op"))
+    )
+    return dict(answer)
+
+
+async def _command(client: AsyncShell, command: object) -> Reply:
+    """Run one command through the log; CommandRefused for an error reply."""
+    return reply_of(await _call(client, protocol.command(0, encode(command))))
