@@ -35,6 +35,7 @@ from fifo.state import (
     Membership,
     Message,
     Queue,
+    Routing,
     State,
 )
 
@@ -580,17 +581,27 @@ def _consumer_group_in(v: Any) -> ConsumerGroup:
     return g
 
 
+def _routing_in(cursor: int, enqueuers: Any) -> Routing:
+    r = Routing()
+    r.cursor = cursor
+    r.enqueuers = {x.name: x for x in map(_enqueuer_in, enqueuers)}
+    return r
+
+
 def snapshot(state: State) -> bytes:
     """Encode the whole state (with its machine version) as canonical CBOR.
 
-    v3's partitioned queues and consumer groups are a fifth element, written only when there is
-    any, so v1/v2 snapshots keep their bytes."""
+    v3's partitioned queues (with their routing: round-robin cursor and publishers' dedup) and
+    consumer groups are a fifth element, written only when there is any, so v1/v2 snapshots keep
+    their bytes."""
     body = [SNAPSHOT_FORMAT, state.version, state.last_time,
             [_queue_out(q) for q in state.queues.values()]]  # fmt: skip
     if state.partitioned or state.consumer_groups:
         body.append([
             [[name, count] for name, count in state.partitioned.items()],
             [_consumer_group_out(g) for g in state.consumer_groups.values()],
+            [[name, r.cursor, [_enqueuer_out(x) for x in r.enqueuers.values()]]
+             for name, r in state.routing.items()],
         ])  # fmt: skip
     return bytes(cbor2.dumps(body, default=_default, canonical=True))
 
@@ -607,6 +618,11 @@ def restore(data: bytes) -> State:
         if len(v) > 4:
             state.partitioned = {name: count for name, count in v[4][0]}
             state.consumer_groups = {g.name: g for g in map(_consumer_group_in, v[4][1])}
+            routed = v[4][2] if len(v[4]) > 2 else []  # (written by every released v3)
+            state.routing = {name: _routing_in(cursor, enqueuers)
+                             for name, cursor, enqueuers in routed}  # fmt: skip
+            for name in state.partitioned:  # a pre-release v3 snapshot had no routing yet
+                state.routing.setdefault(name, Routing())
         return state
     except Exception as exc:  # any shape error in the snapshot
         raise CodecError(f"bad snapshot: {_codec_error(exc)}") from exc

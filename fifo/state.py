@@ -312,10 +312,22 @@ class ConsumerGroup:
         return current is None or current.epoch != epoch
 
 
+class Routing:
+    """How publishes to a partitioned queue's base name are spread over its partitions (v3):
+    the round-robin cursor (the partition the next message without a key goes to) and the
+    publishers' dedup over the whole partitioned queue (enqueuers by name, insertion order)."""
+
+    __slots__ = ("cursor", "enqueuers")
+
+    def __init__(self) -> None:
+        self.cursor = 0
+        self.enqueuers: dict[str, Enqueuer] = {}
+
+
 class State:
     """The whole replicated machine: a registry of queues plus the monotonic clock."""
 
-    __slots__ = ("consumer_groups", "last_time", "partitioned", "queues", "version")
+    __slots__ = ("consumer_groups", "last_time", "partitioned", "queues", "routing", "version")
 
     def __init__(self, version: int) -> None:
         self.version = version
@@ -324,3 +336,4 @@ class State:
         # v3: partitioned queue name -> partition count, and the consumer groups by name
         self.partitioned: dict[str, int] = {}
         self.consumer_groups: dict[str, ConsumerGroup] = {}
+        self.routing: dict[str, Routing] = {}  # v3: per partitioned queue, same keys

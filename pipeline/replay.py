@@ -225,8 +225,11 @@ class GroupReplay:
             self.stats["errors"] += 1
             return
         if isinstance(cmd, DeleteQueue):
-            self._deleted(cmd.queue, index)
-            self.created.pop(cmd.queue, None)
+            # the queue, or (v3) a partitioned queue's partitions, deleted with their base
+            for name in [n for n in self.tracks if n not in self.state.queues]:
+                self._deleted(name, index)
+            for name in [n for n in self.created if n not in self.state.queues]:
+                del self.created[name]
         elif isinstance(reply, DeclareOk) and reply.created:
             # a partitioned declare (v3) creates queue.0 .. queue.{P-1}, in that order
             new = [name for name in self.state.queues if name not in self.created]
@@ -243,6 +246,10 @@ class GroupReplay:
         for effect in effects:
             if type(effect) is DeadLettered and effect.target in self.state.queues:
                 touched[effect.target] = None
+            elif getattr(effect, "queue", None) in self.state.queues:
+                # v3: a command on one partition can hand others over (a member timed out
+                # there ends on all of them): every queue an effect names changed
+                touched[effect.queue] = None
         for name in touched:
             self._sync(name, cmd, reply, effects, index, named if name == qname else None)
         for effect in effects:
@@ -385,7 +392,7 @@ class GroupReplay:
             track = self._adopt(name, q)
         now = self.now
         rate = self._rate(name, track, now)
-        own = getattr(cmd, "queue", None) == name
+        own = getattr(cmd, "queue", None) == name or self._routed_to(name, cmd, effects)
         # 1. messages that left a consumer
         if own and named is not None:
             candidates: Iterable[MessageRow] = named
@@ -465,6 +472,16 @@ class GroupReplay:
         rate.checked_out = q.messages_total - rate.ready
         if len(track.alive) != q.messages_total or len(track.checked_out) != rate.checked_out:
             self._resync(name, q, index)
+
+    def _routed_to(self, name: str, cmd: Any, effects: list[Any]) -> bool:
+        """v3: `cmd` is a publish to the partitioned queue whose partition `name` is, and no
+        message came to `name` by dead-lettering (so a new one there is the publish)."""
+        if not isinstance(cmd, Enqueue) or cmd.queue not in self.state.partitioned:
+            return False
+        base, _, index = name.rpartition(".")
+        if base != cmd.queue or not index.isdigit():
+            return False
+        return not any(type(e) is DeadLettered and e.target == name for e in effects)
 
     def _settle_gone(
         self,
@@ -872,6 +889,7 @@ def merged_digest(parts: Iterable[dict[str, Any]], version: int) -> str:
         keyed += [(keys.get(name, 0), name, q) for name, q in state.queues.items()]
         if state.partitioned or state.consumer_groups:  # v3: all in one group (PARTITIONED_ANCHOR)
             merged.partitioned, merged.consumer_groups = state.partitioned, state.consumer_groups
+            merged.routing = state.routing
     merged.queues = {name: q for _, name, q in sorted(keyed, key=lambda t: (t[0], t[1]))}
     return fifo.digest(merged)
 

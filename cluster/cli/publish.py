@@ -6,6 +6,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -13,6 +14,8 @@ from cluster.cli.common import connect, connection_options, emit, output_format,
 from cluster.cli.exits import USAGE, CliError
 from cluster.cli.queue import groups_refused, validate_queue_name
 from cluster.client import Client, CommandRefused, Publisher
+from cluster.client.errors import ClusterError
+from cluster.client.groups import partition_of
 
 BODY_BYTES_MAX = 8 * 1024 * 1024
 CHUNK = 1000  # messages handed to the publisher at a time (progress granularity)
@@ -70,9 +73,13 @@ PUBLISH_COUNT_MAX = 10_000_000  # a typo of a few extra zeros must not fill the 
 )
 @click.option(
     "--group",
+    "--key",
+    "group",
     default=None,
     metavar="G",
-    help="Message group of every message (machine v3; the x-group-id annotation).",
+    help="Message group of every message (machine v3; the x-group-id annotation). To a "
+    "partitioned queue it is the partition key: every message of G goes to partition "
+    "crc32(G) mod P (without it, round robin).",
 )
 @click.option(
     "--spread-groups",
@@ -99,11 +106,18 @@ def publish(
 
     Generated bodies start with a run token and the message number (`3f2a9c1e-17 xxx...`).
 
+    QUEUE may be a partitioned queue's name (`queue declare NAME --partitions P`): the cluster
+    routes each message to one partition, NAME.<crc32(key) mod P> for a message with a key
+    (`--key`, the same as `--group`: its message group), round robin without one. A resend after
+    a reconnect is deduplicated over the whole partitioned queue. The partition of a key is also
+    `cluster.client.groups.partition_of(key, P)`.
+
     \b
     Example:
       quorumq --data-dir /tmp/qq publish jobs --count 2000 --size 100 --window 500
       quorumq --data-dir /tmp/qq publish jobs --body 'hello'
       quorumq --data-dir /tmp/qq publish orders --count 1000 --group customer- --spread-groups 50
+      quorumq --data-dir /tmp/qq publish parted --count 100 --key customer-42
     """
     validate_queue_name(queue)
     if size is not None and text is not None:
@@ -124,11 +138,15 @@ def publish(
         except CommandRefused as err:
             raise groups_refused(err) or err from err
         seconds = time.monotonic() - started
+        partitions = partition_count(client, queue)
     rate = confirmed / seconds if seconds > 0 else 0.0
+    routed = routing_summary(queue, partitions, group, spread_groups)
     if output_format(ctx) == "table":
         click.echo(
             f"confirmed {confirmed} messages to {queue} in {seconds:.2f}s ({rate:,.0f} msg/s)"
         )
+        if routed:
+            click.echo(routed["routing"])
     else:
         emit(
             ctx,
@@ -137,8 +155,36 @@ def publish(
                 "confirmed": confirmed,
                 "seconds": round(seconds, 3),
                 "rate": round(rate, 1),
+                **routed,
             },
         )
+
+
+def partition_count(client: Client, queue: str) -> int | None:
+    """The partitions of `queue` if it is a partitioned queue (None: a plain queue, or a
+    cluster too old to say)."""
+    try:
+        count = client.query("partitions", {"queue": queue})
+    except ClusterError:
+        return None
+    return count if isinstance(count, int) else None
+
+
+def routing_summary(
+    queue: str, partitions: int | None, group: str | None, spread: int | None
+) -> dict[str, Any]:
+    """Where a publish to a partitioned queue went (empty for a plain queue)."""
+    if partitions is None:
+        return {}
+    out: dict[str, Any] = {"partitions": partitions}
+    if group is not None and spread is None:
+        out["partition"] = f"{queue}.{partition_of(group, partitions)}"
+        out["routing"] = f"partitioned queue: key {group!r} -> {out['partition']}"
+    elif group is not None:
+        out["routing"] = f"partitioned queue: {spread} keys over {partitions} partitions (crc32)"
+    else:
+        out["routing"] = f"partitioned queue: round robin over {partitions} partitions"
+    return out
 
 
 def _publish_grouped(

@@ -18,7 +18,8 @@ from cluster.cli.common import (
     untyped,
 )
 from cluster.cli.exits import DATA, USAGE, CliError
-from cluster.client import CommandRefused
+from cluster.client import Client, CommandRefused
+from cluster.client.errors import ClusterError
 from cluster.client.groups import declare_partitioned_queue
 from fifo.commands import (
     CONSUMER_TIMEOUT_MS_DEFAULT,
@@ -136,7 +137,7 @@ def queue_group() -> None:
     type=click.IntRange(1, 256),
     default=None,
     help="A partitioned queue: NAME.0 .. NAME.{P-1}, single active consumer each, consumed "
-    "through consumer groups (machine v3).",
+    "through consumer groups; publishes to NAME are routed by key (machine v3).",
 )
 @connection_options
 @click.pass_context
@@ -159,10 +160,17 @@ def declare(
 ) -> None:
     """Create a queue (a no-op when it exists with the same settings).
 
+    With --partitions P, a partitioned queue (machine v3): P single-active-consumer queues
+    NAME.0 .. NAME.{P-1} with the given settings. Publish to NAME (`publish NAME --key K`:
+    routed to NAME.<crc32(K) mod P>, round robin without a key); consume through a consumer
+    group (`group describe`, `join_group` in the client library); delete it with `queue delete
+    NAME`.
+
     \b
     Example:
       quorumq --data-dir /tmp/qq queue declare jobs --max-length 10000 --overflow reject-publish
       quorumq --data-dir /tmp/qq queue declare orders --group-policy sequenced
+      quorumq --data-dir /tmp/qq queue declare parted --partitions 8
     """
     validate_queue_name(name)
     if dead_letter_queue is not None:
@@ -227,15 +235,22 @@ def list_queues(ctx: click.Context, stale_ok: bool) -> None:
 @click.pass_context
 @translate_errors
 def info(ctx: click.Context, name: str, stale_ok: bool) -> None:
-    """Show one queue: counters, config and consumers.
+    """Show one queue: counters, config and consumers. For a partitioned queue, its
+    partitions (each is a queue of its own: `queue info NAME.3`).
 
     \b
     Example:
       quorumq --data-dir /tmp/qq queue info jobs
+      quorumq --data-dir /tmp/qq queue info orders.3
     """
     validate_queue_name(name)
     with connect(ctx) as client:
         overview = read_query(client, "overview", {"queue": name}, stale_ok)
+        partitions = None if overview else _partition_count(client, name)
+    if partitions:
+        emit(ctx, {"queue": name, "partitioned": True, "partitions": partitions,
+                   "members": ", ".join(f"{name}.{i}" for i in range(partitions))})  # fmt: skip
+        return
     if not overview:
         raise CliError(f"no queue {name!r}", USAGE)
     emit(ctx, untyped(plain(overview)))
@@ -359,17 +374,38 @@ def purge(ctx: click.Context, name: str, group: str | None, default_group: bool)
 def delete(ctx: click.Context, name: str) -> None:
     """Delete a queue with its messages; its consumers are cancelled.
 
+    A partitioned queue's name deletes it as a whole, in one step: every partition NAME.<i>
+    with its messages (their consumers cancelled), the consumer groups over it and its routing
+    (round-robin position, publishers' dedup). A single partition cannot be deleted alone.
+
     \b
     Example:
       quorumq --data-dir /tmp/qq queue delete jobs
+      quorumq --data-dir /tmp/qq queue delete orders      # partitioned: orders.0 .. orders.7
     """
     validate_queue_name(name)
     with connect(ctx) as client:
+        partitions = _partition_count(client, name)
         reply = client.delete_queue(name)
     if output_format(ctx) == "table":
-        click.echo(f"deleted {name} ({reply.messages} messages)")
+        what = f"partitioned queue {name} ({partitions} partitions, " if partitions else \
+            f"{name} ("  # fmt: skip
+        click.echo(f"deleted {what}{reply.messages} messages)")
     else:
-        emit(ctx, {"queue": name, "deleted": True, "messages": reply.messages})
+        out: dict[str, Any] = {"queue": name, "deleted": True, "messages": reply.messages}
+        if partitions:
+            out["partitions"] = partitions
+        emit(ctx, out)
+
+
+def _partition_count(client: Client, name: str) -> int | None:
+    """The partitions of `name` if it is a partitioned queue (None: not one, or an older node
+    that cannot say)."""
+    try:
+        count = client.query("partitions", {"queue": name})
+    except ClusterError:
+        return None
+    return count if isinstance(count, int) else None
 
 
 def _rows(result: Any) -> list[Any]:

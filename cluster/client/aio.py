@@ -24,6 +24,9 @@ from cluster.client import results
 from cluster.client._asyncio import AsyncShell, reply_of
 from cluster.client._wire import Frame
 from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
+from cluster.client.aio_groups import AsyncGroupConsumer, AsyncHandler, AsyncHook
+from cluster.client.aio_groups import declare_partitioned_queue as _declare_partitioned
+from cluster.client.aio_groups import join_group as _join_group
 from cluster.client.aio_publisher import AsyncPublisher
 from cluster.client.errors import CommandRefused
 from fifo.codec import encode
@@ -206,6 +209,33 @@ class AsyncClient(AsyncShell):
             timeout_ms=timeout_ms,
             auto_ack=auto_ack,
         )
+
+    async def declare_partitioned_queue(
+        self, queue: str, partitions: int, config: QueueConfig | None = None
+    ) -> DeclareOk:
+        """Create partitioned queue `queue` (machine v3): `queue.0` .. `queue.{partitions - 1}`,
+        single active consumer each; publish to `queue` itself (routed by group or round
+        robin), consume through `join_group`."""
+        return await _declare_partitioned(self, queue, partitions, config)
+
+    async def join_group(
+        self,
+        group: str,
+        queue: str,
+        *,
+        member: str | None = None,
+        prefetch: int = 10,
+        on_assign: AsyncHook | None = None,
+        on_revoke: AsyncHook | None = None,
+        handler: AsyncHandler | None = None,
+    ) -> AsyncGroupConsumer:
+        """Join consumer group `group` on partitioned queue `queue` (machine v3): `async for`
+        over the result, or pass `handler` to have a task call it per message; `on_assign` /
+        `on_revoke` get the partitions that changed. See `cluster.client.aio_groups`."""
+        return await _join_group(
+            self, group, queue, member=member, prefetch=prefetch, on_assign=on_assign,
+            on_revoke=on_revoke, handler=handler,
+        )  # fmt: skip
 
     async def get(self, queue: str, *, settled: bool = False) -> AsyncMessage | None:
         """Take one ready message (basic.get); unless `settled`, ack or nack it like a delivery."""

@@ -93,6 +93,7 @@ class AsyncConsumer:
         timeout_ms: int | None = None,
         auto_ack: bool = False,
         ack_batch: int | None = None,
+        tag: str | None = None,
     ) -> None:
         self.client = client
         self._state: ConsumerState = client._core.add_consumer(
@@ -103,6 +104,7 @@ class AsyncConsumer:
             timeout_ms=timeout_ms,
             auto_ack=auto_ack,
             ack_batch=ack_batch,
+            tag=tag,
         )
         self._attach: asyncio.Future[None] | None = None
 

@@ -13,6 +13,7 @@ partitions.
 
 from __future__ import annotations
 
+import binascii
 import itertools
 import threading
 import time
@@ -47,11 +48,17 @@ def declare_partitioned_queue(
     return _expect(reply, DeclareOk)
 
 
-def partition_of(key: bytes, partitions: int) -> int:
-    """The partition of a message key: CRC-32 of the bytes (stable across processes, versions
-    and languages; never Python's `hash`) modulo the partition count."""
-    import binascii
-
+def partition_of(key: bytes | str | int, partitions: int) -> int:
+    """The partition a publish to a partitioned queue's base name goes to when its partition
+    key (its message group, `publish(..., group=key)`) is `key`: CRC-32 of the key's UTF-8 bytes
+    (an int as its decimal text) modulo the partition count, as the machine routes it (stable
+    across processes, versions and languages; never Python's `hash`)."""
+    if partitions < 1:
+        raise ValueError("partitions must be at least 1")
+    if isinstance(key, int):
+        key = str(key)
+    if isinstance(key, str):
+        key = key.encode("utf-8", "surrogatepass")
     return binascii.crc32(key) % partitions
 
 
@@ -150,7 +157,7 @@ class GroupConsumer:
     @property
     def assigned(self) -> list[str]:
         """The partitions this member is active on, as the machine last said."""
-        return [p for p in self.partitions if self._consumers[p].active]
+        return [p for p in self.partitions if p in self._consumers and self._consumers[p].active]
 
     def __iter__(self) -> Iterator[Message]:
         return self
@@ -173,6 +180,10 @@ class GroupConsumer:
             message = self._next_buffered()
             if message is not None:
                 return message
+            if self._deleted():
+                self.closed = True  # the partitioned queue was deleted: nothing more comes
+                self._drop_buffers()
+                return None
             with client._changed:
                 if any(c._state.buffer for c in self._consumers.values()):
                     continue
@@ -197,6 +208,13 @@ class GroupConsumer:
         if found is None:
             return None
         return found[0]._wrap(found[1])  # type: ignore[arg-type]
+
+    def _deleted(self) -> bool:
+        """Every partition's consumer was cancelled: the machine deleted the partitioned
+        queue (a group never cancels its members' consumers otherwise)."""
+        with self.client._lock:
+            states = [c._state for c in self._consumers.values()]
+            return bool(states) and all(state.finished for state in states)
 
     def _run_hooks(self) -> None:
         now = self.assigned

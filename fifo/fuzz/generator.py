@@ -80,6 +80,8 @@ def random_config(rng: SplitMix64, world: World, queue: str) -> QueueConfig:
     """A queue config exercising SAC, limits, TTL and dead-lettering (v2 adds timeouts)."""
     # mostly the plain dlx queue; sometimes another work queue, which makes dead-letter cycles
     targets = [q for q in (DEAD_LETTER_QUEUE, *WORK_QUEUES) if q != queue]
+    if world.version >= 3:
+        targets.append(PARTITIONED_QUEUE)  # v3: dead-lettered messages are routed to a partition
     dead_letter = None
     if rng.chance(1, 2):
         dead_letter = (
@@ -195,10 +197,13 @@ class Generator:
         return DeclareQueue(queue, config)
 
     def delete(self) -> Command:
-        """Now and then delete a work queue (never the dead-letter queue); else purge."""
+        """Now and then delete a work queue (never the dead-letter queue; v3: sometimes the
+        partitioned queue as a whole, a partition alone is refused); else purge."""
         queues = [q for q in self.world.queues if q != DEAD_LETTER_QUEUE]
         if not queues or not self.rng.chance(1, 4):
             return self.purge()
+        if self.world.partitioned and self.rng.chance(1, 3):
+            return DeleteQueue(self.rng.choice(list(self.world.partitioned)))
         return DeleteQueue(self.rng.choice(queues))
 
     def purge(self) -> Command:
@@ -214,8 +219,11 @@ class Generator:
         return UpdateConfig(queue, random_config(self.rng, self.world, queue))
 
     def enqueue(self) -> Command:
-        """Publish, mostly through a deduplicating enqueuer (in order, resent, or with a gap)."""
-        queue = self.queue()
+        """Publish, mostly through a deduplicating enqueuer (in order, resent, or with a gap);
+        v3: sometimes to the partitioned queue's base name (routed by key or round robin)."""
+        world = self.world
+        routed = world.version >= 3 and bool(world.partitioned) and self.rng.chance(1, 3)
+        queue = self.rng.choice(list(world.partitioned)) if routed else self.queue()
         body = body_for(queue, self.world.fresh())
         ttl = self.rng.between(0, 2000) if self.rng.chance(1, 8) else None
         anns = self.annotations(queue) if self.world.version >= 3 else None
@@ -258,8 +266,11 @@ class Generator:
         return slot
 
     def register_enqueuer(self) -> Command:
-        """Register an enqueuer (answered RejectPublish while over a reject_publish limit)."""
-        slot = self.enqueuer(self.queue())
+        """Register an enqueuer (answered RejectPublish while over a reject_publish limit); v3:
+        sometimes with the partitioned queue as a whole."""
+        world = self.world
+        routed = world.version >= 3 and bool(world.partitioned) and self.rng.chance(1, 4)
+        slot = self.enqueuer(self.rng.choice(list(world.partitioned)) if routed else self.queue())
         return RegisterEnqueuer(slot.queue, slot.name, slot.connection)
 
     def checkout(self) -> Command:
@@ -429,6 +440,15 @@ class Generator:
                 JoinGroup(queue, ConsumerId("j", conn), SimplePrefetch(1), group="", member="j"),
                 LeaveGroup(queue, ghost, Cancel(), group="no-such-group", member="j", epoch=1),
             ]
+            for base in world.partitioned:
+                choices += [
+                    Enqueue(base, b"x", "e-bad", 0),
+                    AnnotatedEnqueue(base, b"x", annotations=(("x-group-id", cast(Any, 1.5)),)),
+                    Checkout(base, ConsumerId("b", conn), SimplePrefetch(1)),
+                    Purge(base),
+                    DeleteQueue(f"{base}.0"),
+                    DeclareQueue(base),
+                ]
         if world.version < 2:
             choices += [
                 Checkout(queue, ConsumerId("rm", conn), Remove()),

@@ -6,6 +6,7 @@ is fresh) and, after it, checks the state, the reply and the effects against its
 
 from __future__ import annotations
 
+import binascii
 from dataclasses import dataclass, field
 
 from fifo.commands import (
@@ -14,6 +15,7 @@ from fifo.commands import (
     Command,
     ConsumerId,
     Credit,
+    DeclarePartitionedQueue,
     DeclareQueue,
     DeleteQueue,
     Dequeue,
@@ -30,6 +32,7 @@ from fifo.effects import CreditReply, DeadLettered, Deliver, Effect, QueueStatus
 from fifo.fuzz import probe
 from fifo.fuzz.generator import body_number
 from fifo.replies import (
+    DeclareOk,
     DeleteOk,
     DequeueOk,
     Error,
@@ -55,6 +58,8 @@ class Peek:
     total_before: int | None = None
     ready_before: int | None = None
     sender_delivery_count: int | None = None  # a credited consumer's, before a Credit
+    # v3, a publish to a partitioned queue's base: each partition's total before it
+    partition_totals: dict[str, int] | None = None
 
 
 @dataclass
@@ -82,6 +87,9 @@ class Checker:
     owners: dict[tuple[str, GroupId], object] = field(default_factory=dict)
     # v3 consumer groups: each group's target after the last step (for the minimal-moves check)
     group_targets: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    # v3 routing: the partition each key went to, and keyless messages per partition
+    key_partition: dict[tuple[str, str], str] = field(default_factory=dict)
+    round_robin: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def ledger(self, queue: str) -> Ledger:
         """The ledger of a queue, created on first use."""
@@ -91,6 +99,11 @@ class Checker:
         """Peek at what the command is about to touch."""
         peek = Peek()
         name = getattr(command, "queue", None)
+        if isinstance(command, Enqueue) and isinstance(name, str) and name in state.partitioned:
+            peek.partition_totals = probe.partition_totals(state, name)
+            if isinstance(command.enqueuer, str):
+                peek.enqueue_expected_seq = probe.routed_next_seq(state, name, command.enqueuer)
+            return peek
         queue = probe.queue(state, name) if isinstance(name, str) else None
         if queue is None:
             return peek
@@ -126,7 +139,9 @@ class Checker:
     ) -> list[Found]:
         """Update the ledgers from the reply and effects, then check every invariant."""
         found: list[Found] = []
-        if not isinstance(reply, Error):
+        if peek.partition_totals is not None:
+            found += self._check_routed(state, command, reply, effects, peek)
+        elif not isinstance(reply, Error):
             found += self._account(command, reply, peek)
         found += self._account_effects(state, command, effects)
         found += self._check_queue_order(state, command, reply, effects)
@@ -194,11 +209,75 @@ class Checker:
         self.owners = owners
         return found
 
+    def _check_routed(
+        self, state: State, command: Command, reply: Reply, effects: list[Effect], peek: Peek
+    ) -> list[Found]:
+        """v3, a publish to a partitioned queue's base: exactly one partition stored it when it
+        was fresh (none for a duplicate, a gap or an error); a keyed message went to
+        crc32(key) mod partitions, always the same for a key; keyless messages are spread round
+        robin (per partition counts differ by at most one, counted afresh after messages were
+        dead-lettered into the partitioned queue, which take their turns too)."""
+        assert isinstance(command, Enqueue) and peek.partition_totals is not None
+        base, totals = command.queue, peek.partition_totals
+        stored: dict[str, int] = {}
+        for partition, before in totals.items():
+            q = probe.queue(state, partition)
+            count = (q.messages_total if q is not None else 0) - before
+            for effect in effects:
+                if isinstance(effect, DeadLettered):
+                    count += effect.count if effect.queue == partition else 0
+                    count -= effect.count if effect.target == partition else 0
+            if count:
+                stored[partition] = count
+        expected, seq = peek.enqueue_expected_seq, command.seq
+        fresh = isinstance(reply, Ok) and (expected is None or seq is None or seq == expected)
+        if isinstance(reply, NotEnqueued) and (expected is None or reply.expected_seq != expected):
+            return [("partition_dedup", f"{base}: seq {seq} got {reply!r}, next is {expected}")]
+        if not fresh:
+            if stored:
+                return [("partition_dedup", f"{base}: {reply!r} to seq {seq} (next {expected}) "
+                         f"but partitions stored {stored}")]  # fmt: skip
+            return []
+        if list(stored.values()) != [1]:
+            return [("partition_route", f"{base}: a publish stored {stored} (one partition must "
+                     "store it once)")]  # fmt: skip
+        (partition,) = stored
+        self.ledger(partition).inflow += 1
+        anns = command.annotations if isinstance(command, AnnotatedEnqueue) else ()
+        key = _group_of("x-group-id", anns)
+        if key is not None:
+            want = f"{base}.{binascii.crc32(key.encode('utf-8', 'surrogatepass')) % len(totals)}"
+            known = self.key_partition.setdefault((base, key), partition)
+            if partition != want or known != partition:
+                return [("partition_route", f"{base}: key {key!r} went to {partition}, "
+                         f"crc32 says {want}, earlier {known}")]  # fmt: skip
+            return []
+        spread = self.round_robin.setdefault(base, dict.fromkeys(totals, 0))
+        spread[partition] += 1
+        if max(spread.values()) - min(spread.values()) > 1:
+            return [("partition_round_robin", f"{base}: keyless messages per partition {spread}")]
+        return []
+
+    def _forget_partitioned(self, base: str) -> None:
+        """A partitioned queue was created or deleted: its routing history starts over."""
+        self.round_robin.pop(base, None)
+        for key in [k for k in self.key_partition if k[0] == base]:
+            del self.key_partition[key]
+        prefix = base + "."
+        for name in [n for n in self.ledgers if n.startswith(prefix) and n[len(prefix):].isdigit()]:
+            del self.ledgers[name]
+        for key in [k for k in self.blocked if k[0].startswith(prefix)]:
+            del self.blocked[key]
+
     def _account(self, command: Command, reply: Reply, peek: Peek) -> list[Found]:
         found: list[Found] = []
-        if isinstance(command, DeclareQueue) and command.queue not in self.ledgers:
+        if isinstance(command, DeclarePartitionedQueue):
+            if isinstance(reply, DeclareOk) and reply.created:
+                self._forget_partitioned(command.queue)
+        elif isinstance(command, DeclareQueue) and command.queue not in self.ledgers:
             self.ledgers[command.queue] = Ledger()
         elif isinstance(command, DeleteQueue) and isinstance(reply, DeleteOk):
+            self._forget_partitioned(command.queue)
             if peek.total_before is not None and reply.messages != peek.total_before:
                 found.append(
                     (
@@ -252,6 +331,11 @@ class Checker:
                     target = self.ledger(effect.target)
                     target.inflow += effect.count
                     target.disturbed = True
+                    # v3: dead-letters into a partitioned queue move its round robin too: the
+                    # even spread is checked afresh from here
+                    base = effect.target.rpartition(".")[0]
+                    if base in state.partitioned:
+                        self.round_robin.pop(base, None)
             elif isinstance(effect, Deliver):
                 grouped = _grouped(state, effect.queue)
                 self.deliveries += len(effect.messages) if grouped else 0

@@ -93,3 +93,16 @@ def enqueuer_next_seq(queue_: Queue, name: str) -> int | None:
     if enqueuer is None or getattr(enqueuer, "status", "up") == "down":
         return None
     return enqueuer.next_seq
+
+
+def partition_totals(state: State, base: str) -> dict[str, int]:
+    """v3: each partition of partitioned queue `base` with its messages_total, in order."""
+    names = (f"{base}.{i}" for i in range(state.partitioned.get(base, 0)))
+    return {name: q.messages_total for name in names if (q := state.queues.get(name)) is not None}
+
+
+def routed_next_seq(state: State, base: str, name: str) -> int:
+    """v3: the next seq the routing of partitioned queue `base` expects from an enqueuer."""
+    routing = state.routing.get(base)
+    enqueuer = routing.enqueuers.get(name) if routing is not None else None
+    return 1 if enqueuer is None else enqueuer.next_seq

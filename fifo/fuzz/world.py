@@ -212,6 +212,11 @@ class World:
         self.pending = [p for p in self.pending if p.cid != cid]
 
     def _forget_queue(self, queue: str) -> None:
+        count = self.partitioned.pop(queue, None)
+        if count is not None:  # v3: a partitioned queue goes with its partitions and groups
+            self.members = [m for m in self.members if m.queue != queue]
+            for index in range(count):
+                self._forget_queue(f"{queue}.{index}")
         self.queues.pop(queue, None)
         self.groups.pop(queue, None)
         for cid in [s.cid for s in self.consumers.values() if s.queue == queue]:

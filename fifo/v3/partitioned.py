@@ -18,6 +18,8 @@ partition queues:
 
 Settles from an ended member find no consumer (an error); a LeaveGroup naming another epoch is
 fenced. Plain checkouts on a partition queue are refused: the group decides who consumes it.
+Publishes to the base name are routed to a partition (`fifo.v3.routing`), and so are messages
+dead-lettered into it.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from fifo.commands import (
     NodeDown,
     SimplePrefetch,
 )
-from fifo.effects import GroupAssigned, GroupRevoked
+from fifo.effects import DeadLettered, GroupAssigned, GroupRevoked
 from fifo.replies import CheckoutOk, DeclareOk, Error, JoinGroupOk, Reply
-from fifo.shared import OK, Ctx, invalid
-from fifo.state import Consumer, ConsumerGroup, Membership, Queue, State
+from fifo.shared import DEATH_KEYS, OK, Ctx, invalid
+from fifo.state import Consumer, ConsumerGroup, Membership, Message, Queue, Routing, State
 from fifo.v2.machine import QueueMachineV2
 from fifo.v3 import consumer_groups as cg
+from fifo.v3 import routing as route
 
 PARTITION_SUFFIX_BYTES_MAX = 4  # ".255"
 
@@ -64,7 +67,42 @@ def partitioned_of(state: State, queue: str) -> str | None:
 
 
 class PartitionedQueue(QueueMachineV2):
-    """Per-queue handlers: a partition queue takes no plain checkout; others are v2's."""
+    """Per-queue handlers: a partition queue takes no plain checkout; a dead-letter target that
+    is a partitioned queue's base is routed; others are v2's."""
+
+    def dead_letter(self, ctx: Ctx, q: Queue, msgs: list[Message], reason: Any) -> None:
+        """As v2; when the target names a partitioned queue, each message goes to the partition
+        a publish of it would (its partition key, else round robin: `fifo.v3.routing`), one
+        DeadLettered effect per partition reached, in the order first reached."""
+        name = q.config.dead_letter_queue
+        state = ctx.state
+        count = state.partitioned.get(name) if name is not None else None
+        if not msgs or count is None or ctx.depth >= limits.dead_letter_hops_max:
+            super().dead_letter(ctx, q, msgs, reason)
+            return
+        assert name is not None
+        q.messages_total -= len(msgs)
+        routing = state.routing[name]
+        reached: dict[str, int] = {}
+        for m in msgs:
+            key = route.partition_key(m.annotations)
+            index = routing.cursor if key is None else route.partition_index(key, count)
+            if key is None:
+                routing.cursor = route.next_cursor(index, count)
+            target = state.queues[partition_name(name, index)]
+            new = Message(m.body, self.expiry(ctx, target, None))
+            new.delivery_count, new.acquired_count = m.delivery_count, m.acquired_count
+            kept = tuple(a for a in m.annotations if a[0] not in DEATH_KEYS)
+            anns = (*kept, ("x-death-reason", reason), ("x-death-queue", q.name))
+            new.annotations = anns[-limits.annotations_per_message_max :]
+            self.store(ctx, target, new)
+            reached[target.name] = reached.get(target.name, 0) + 1
+            if ctx.dirty is None:
+                ctx.dirty = [target]
+            elif not any(d is target for d in ctx.dirty):
+                ctx.dirty.append(target)
+        for target_name, n in reached.items():
+            ctx.effects.append(DeadLettered(q.name, reason, n, target_name))
 
     def checkout(self, ctx: Ctx, q: Queue, cmd: Checkout) -> Reply:
         """Refused on a partition queue (consumer groups check out there themselves)."""
@@ -109,13 +147,15 @@ class ConsumerGroups:
                 return DeclareOk(False)
             return Error("queue_exists", f"partitioned queue {cmd.queue!r} exists with another "
                          "config or partition count")  # fmt: skip
-        if cmd.queue in state.queues or any(name in state.queues for name in names):
+        if cmd.queue in state.queues or any(
+                name in state.queues or name in state.partitioned for name in names):  # fmt: skip
             return Error("queue_exists", f"queue {cmd.queue!r} or one of its partitions exists")
         if len(state.queues) + cmd.partitions > limits.queues_max:
             return Error("unsupported", "queues_max reached")
         for name in names:
             state.queues[name] = Queue(name, cmd.config, ctx.now)
         state.partitioned[cmd.queue] = cmd.partitions
+        state.routing[cmd.queue] = Routing()
         return DeclareOk(True)
 
     # --- membership --------------------------------------------------------------------------

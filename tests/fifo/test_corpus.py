@@ -67,6 +67,8 @@ def test_corpus_covers_the_machine() -> None:
                     upgrades += 1
                 else:
                     names.add(type(entry[1]).__name__)
+                    if getattr(entry[1], "queue", None) == "parts":  # a partitioned queue's name
+                        names.add(f"{type(entry[1]).__name__}@parts")
     common = {"DeclareQueue", "DeleteQueue", "UpdateConfig", "Enqueue", "RegisterEnqueuer",
               "Checkout", "Settle", "Return", "Discard", "Credit", "Purge", "Expire",
               "ConnectionDown", "NodeDown", "NodeUp"}  # fmt: skip
@@ -75,6 +77,8 @@ def test_corpus_covers_the_machine() -> None:
                      "ConsumerDisconnectedTimeout"} <= kinds[2]  # fmt: skip
     assert {"AnnotatedEnqueue", "DeclareGroupedQueue", "PurgeGroup"} <= kinds[3]  # v3: groups
     assert {"DeclarePartitionedQueue", "JoinGroup", "LeaveGroup"} <= kinds[3]  # consumer groups
+    assert {"Enqueue@parts", "AnnotatedEnqueue@parts", "RegisterEnqueuer@parts",
+            "DeleteQueue@parts"} <= kinds[3]  # fmt: skip  # v3: routed to the partitions
     assert {"NoneType", "list"} <= kinds[1]  # bad input that is not a command at all
     assert upgrades >= rc.SEEDS_PER_VERSION // 2 - 10
 

@@ -362,20 +362,21 @@ def test_dispatch_does_not_scan_the_queue() -> None:
 # --- the fuzzer's grouped invariants, each shown to fail on a planted bug ---------------------
 
 
-def planted(seeds: int = 6, steps: int = 1500) -> set[str]:
+def planted(seeds: int = 6, steps: int = 1500, ignore: frozenset[str] = frozenset()) -> set[str]:
     found: set[str] = set()
     for seed in range(seeds):
-        result = fifo.fuzz.run(seed, steps, 3)
+        result = fifo.fuzz.run(seed, steps, 3, ignore=ignore)
         found |= {v.invariant for v in result.violations}
     return found
 
 
 def test_planted_bug_two_holders_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Dispatch that ignores owners hands one group to two consumers."""
+    """Dispatch that ignores owners hands one group to two consumers (`group_owner` trips on
+    it too, and often first: it is ignored so the runs go on to show `group_two_holders`)."""
     original = G.pick
     monkeypatch.setattr(G, "pick", lambda gr, key: G.oldest(gr) if key is not None else
                         original(gr, key))  # fmt: skip
-    assert "group_two_holders" in planted()
+    assert "group_two_holders" in planted(ignore=frozenset({"group_owner"}))
 
 
 def test_planted_bug_group_order_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from fifo.commands import (
     ConnectionId,
     DeclarePartitionedQueue,
     DeclareQueue,
+    DeleteQueue,
     Enqueue,
     NodeDown,
     QueueConfig,
@@ -184,3 +185,65 @@ def test_links_of_a_partitioned_declare_and_of_a_malformed_one() -> None:
     tag = cbor2.loads(blob)
     broken = cbor2.dumps(cbor2.CBORTag(tag.tag, [*tag.value[:-1], "two"]))
     assert links_of(broken) == [("orders", "dlx")]
+
+
+def _grouped_entries(log: list[Any]) -> tuple[list[tuple[str, Any]], Groups]:
+    entries: list[tuple[str, Any]] = []
+    groups = Groups()
+    for entry in log:
+        if isinstance(entry, FuzzUpgrade):
+            m = entry.meta
+            entries.append(("up", Upgrade(m.index, m.term, m.system_time_ms, m.machine_version)))
+            continue
+        meta, command = entry
+        blob = fifo.encode(command)
+        entries.append(("cmd", (meta.index, meta.term, meta.system_time_ms, meta.machine_version,
+                                blob)))  # fmt: skip
+        queue, _, _ = route(blob)
+        if queue is not None:
+            groups.find(queue)
+            for source, target in links_of(blob):
+                groups.link(source, target)
+    return entries, groups
+
+
+@pytest.mark.parametrize("seed", range(300, 306))
+def test_v3_fuzz_logs_with_routed_publishes_replay_per_group_to_the_machine(seed: int) -> None:
+    """v3 fuzz logs publishing to a partitioned queue's base name (and deleting it as a whole)
+    replay per group to the machine's final digest without a resync; the base name is in the
+    group of its partitions."""
+    log, result = run_with_log(seed, 400, 3)
+    routed = [e for e in log if not isinstance(e, FuzzUpgrade)
+              and isinstance(e[1], Enqueue) and e[1].queue == "parts"]  # fmt: skip
+    assert routed, "the seed publishes to the base name"
+    entries, groups = _grouped_entries(log)
+    members = groups.members()
+    (with_base,) = [names for names in members.values() if "parts" in names]
+    assert {"parts.0", PARTITIONED_ANCHOR} <= set(with_base)
+    out, _ = replay_groups(entries, members, 3)
+    assert merged_digest(out["parts"], 3) == result.digest
+    assert out["stats"]["resyncs"] == 0
+
+
+def test_a_publish_to_the_base_is_a_publish_of_its_partition_and_delete_drops_all() -> None:
+    """Message rows of routed publishes name their partition with source "publish"; deleting the
+    base drops every partition's messages (outcome dropped, queue_deleted)."""
+    conn = ConnectionId("n1", 1, 1)
+    sac = QueueConfig(single_active_consumer=True)
+    commands: list[Any] = [DeclarePartitionedQueue("orders", sac, 3)]
+    commands += [Enqueue("orders", b"m%d" % i, "p", i + 1, conn) for i in range(5)]
+    commands += [Enqueue("orders", b"m4", "p", 5, conn), DeleteQueue("orders")]  # + a resend
+    entries = [("cmd", (i + 1, 1, 1000 + i, 3, fifo.encode(c))) for i, c in enumerate(commands)]
+    groups = Groups()
+    for _, item in entries:
+        groups.find(str(route(item[4])[0]))
+        for source, target in links_of(item[4]):
+            groups.link(source, target)
+    assert len(groups.members()) == 1
+    out, rows = replay_groups(entries, groups.members(), 3)
+    messages = [r for t, r in rows if t == "messages"]
+    assert sorted(r["queue"] for r in messages) == [
+        "orders.0", "orders.0", "orders.1", "orders.1", "orders.2"]  # fmt: skip
+    assert {r["source"] for r in messages} == {"publish"}
+    assert {(r["outcome"], r["outcome_reason"]) for r in messages} == {("dropped", "queue_deleted")}
+    assert out["stats"]["resyncs"] == 0
