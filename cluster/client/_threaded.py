@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import structlog
 
+from cluster import protocol
 from cluster.client._wire import AnyFrame, Frame, Handshake, Welcome
 from cluster.client.errors import (
     AuthError,
@@ -40,6 +41,7 @@ from cluster.client.sansio import (
     CloseConnection,
     Event,
     ReconnectNeeded,
+    explain_timeout,
 )
 
 log = structlog.get_logger("quorumq.client")
@@ -50,6 +52,7 @@ POLL_SLICE_S = 1.0  # the longest one poll waits (the owner re-checks its condit
 # after a caller stops reading, how long the reader thread leaves the socket to the callers: a
 # caller that publishes and then waits for the confirm reads both answers itself
 READER_LINGER_S = 0.005
+PROBE_TIMEOUT_S = 1.0  # the status probe that explains a timeout
 _READABLE = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP | select.POLLNVAL
 _Opened = tuple[socket.socket, Welcome, bytes]
 
@@ -483,7 +486,9 @@ class ThreadedShell:
             for request_id in request_ids:
                 self._callbacks.pop(request_id, None)
 
-    def _request(self, send: Callable[[], int], timeout_s: float, what: str) -> AnyFrame:
+    def _request(
+        self, send: Callable[[], int], timeout_s: float, what: str, *, explain: bool = True
+    ) -> AnyFrame:
         """Make one request with `send` (under the lock) and wait for its answer frame, reading
         it on this thread."""
         waiter = _Waiter()
@@ -495,11 +500,30 @@ class ThreadedShell:
             answered = self._pump_until(waiter.event.is_set, time.monotonic() + timeout_s + 1.0)
         if not answered:
             self.forget([request_id])
-            raise RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s")
+            waiter.error = RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s")
+        if isinstance(waiter.error, ClusterError) and explain:
+            raise self._explain(waiter.error)
         if waiter.error is not None:
             raise waiter.error
         assert waiter.answer is not None
         return dict(waiter.answer)
+
+    def _explain(self, error: ClusterError) -> ClusterError:
+        """A timeout becomes Unavailable when the node says it has no quorum (a status query,
+        answered without the log); any other error, or no answer, stays as it is."""
+        if not isinstance(error, RequestTimeout) or self._core.closed:
+            return error  # (only a timeout is explained, and never by a probe's own timeout)
+        core, frame = self._core, protocol.query(0, "status")
+        try:
+            status = self._request(
+                lambda: core.submit(frame, PROBE_TIMEOUT_S, now=time.monotonic()),
+                PROBE_TIMEOUT_S,
+                "status",
+                explain=False,
+            ).get("result")
+        except ClusterError:
+            return error
+        return explain_timeout(status, error)
 
     def _wait_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
         """Block until `ready()` (checked under the lock) or the deadline; False on timeout.

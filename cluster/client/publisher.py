@@ -135,8 +135,8 @@ class Publisher:
             with self.client._lock:
                 error = core.unconfirmed_error(state, timeout_s)
             if isinstance(error, RequestTimeout):
-                raise RequestTimeout(f"the publish window stayed full for {timeout_s:.1f}s")
-            raise error
+                error = RequestTimeout(f"the publish window stayed full for {timeout_s:.1f}s")
+            raise self.client._explain(error)
         return room
 
     def wait_for_confirms(self, timeout_s: float | None = None) -> None:
@@ -150,4 +150,5 @@ class Publisher:
             raise state.error
         if not done:
             with self.client._lock:
-                raise self.client._core.unconfirmed_error(state, timeout)
+                error = self.client._core.unconfirmed_error(state, timeout)
+            raise self.client._explain(error)
