@@ -137,6 +137,10 @@ class ThreadedShell:
         self._io_owner_is_reader = False
         self._io_wanted = 0
         self._io_released_at = 0.0
+        # the reader thread waits on its own condition: the many events callers wake each
+        # other with must not wake it too (on two cores, every needless wake costs the GIL)
+        self._reader_wake = threading.Condition(self._lock)
+        self._reader_parked = False  # waiting for callers to finish (not lingering)
         self.reads_by_callers = 0  # socket reads made by calling threads ...
         self.reads_by_reader = 0  # ... and by the reader thread (observability, benchmarks)
         # written only under the send lock: bytes taken for `_unsent_sock` and not yet sent
@@ -242,9 +246,18 @@ class ThreadedShell:
                     if linger_s <= 0:
                         self._io_owner, self._io_owner_is_reader = me, True
                         return True
-                    self._changed.wait(linger_s)
+                    self._reader_wake.wait(linger_s)
                 else:
-                    self._changed.wait(POLL_SLICE_S)
+                    self._reader_parked = True
+                    try:
+                        self._reader_wake.wait(POLL_SLICE_S)
+                    finally:
+                        self._reader_parked = False
+
+    def _free_for_reader(self) -> None:
+        """Wake a parked reader thread if no caller reads nor wants to (locked)."""
+        if self._reader_parked and self._io_owner is None and not self._io_wanted:
+            self._reader_wake.notify_all()
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:
@@ -261,8 +274,7 @@ class ThreadedShell:
         finally:
             with self._lock:
                 self._io_wanted -= 1
-                if not self._io_wanted:
-                    self._changed.notify_all()
+                self._free_for_reader()
 
     def _pump_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
         """Block until `ready()` (checked under the lock) or the deadline; False on timeout.
@@ -296,7 +308,7 @@ class ThreadedShell:
                         if self._io_owner == me:
                             self._io_owner = None
                             self._io_released_at = time.monotonic()
-                            self._changed.notify_all()
+                            self._changed.notify_all()  # a waiting caller takes over
 
     def _io_step(self, sock: socket.socket, timeout_s: float, *, by_reader: bool) -> bool:
         """Wait up to `timeout_s` for `sock`, then read and write what it allows (owner only).
@@ -365,6 +377,7 @@ class ThreadedShell:
             return []
         self._sock = None
         self._changed.notify_all()
+        self._reader_wake.notify_all()  # its reader thread ends
         return self._core.connection_lost(error)
 
     def _wake(self) -> None:
@@ -536,6 +549,7 @@ class ThreadedShell:
             events = self._core.close()
             sock, self._sock = self._sock, None
             self._changed.notify_all()
+            self._reader_wake.notify_all()
         if sock is not None:
             _shut(sock)
         self._handle(events)
