@@ -283,6 +283,9 @@ class ThreadedShell:
         does (leader/follower); otherwise it waits for the reading thread's events.
         """
         me = threading.get_ident()
+        with self._lock:
+            if ready():  # (the common case of a window with room: no hand-over of the socket)
+                return True
         with self._reading():
             with self._lock:
                 owned_before = self._io_owner == me
