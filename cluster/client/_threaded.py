@@ -451,14 +451,17 @@ class ThreadedShell:
         if not events:
             return
         calls: list[tuple[Callback, Frame | None, BaseException | None]] = []
+        pending = list(events)
         with self._lock:
-            for event in events:
+            while pending:
+                event = pending.pop(0)
                 if isinstance(event, Answered):
                     callback = self._callbacks.pop(event.request_id, None)
                     if callback is not None:
                         calls.append((callback, event.answer, event.error))
                 elif isinstance(event, CloseConnection) and self._sock is not None:
-                    _shut(self._sock)
+                    closed = ConnectionError(f"closed by the client: {event.reason}")
+                    pending += self._lost(self._sock, closed)
                 elif isinstance(event, ReconnectNeeded):
                     threading.Thread(
                         target=self._reconnect,

@@ -787,13 +787,14 @@ def explain_timeout(status: object, error: ClusterError) -> ClusterError:
     majority of the cluster or knows no leader: nothing can commit until a quorum is back."""
     if not isinstance(error, RequestTimeout) or not isinstance(status, dict):
         return error
-    if status.get("has_quorum") is False or status.get("leader") is None:
-        node = status.get("id") or "the node"
-        return Unavailable(
-            f"no leader: the cluster has no quorum ({node} reaches no majority of the nodes, "
-            f"leader: {status.get('leader')}); {error}"
-        )
-    return error
+    node = status.get("id") or "the node"
+    if status.get("has_quorum") is False:
+        reason = f"{node} reaches no majority of the nodes"
+    elif status.get("leader") is None:
+        reason = f"{node} knows no leader"
+    else:
+        return error
+    return Unavailable(f"no leader: the cluster has no quorum ({reason}); {error}")
 
 
 def _frame_error(frame: AnyFrame) -> ClusterError:
