@@ -321,6 +321,12 @@ class ThreadedShell:
         """
         if by_reader and self._io_wanted:
             return False
+        want_out = bool(self._unsent) and self._unsent_sock is sock
+        if want_out:
+            self._flush()
+        received = self._receive(sock, by_reader)  # what already arrived needs no poll
+        if received is not None:
+            return received
         poller = select.poll()
         want_out = bool(self._unsent) and self._unsent_sock is sock
         try:
@@ -328,7 +334,7 @@ class ThreadedShell:
             poller.register(fd, select.POLLIN | (select.POLLOUT if want_out else 0))
             poller.register(self._wake_r, select.POLLIN)
         except (OSError, ValueError):  # closed by another thread (close, a lost connection)
-            return self._sock is sock and self._receive(sock, by_reader)
+            return self._sock is sock and self._receive(sock, by_reader) is not False
         readable = writable = False
         for polled, mask in poller.poll(max(0, int(timeout_s * 1000))):
             if polled == fd:
@@ -339,11 +345,13 @@ class ThreadedShell:
         if writable:
             self._flush()
         if readable:
-            return self._receive(sock, by_reader)
+            return self._receive(sock, by_reader) is not False
         return self._sock is sock and not (by_reader and self._io_wanted)
 
-    def _receive(self, sock: socket.socket, by_reader: bool) -> bool:
-        """Read once from `sock` and feed the protocol; report the end of the connection."""
+    def _receive(self, sock: socket.socket, by_reader: bool) -> bool | None:
+        """Read once from `sock` and feed the protocol; report the end of the connection.
+
+        None when nothing was there to read; False when the caller should stop."""
         events: list[Event] = []
         error: BaseException | None = None
         with self._lock:  # a caller registers in _io_wanted under it: no read after that
@@ -352,7 +360,7 @@ class ThreadedShell:
             try:
                 chunk = sock.recv(RECV_BYTES)
             except (BlockingIOError, InterruptedError):
-                return True
+                return None
             except OSError as err:
                 error = err
             else:
