@@ -227,7 +227,8 @@ class ThreadedShell:
         me = threading.get_ident()
         while self._reader_takes(sock, me):
             try:
-                while self._io_step(sock, POLL_SLICE_S, by_reader=True):
+                poller = self._poller(sock)
+                while poller is not None and self._io_step(poller, POLL_SLICE_S, by_reader=True):
                     pass
             finally:
                 with self._lock:
@@ -289,6 +290,7 @@ class ThreadedShell:
         with self._reading():
             with self._lock:
                 owned_before = self._io_owner == me
+            poller: _Poller | None = None
             try:
                 while True:
                     with self._lock:
@@ -304,7 +306,10 @@ class ThreadedShell:
                         if sock is None:  # another thread reads, or we are between connections
                             self._changed.wait(slice_s)
                             continue
-                    self._io_step(sock, slice_s, by_reader=False)
+                    if poller is None or poller.sock is not sock:
+                        poller = self._poller(sock)
+                    if poller is not None:
+                        self._io_step(poller, slice_s, by_reader=False)
             finally:
                 if not owned_before:
                     with self._lock:
@@ -313,39 +318,45 @@ class ThreadedShell:
                             self._io_released_at = time.monotonic()
                             self._changed.notify_all()  # a waiting caller takes over
 
-    def _io_step(self, sock: socket.socket, timeout_s: float, *, by_reader: bool) -> bool:
-        """Wait up to `timeout_s` for `sock`, then read and write what it allows (owner only).
+    def _poller(self, sock: socket.socket) -> _Poller | None:
+        """A poll set for `sock`; None (and the connection reported lost) once it is closed."""
+        try:
+            return _Poller(sock, self._wake_r)
+        except (OSError, ValueError) as err:  # closed by another thread
+            with self._lock:
+                events = self._lost(sock, err)
+            self._handle(events)
+            return None
+
+    def _io_step(self, poller: _Poller, timeout_s: float, *, by_reader: bool) -> bool:
+        """Read (and write) what the socket allows, waiting up to `timeout_s` (owner only).
 
         False when the caller should stop: the connection is gone or, for the reader thread, a
         caller wants the socket.
         """
+        sock = poller.sock
         if by_reader and self._io_wanted:
             return False
-        want_out = bool(self._unsent) and self._unsent_sock is sock
-        if want_out:
+        if self._unsent and self._unsent_sock is sock:
             self._flush()
-        received = self._receive(sock, by_reader)  # what already arrived needs no poll
-        if received is not None:
-            return received
-        poller = select.poll()
+        if poller.flowing:  # the last read got data: more is likely there, no poll needed
+            received = self._receive(sock, by_reader)
+            if received is not None:
+                return received
+            poller.flowing = False
         want_out = bool(self._unsent) and self._unsent_sock is sock
         try:
-            fd = sock.fileno()
-            poller.register(fd, select.POLLIN | (select.POLLOUT if want_out else 0))
-            poller.register(self._wake_r, select.POLLIN)
+            readable, writable, woken = poller.poll(want_out, timeout_s)
         except (OSError, ValueError):  # closed by another thread (close, a lost connection)
             return self._sock is sock and self._receive(sock, by_reader) is not False
-        readable = writable = False
-        for polled, mask in poller.poll(max(0, int(timeout_s * 1000))):
-            if polled == fd:
-                readable = bool(mask & _READABLE)
-                writable = bool(mask & select.POLLOUT)
-            else:
-                self._drain_wake()
+        if woken:
+            self._drain_wake()
         if writable:
             self._flush()
         if readable:
-            return self._receive(sock, by_reader) is not False
+            received = self._receive(sock, by_reader)
+            poller.flowing = received is True
+            return received is not False
         return self._sock is sock and not (by_reader and self._io_wanted)
 
     def _receive(self, sock: socket.socket, by_reader: bool) -> bool | None:
@@ -569,6 +580,38 @@ class ThreadedShell:
         self._handle(events)
         self._wake()  # a thread polling the socket returns and sees the client closed
         self._close_wake()
+
+
+class _Poller:
+    """A poll set over one connection's socket and the wake socket, kept across waits."""
+
+    __slots__ = ("_out", "_poll", "fd", "flowing", "sock")
+
+    def __init__(self, sock: socket.socket, wake: socket.socket) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.flowing = False  # the last read got data
+        self._out = False
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
+        self._poll.register(wake, select.POLLIN)
+
+    def poll(self, want_out: bool, timeout_s: float) -> tuple[bool, bool, bool]:
+        """(readable, writable, woken) after waiting up to `timeout_s`; OSError or ValueError
+        when the socket was closed."""
+        if self.sock.fileno() != self.fd:
+            raise ValueError("the socket was closed")
+        if want_out != self._out:
+            self._out = want_out
+            self._poll.modify(self.fd, select.POLLIN | (select.POLLOUT if want_out else 0))
+        readable = writable = woken = False
+        for polled, mask in self._poll.poll(max(0, int(timeout_s * 1000))):
+            if polled == self.fd:
+                readable = bool(mask & _READABLE)
+                writable = bool(mask & select.POLLOUT)
+            else:
+                woken = True
+        return readable, writable, woken
 
 
 def _shut(sock: socket.socket) -> None:
