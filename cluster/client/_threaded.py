@@ -10,8 +10,9 @@ before its next read once one does. The ticker thread drives timeouts and retrie
 Every call into the protocol object happens under one lock; the socket is non-blocking, and
 bytes are written under the send lock in the order they were taken; what the socket cannot take
 now is left in `_unsent` for the owner, which waits for the socket to be writable while it reads
-(so no thread ever blocks on a full socket while nobody reads). Waiters block on one condition
-that every event and every release of the socket wakes.
+(so no thread ever blocks on a full socket while nobody reads). Callers wait on one condition
+that every event and every release of the socket wakes; the reader thread waits on its own.
+Needs `select.poll` (Linux, macOS, the BSDs).
 """
 
 from __future__ import annotations
