@@ -289,6 +289,15 @@ def peak_rss_mib(cluster: LocalCluster) -> dict[str, float | None]:
     return peaks
 
 
+def client_reads(client: Client) -> dict[str, int | None]:
+    """Socket reads made by calling threads and by the reader thread (None: a client without
+    these counters, such as one from before callers read their own answers)."""
+    return {
+        "by_callers": getattr(client, "reads_by_callers", None),
+        "by_reader": getattr(client, "reads_by_reader", None),
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start a fresh cluster, run every phase, stop the cluster."""
     with (
@@ -312,6 +321,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             for name, phase in phases.items():
                 results[name] = _guarded(phase)
+            results["threaded_client_reads"] = client_reads(client)
+        if args.threaded_only:
+            results["config"] = {"nodes": 3, "fsync": args.fsync, "threaded_only": True}
+            return results
         results["asyncio"] = _guarded(lambda: asyncio_phases(cluster, leader, args))
         results["asyncio_over_threaded"] = {
             phase: _ratio(results, phase)
@@ -359,6 +372,11 @@ def main() -> None:
         "--repeat", type=int, default=5, help="Alternating threaded/asyncio window-1000 runs."
     )
     parser.add_argument("--fsync", choices=["always", "batch", "never"], default="batch")
+    parser.add_argument(
+        "--threaded-only",
+        action="store_true",
+        help="Only the threaded client's publish, latency and consume phases (a quick A/B run).",
+    )
     parser.add_argument(
         "--out", type=Path, default=None, help="results file (default: in a fresh temp dir)"
     )

@@ -27,12 +27,14 @@ from cluster.client.sansio import (
     CloseConnection,
     Event,
     ReconnectNeeded,
+    explain_timeout,
 )
 from fifo.codec import decode
 from fifo.commands import ConnectionId
 from fifo.replies import Error, Reply
 
 _Answer = tuple[AnyFrame | None, ClusterError | None]
+PROBE_TIMEOUT_S = 1.0  # the status probe that explains a timeout
 
 
 class _Link(asyncio.Protocol):
@@ -349,7 +351,9 @@ class AsyncShell:
         if self._write_paused is not None:
             await asyncio.shield(self._write_paused)
 
-    async def _request(self, send: Callable[[], int], timeout_s: float, what: str) -> AnyFrame:
+    async def _request(
+        self, send: Callable[[], int], timeout_s: float, what: str, *, explain: bool = True
+    ) -> AnyFrame:
         request_id = send()
         waiter: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = waiter
@@ -359,11 +363,28 @@ class AsyncShell:
         except TimeoutError:
             self._core.forget([request_id])
             self._waiters.pop(request_id, None)
-            raise RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s") from None
+            answer, error = None, RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s")
         if error is not None:
-            raise error
+            raise (await self._explain(error)) if explain else error
         assert answer is not None
         return answer
+
+    async def _explain(self, error: ClusterError) -> ClusterError:
+        """A timeout becomes Unavailable when the node says it has no quorum (a status query,
+        answered without the log); any other error, or no answer, stays as it is."""
+        if not isinstance(error, RequestTimeout) or self._core.closed:
+            return error  # (only a timeout is explained, and never by a probe's own timeout)
+        core, frame = self._core, protocol.query(0, "status")
+        try:
+            answer = await self._request(
+                lambda: core.submit(frame, PROBE_TIMEOUT_S, now=time.monotonic()),
+                PROBE_TIMEOUT_S,
+                "status",
+                explain=False,
+            )
+        except ClusterError:
+            return error
+        return explain_timeout(answer.get("result"), error)
 
 
 def reply_of(answer: AnyFrame) -> Reply:

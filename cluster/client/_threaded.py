@@ -1,20 +1,32 @@
-"""The threaded shell around `ClientProtocol`: blocking sockets, a reader and a ticker thread.
+"""The threaded shell around `ClientProtocol`: blocking calls whose caller does the socket I/O.
 
-Every call into the protocol object happens under one lock; bytes are written outside it (a
-reader thread must never wait for the socket while holding it) by whichever thread holds the
-send lock, in the order they were taken. Waiters block on one condition that every event wakes.
+Leader/follower I/O: a caller that waits (for a confirm, a reply, room in the window) reads and
+processes frames from the socket itself, so a publish and its confirm cross only the caller's
+thread on the client. One thread at a time owns the socket for reading (`_io_owner`); callers
+that want it register in `_io_wanted` before they send, and the connection's reader thread
+owns it only while no caller wants it (consumers, callbacks, pushes between calls), and yields
+before its next read once one does. The ticker thread drives timeouts and retries.
+
+Every call into the protocol object happens under one lock; the socket is non-blocking, and
+bytes are written under the send lock in the order they were taken; what the socket cannot take
+now is left in `_unsent` for the owner, which waits for the socket to be writable while it reads
+(so no thread ever blocks on a full socket while nobody reads). Callers wait on one condition
+that every event and every release of the socket wakes; the reader thread waits on its own.
+Needs `select.poll` (Linux, macOS, the BSDs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import structlog
 
+from cluster import protocol
 from cluster.client._wire import AnyFrame, Frame, Handshake, Welcome
 from cluster.client.errors import (
     AuthError,
@@ -30,12 +42,19 @@ from cluster.client.sansio import (
     CloseConnection,
     Event,
     ReconnectNeeded,
+    explain_timeout,
 )
 
 log = structlog.get_logger("quorumq.client")
 
 Callback = Callable[[Frame | None, BaseException | None], None]
 RECV_BYTES = 256 * 1024
+POLL_SLICE_S = 1.0  # the longest one poll waits (the owner re-checks its condition after it)
+# after a caller stops reading, how long the reader thread leaves the socket to the callers: a
+# caller that publishes and then waits for the confirm reads both answers itself
+READER_LINGER_S = 0.005
+PROBE_TIMEOUT_S = 1.0  # the status probe that explains a timeout
+_READABLE = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP | select.POLLNVAL
 _Opened = tuple[socket.socket, Welcome, bytes]
 
 
@@ -56,7 +75,7 @@ def open_socket(address: str, client_key: bytes, name: str, timeout_s: float) ->
                 raise handshake.connection_closed()
             welcome = handshake.receive_data(chunk)
             sock.sendall(handshake.data_to_send())
-        sock.settimeout(None)
+        sock.setblocking(False)
     except BaseException:
         sock.close()
         raise
@@ -114,9 +133,30 @@ class ThreadedShell:
         self._send_lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._callbacks: dict[int, Callback] = {}
+        # who reads the socket (see the module docstring); all under self._lock
+        self._io_owner: int | None = None  # thread ident
+        self._io_owner_is_reader = False
+        self._io_wanted = 0
+        self._io_released_at = 0.0
+        # the reader thread waits on its own condition: the many events callers wake each
+        # other with must not wake it too (on two cores, every needless wake costs the GIL)
+        self._reader_wake = threading.Condition(self._lock)
+        self._reader_parked = False  # waiting for callers to finish (not lingering)
+        self.reads_by_callers = 0  # socket reads made by calling threads ...
+        self.reads_by_reader = 0  # ... and by the reader thread (observability, benchmarks)
+        # written only under the send lock: bytes taken for `_unsent_sock` and not yet sent
+        self._unsent = b""
+        self._unsent_sock: socket.socket | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         retry_s = connect_timeout_s if connect_retry_s is None else connect_retry_s
-        opened = self._connect_any(self._core.endpoints, time.monotonic() + retry_s)
-        self._attach(self._leader_instead(opened) if prefer_leader else opened)
+        try:
+            opened = self._connect_any(self._core.endpoints, time.monotonic() + retry_s)
+            self._attach(self._leader_instead(opened) if prefer_leader else opened)
+        except BaseException:
+            self._close_wake()
+            raise
         self._ticker = threading.Thread(target=self._tick_loop, name="qq-ticker", daemon=True)
         self._ticker.start()
 
@@ -181,32 +221,203 @@ class ThreadedShell:
             return
         self._attach(opened)
 
-    # --- the reader and ticker threads ------------------------------------------------------
+    # --- who reads: the reader thread, or a caller that waits --------------------------------
 
     def _read_loop(self, sock: socket.socket) -> None:
-        error: BaseException | None = None
-        try:
-            while True:
-                chunk = sock.recv(RECV_BYTES)
-                if not chunk:
-                    raise ConnectionError("the node closed the connection")
+        """The connection's reader: reads while no caller wants to; ends with the connection."""
+        me = threading.get_ident()
+        while self._reader_takes(sock, me):
+            try:
+                poller = self._poller(sock)
+                while poller is not None and self._io_step(poller, POLL_SLICE_S, by_reader=True):
+                    pass
+            finally:
                 with self._lock:
-                    if self._sock is not sock:
-                        return
-                    events = self._core.receive_data(chunk)
-                self._flush()
-                self._handle(events)
-        except BaseException as err:  # any end of the socket is reported once, below
-            error = err
+                    if self._io_owner == me:
+                        self._io_owner, self._io_owner_is_reader = None, False
+                        self._changed.notify_all()
+
+    def _reader_takes(self, sock: socket.socket, me: int) -> bool:
+        """Wait until the socket is free and no caller wants it; False once `sock` is gone."""
+        with self._lock:
+            while True:
+                if self._sock is not sock:
+                    return False
+                if self._io_owner is None and not self._io_wanted:
+                    linger_s = self._io_released_at + READER_LINGER_S - time.monotonic()
+                    if linger_s <= 0:
+                        self._io_owner, self._io_owner_is_reader = me, True
+                        return True
+                    self._reader_wake.wait(linger_s)
+                else:
+                    self._reader_parked = True
+                    try:
+                        self._reader_wake.wait(POLL_SLICE_S)
+                    finally:
+                        self._reader_parked = False
+
+    def _free_for_reader(self) -> None:
+        """Wake a parked reader thread if no caller reads nor wants to (locked)."""
+        if self._reader_parked and self._io_owner is None and not self._io_wanted:
+            self._reader_wake.notify_all()
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """This caller will wait for what it sends: the reader thread must not read its answers.
+
+        Enter before sending; the reader thread stops before its next read (woken if it polls).
+        """
+        with self._lock:
+            self._io_wanted += 1
+            if self._io_owner_is_reader:
+                self._wake()
+        try:
+            yield
         finally:
-            _shut(sock)
             with self._lock:
-                events = []
-                if self._sock is sock:
-                    self._sock = None
-                    events = self._core.connection_lost(error)
-                    self._changed.notify_all()
+                self._io_wanted -= 1
+                self._free_for_reader()
+
+    def _pump_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
+        """Block until `ready()` (checked under the lock) or the deadline; False on timeout.
+
+        While it waits, this thread reads and processes frames itself whenever nobody else
+        does (leader/follower); otherwise it waits for the reading thread's events.
+        """
+        me = threading.get_ident()
+        with self._lock:
+            if ready():  # (the common case of a window with room: no hand-over of the socket)
+                return True
+        with self._reading():
+            with self._lock:
+                owned_before = self._io_owner == me
+            poller: _Poller | None = None
+            try:
+                while True:
+                    with self._lock:
+                        if ready():
+                            return True
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            return False
+                        slice_s = POLL_SLICE_S if left is None else min(left, POLL_SLICE_S)
+                        if self._io_owner is None:
+                            self._io_owner, self._io_owner_is_reader = me, False
+                        sock = self._sock if self._io_owner == me else None
+                        if sock is None:  # another thread reads, or we are between connections
+                            self._changed.wait(slice_s)
+                            continue
+                    if poller is None or poller.sock is not sock:
+                        poller = self._poller(sock)
+                    if poller is not None:
+                        self._io_step(poller, slice_s, by_reader=False)
+            finally:
+                if not owned_before:
+                    with self._lock:
+                        if self._io_owner == me:
+                            self._io_owner = None
+                            self._io_released_at = time.monotonic()
+                            self._changed.notify_all()  # a waiting caller takes over
+
+    def _poller(self, sock: socket.socket) -> _Poller | None:
+        """A poll set for `sock`; None (and the connection reported lost) once it is closed."""
+        try:
+            return _Poller(sock, self._wake_r)
+        except (OSError, ValueError) as err:  # closed by another thread
+            with self._lock:
+                events = self._lost(sock, err)
             self._handle(events)
+            return None
+
+    def _io_step(self, poller: _Poller, timeout_s: float, *, by_reader: bool) -> bool:
+        """Read (and write) what the socket allows, waiting up to `timeout_s` (owner only).
+
+        False when the caller should stop: the connection is gone or, for the reader thread, a
+        caller wants the socket.
+        """
+        sock = poller.sock
+        if by_reader and self._io_wanted:
+            return False
+        if self._unsent and self._unsent_sock is sock:
+            self._flush()
+        if poller.flowing:  # the last read got data: more is likely there, no poll needed
+            received = self._receive(sock, by_reader)
+            if received is not None:
+                return received
+            poller.flowing = False
+        want_out = bool(self._unsent) and self._unsent_sock is sock
+        try:
+            readable, writable, woken = poller.poll(want_out, timeout_s)
+        except (OSError, ValueError):  # closed by another thread (close, a lost connection)
+            return self._sock is sock and self._receive(sock, by_reader) is not False
+        if woken:
+            self._drain_wake()
+        if writable:
+            self._flush()
+        if readable:
+            received = self._receive(sock, by_reader)
+            poller.flowing = received is True
+            return received is not False
+        return self._sock is sock and not (by_reader and self._io_wanted)
+
+    def _receive(self, sock: socket.socket, by_reader: bool) -> bool | None:
+        """Read once from `sock` and feed the protocol; report the end of the connection.
+
+        None when nothing was there to read; False when the caller should stop."""
+        events: list[Event] = []
+        error: BaseException | None = None
+        with self._lock:  # a caller registers in _io_wanted under it: no read after that
+            if self._sock is not sock or (by_reader and self._io_wanted):
+                return False
+            try:
+                chunk = sock.recv(RECV_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return None
+            except OSError as err:
+                error = err
+            else:
+                if by_reader:
+                    self.reads_by_reader += 1
+                else:
+                    self.reads_by_callers += 1
+                if not chunk:
+                    error = ConnectionError("the node closed the connection")
+                else:
+                    try:
+                        events = self._core.receive_data(chunk)
+                    except Exception as err:  # a broken stream cannot be resynchronised
+                        error = err
+            if error is not None:
+                events += self._lost(sock, error)
+        self._flush()
+        self._handle(events)
+        return error is None
+
+    def _lost(self, sock: socket.socket, error: BaseException | None) -> list[Event]:
+        """Close `sock` and, if it is the current connection, report its end once (locked)."""
+        _shut(sock)
+        if self._sock is not sock:
+            return []
+        self._sock = None
+        self._changed.notify_all()
+        self._reader_wake.notify_all()  # its reader thread ends
+        return self._core.connection_lost(error)
+
+    def _wake(self) -> None:
+        """Wake the thread that polls the socket (to yield it, or to watch for writability)."""
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._wake_r.recv(4096):
+                pass
+
+    def _close_wake(self) -> None:
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # --- the ticker thread ------------------------------------------------------------------
 
     def _tick_loop(self) -> None:
         while not self._core.closed and self._core.failure is None:
@@ -216,36 +427,61 @@ class ThreadedShell:
             self._flush()
             self._handle(events)
 
+    # --- writing and events -----------------------------------------------------------------
+
     def _flush(self) -> None:
-        """Write what the protocol has to send; a thread already writing takes it instead."""
-        while self._core.has_output:
+        """Write what the protocol has to send, without blocking; a thread already writing
+        takes it instead, and what the socket cannot take now is left to the reading thread."""
+        while self._core.has_output or self._unsent:
             if not self._send_lock.acquire(blocking=False):
                 return  # its holder checks for more output after it lets go
             try:
-                while True:
-                    with self._lock:
-                        data, sock = self._core.data_to_send(), self._sock
-                    if not data or sock is None:
-                        break
-                    try:
-                        sock.sendall(data)
-                    except OSError:
-                        _shut(sock)  # the reader reports it; the reconnect resends
+                blocked = self._send_locked()
             finally:
                 self._send_lock.release()
+            if blocked:
+                with self._lock:
+                    if self._io_owner not in (None, threading.get_ident()):
+                        self._wake()  # the owner polls for writability from now on
+                return
+
+    def _send_locked(self) -> bool:
+        """Send `_unsent` then the protocol's output (send lock held); True when the socket is
+        full (the rest stays in `_unsent`)."""
+        while True:
+            with self._lock:
+                sock = self._sock
+                unsent = self._unsent if self._unsent_sock is sock else b""
+                data = unsent + self._core.data_to_send() if unsent else self._core.data_to_send()
+                self._unsent, self._unsent_sock = b"", sock
+            if not data or sock is None:
+                return False  # bytes of a lost connection are dropped (the reconnect resends)
+            try:
+                sent = sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                _shut(sock)  # the reading thread reports it; the reconnect resends
+                return False
+            if sent < len(data):
+                self._unsent = data[sent:]
+                return True
 
     def _handle(self, events: list[Event]) -> None:
         if not events:
             return
         calls: list[tuple[Callback, Frame | None, BaseException | None]] = []
+        pending = list(events)
         with self._lock:
-            for event in events:
+            while pending:
+                event = pending.pop(0)
                 if isinstance(event, Answered):
                     callback = self._callbacks.pop(event.request_id, None)
                     if callback is not None:
                         calls.append((callback, event.answer, event.error))
                 elif isinstance(event, CloseConnection) and self._sock is not None:
-                    _shut(self._sock)
+                    closed = ConnectionError(f"closed by the client: {event.reason}")
+                    pending += self._lost(self._sock, closed)
                 elif isinstance(event, ReconnectNeeded):
                     threading.Thread(
                         target=self._reconnect,
@@ -257,8 +493,11 @@ class ThreadedShell:
         for callback, answer, error in calls:
             try:
                 callback(answer, error)
-            except Exception:  # a failing callback must not kill the reader thread
+            except Exception:  # a failing callback must not kill the reading thread
                 log.exception("callback_failed")
+        if calls:
+            with self._lock:  # waiters check what the callbacks set
+                self._changed.notify_all()
 
     # --- requests and waiting ---------------------------------------------------------------
 
@@ -286,30 +525,49 @@ class ThreadedShell:
             for request_id in request_ids:
                 self._callbacks.pop(request_id, None)
 
-    def _request(self, send: Callable[[], int], timeout_s: float, what: str) -> AnyFrame:
-        """Make one request with `send` (under the lock) and wait for its answer frame."""
+    def _request(
+        self, send: Callable[[], int], timeout_s: float, what: str, *, explain: bool = True
+    ) -> AnyFrame:
+        """Make one request with `send` (under the lock) and wait for its answer frame, reading
+        it on this thread."""
         waiter = _Waiter()
-        with self._lock:
-            request_id = send()
-            self._callbacks[request_id] = waiter
-        self._flush()
-        if not waiter.event.wait(timeout_s + 1.0):
+        with self._reading():
+            with self._lock:
+                request_id = send()
+                self._callbacks[request_id] = waiter
+            self._flush()
+            answered = self._pump_until(waiter.event.is_set, time.monotonic() + timeout_s + 1.0)
+        if not answered:
             self.forget([request_id])
-            raise RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s")
+            waiter.error = RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s")
+        if isinstance(waiter.error, ClusterError) and explain:
+            raise self._explain(waiter.error)
         if waiter.error is not None:
             raise waiter.error
         assert waiter.answer is not None
         return dict(waiter.answer)
 
+    def _explain(self, error: ClusterError) -> ClusterError:
+        """A timeout becomes Unavailable when the node says it has no quorum (a status query,
+        answered without the log); any other error, or no answer, stays as it is."""
+        if not isinstance(error, RequestTimeout) or self._core.closed:
+            return error  # (only a timeout is explained, and never by a probe's own timeout)
+        core, frame = self._core, protocol.query(0, "status")
+        try:
+            status = self._request(
+                lambda: core.submit(frame, PROBE_TIMEOUT_S, now=time.monotonic()),
+                PROBE_TIMEOUT_S,
+                "status",
+                explain=False,
+            ).get("result")
+        except ClusterError:
+            return error
+        return explain_timeout(status, error)
+
     def _wait_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
-        """Block until `ready()` (checked under the lock) or the deadline; False on timeout."""
-        with self._changed:
-            while not ready():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._changed.wait(1.0 if left is None else min(left, 1.0))
-        return True
+        """Block until `ready()` (checked under the lock) or the deadline; False on timeout.
+        The waiting thread reads the socket itself while nobody else does."""
+        return self._pump_until(ready, deadline)
 
     def _shutdown(self) -> None:
         """Close the socket and fail what is in flight with ClientClosed."""
@@ -317,9 +575,44 @@ class ThreadedShell:
             events = self._core.close()
             sock, self._sock = self._sock, None
             self._changed.notify_all()
+            self._reader_wake.notify_all()
         if sock is not None:
             _shut(sock)
         self._handle(events)
+        self._wake()  # a thread polling the socket returns and sees the client closed
+        self._close_wake()
+
+
+class _Poller:
+    """A poll set over one connection's socket and the wake socket, kept across waits."""
+
+    __slots__ = ("_out", "_poll", "fd", "flowing", "sock")
+
+    def __init__(self, sock: socket.socket, wake: socket.socket) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.flowing = False  # the last read got data
+        self._out = False
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
+        self._poll.register(wake, select.POLLIN)
+
+    def poll(self, want_out: bool, timeout_s: float) -> tuple[bool, bool, bool]:
+        """(readable, writable, woken) after waiting up to `timeout_s`; OSError or ValueError
+        when the socket was closed."""
+        if self.sock.fileno() != self.fd:
+            raise ValueError("the socket was closed")
+        if want_out != self._out:
+            self._out = want_out
+            self._poll.modify(self.fd, select.POLLIN | (select.POLLOUT if want_out else 0))
+        readable = writable = woken = False
+        for polled, mask in self._poll.poll(max(0, int(timeout_s * 1000))):
+            if polled == self.fd:
+                readable = bool(mask & _READABLE)
+                writable = bool(mask & select.POLLOUT)
+            else:
+                woken = True
+        return readable, writable, woken
 
 
 def _shut(sock: socket.socket) -> None:

@@ -116,7 +116,10 @@ class AsyncPublisher:
     async def _wait_for_room(self, timeout_s: float) -> int:
         core, state = self.client._core, self._state
         if not await self.client._wait_until(lambda: core.room(state) > 0, timeout_s):
-            raise RequestTimeout(f"the publish window stayed full for {timeout_s:.1f}s")
+            error = core.unconfirmed_error(state, timeout_s)
+            if isinstance(error, RequestTimeout):
+                error = RequestTimeout(f"the publish window stayed full for {timeout_s:.1f}s")
+            raise await self.client._explain(error)
         return core.room(state)
 
     async def wait_for_confirms(self, timeout_s: float | None = None) -> None:
@@ -129,6 +132,4 @@ class AsyncPublisher:
         if state.error is not None:
             raise state.error
         if not done:
-            raise RequestTimeout(
-                f"{len(state.pending)} messages still unconfirmed after {timeout:.1f}s"
-            )
+            raise await self.client._explain(self.client._core.unconfirmed_error(state, timeout))

@@ -242,7 +242,7 @@ class Client(ThreadedShell):
     ) -> None:
         """Publish one message and wait for its confirm (a tracked enqueue, deduplicated);
         `group`: its message group (a grouped queue, machine v3)."""
-        with self.publisher(queue, window=1) as publisher:
+        with self._reading(), self.publisher(queue, window=1) as publisher:
             publisher.publish(body, ttl_ms=ttl_ms, group=group)
             publisher.wait_for_confirms(timeout_s or self.request_timeout_s)
 

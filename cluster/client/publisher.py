@@ -104,15 +104,16 @@ class Publisher:
         seqs: list[int] = []
         batch: list[bytes] = []
         room = 0
-        for body in bodies:
-            if not batch:
-                room = self._wait_for_room(timeout)
-            batch.append(body)
-            if len(batch) >= room:
+        with self.client._reading():  # this thread reads the confirms (while it waits for room)
+            for body in bodies:
+                if not batch:
+                    room = self._wait_for_room(timeout)
+                batch.append(body)
+                if len(batch) >= room:
+                    seqs += self._send(batch, ttl_ms, group)
+                    batch = []
+            if batch:
                 seqs += self._send(batch, ttl_ms, group)
-                batch = []
-        if batch:
-            seqs += self._send(batch, ttl_ms, group)
         return seqs
 
     def _send(self, bodies: list[bytes], ttl_ms: int | None, group: str | None) -> list[int]:
@@ -131,7 +132,11 @@ class Publisher:
             return room > 0
 
         if not self.client._wait_until(has_room, time.monotonic() + timeout_s):
-            raise RequestTimeout(f"the publish window stayed full for {timeout_s:.1f}s")
+            with self.client._lock:
+                error = core.unconfirmed_error(state, timeout_s)
+            if isinstance(error, RequestTimeout):
+                error = RequestTimeout(f"the publish window stayed full for {timeout_s:.1f}s")
+            raise self.client._explain(error)
         return room
 
     def wait_for_confirms(self, timeout_s: float | None = None) -> None:
@@ -144,6 +149,6 @@ class Publisher:
         if state.error is not None:
             raise state.error
         if not done:
-            raise RequestTimeout(
-                f"{len(state.pending)} messages still unconfirmed after {timeout:.1f}s"
-            )
+            with self.client._lock:
+                error = self.client._core.unconfirmed_error(state, timeout)
+            raise self.client._explain(error)

@@ -140,6 +140,7 @@ class _Request:
         "data",
         "deadline",
         "kind",
+        "refusal",
         "request_id",
         "retry_at",
         "sent_at",
@@ -159,6 +160,8 @@ class _Request:
         self.sent_at = 0.0
         # an earlier attempt may have been applied (its answer was lost or left it unknown)
         self.uncertain = False
+        # the last "no leader" answer (a retry code) to an attempt, as "code: message"
+        self.refusal: str | None = None
 
 
 class ClientProtocol:
@@ -387,6 +390,8 @@ class ClientProtocol:
             return
         if op == protocol.ERROR:
             code = str(frame.get("code"))
+            if code in RETRY_CODES:
+                request.refusal = f"{code}: {frame.get('message', '')}"
             if code in RETRY_CODES and not self._expired(request):
                 request.uncertain = True
                 request.retry_at = self._now + RETRY_DELAY_S
@@ -437,7 +442,11 @@ class ClientProtocol:
         ]
         for request in expired:
             del self._inflight[request.request_id]
-            self._finish(request, None, RequestTimeout("the cluster did not answer in time"))
+            if request.refusal is not None:
+                error: ClusterError = no_leader(request.refusal, "nothing committed in time")
+            else:
+                error = RequestTimeout("the cluster did not answer in time")
+            self._finish(request, None, error)
 
     def _check_silence(self, now: float) -> None:
         """A node that answers nothing while requests wait (paused, wedged): go elsewhere."""
@@ -481,7 +490,9 @@ class ClientProtocol:
             del self._publishers[(publisher.queue, publisher.enqueuer)]
 
     def room(self, publisher: PublisherState) -> int:
-        """How many messages may be published now (0: wait); raises the publisher's failure."""
+        """How many messages may be published now (0: wait); raises the publisher's failure, or
+        ClientClosed once the client is closed (a blocked publisher must not wait on)."""
+        self.check_usable()
         if publisher.error is not None:
             raise publisher.error
         if publisher.blocked:
@@ -535,6 +546,16 @@ class ClientProtocol:
             publisher.fail(CommandRefused(reply.code, reply.message))
         else:
             publisher.fail(CommandRefused("unexpected_reply", f"enqueue answered {reply!r}"))
+
+    def unconfirmed_error(self, publisher: PublisherState, waited_s: float) -> ClusterError:
+        """Why `publisher` still has unconfirmed messages after `waited_s`: Unavailable when every
+        attempt that ended was refused for want of a leader (no quorum), else RequestTimeout."""
+        count = len(publisher.pending)
+        requests = [self._inflight.get(item.request_id) for item in publisher.pending.values()]
+        refusals = [r.refusal for r in requests if r is not None and r.refusal is not None]
+        if refusals and len(refusals) == len(requests):
+            return no_leader(refusals[-1], f"{count} messages not confirmed in {waited_s:.1f}s")
+        return RequestTimeout(f"{count} messages still unconfirmed after {waited_s:.1f}s")
 
     def _resend_gap(self, item: Unconfirmed, expected: int) -> None:
         """Resend [expected, item.seq] sent no later than `item` (they may have been lost)."""
@@ -754,10 +775,32 @@ class ClientProtocol:
         self._touch(consumer)
 
 
+def no_leader(refusal: str, what: str) -> Unavailable:
+    """The error of a request whose attempts the nodes refused for want of a leader."""
+    return Unavailable(
+        f"no leader: the cluster has no quorum to commit ({what}; the nodes answered {refusal})"
+    )
+
+
+def explain_timeout(status: object, error: ClusterError) -> ClusterError:
+    """`error` (a timeout), or Unavailable when the node's status map says it reaches no
+    majority of the cluster or knows no leader: nothing can commit until a quorum is back."""
+    if not isinstance(error, RequestTimeout) or not isinstance(status, dict):
+        return error
+    node = status.get("id") or "the node"
+    if status.get("has_quorum") is False:
+        reason = f"{node} reaches no majority of the nodes"
+    elif status.get("leader") is None:
+        reason = f"{node} knows no leader"
+    else:
+        return error
+    return Unavailable(f"no leader: the cluster has no quorum ({reason}); {error}")
+
+
 def _frame_error(frame: AnyFrame) -> ClusterError:
     code, message = str(frame.get("code")), str(frame.get("message", ""))
     if code in RETRY_CODES:
-        return Unavailable(f"{code}: {message}")
+        return no_leader(f"{code}: {message}", "the request's time ran out")
     if code in (protocol.AUTH_FAILED, protocol.NOT_AUTHENTICATED):
         return AuthError(message)
     return CommandRefused(code, message)

@@ -17,6 +17,7 @@ from cluster.client import AuthError, Client, CommandRefused
 from cluster.launcher import LocalCluster, local_cluster
 from fifo.commands import QueueConfig
 from fifo.queries import QueueOverview
+from tests.cluster.client_cluster import on_latest_machine
 from tests.cluster.shells import Shells
 
 pytestmark = pytest.mark.cluster
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with local_cluster(tmp_path_factory.mktemp("client-basic") / "D", 3) as running:
-        yield running
+        yield on_latest_machine(running)
 
 
 def drain(client: Any, queue: str, count: int, prefetch: int = 100) -> list[bytes]:
