@@ -70,7 +70,7 @@ def _quiet_logs(verbose: bool) -> None:
     type=click.IntRange(1, 64),
     default=8,
     show_default=True,
-    help="groups: partitions of the partitioned queue (one producer each at least).",
+    help="groups: partitions of the partitioned queue (producers publish to its base name).",
 )
 @click.option(
     "--members", type=click.IntRange(1, 32), default=3, show_default=True, help="groups: members."
@@ -138,7 +138,6 @@ def main(
     if workload == "groups":
         groups = group_workload.GroupParams(partitions=partitions, members=members)
         queue_names = groups.partition_queues()
-        producers = max(producers, partitions)  # one producer per partition at least
     params = RunParams(
         duration_s=duration_s,
         faults=tuple(tokens),
@@ -185,6 +184,13 @@ def _summary(report: dict[str, Any]) -> str:
             f"{g['order_violation_count']}, zombie overlaps {g['zombie_overlap_count']}, "
             f"crash recovery max {g['crash_recovery_max_s']} s over {len(g['crash_recovery'])} "
             "crashes"
+        )
+        lines.append(
+            f"routing: keyed {g['keyed_publishes']}, keyless {g['keyless_publishes']}, "
+            f"resends {g['resends']}; misrouted {g['routing_violation_count']}, key order "
+            f"violations {g['key_order_violation_count']}, duplicated {g['duplicated_count']} "
+            f"(of resent {g['resend_duplicated_count']}), lost {g['lost_count']}, "
+            f"unexpected {g['unexpected_count']}"
         )
     lines += [f"note: {note}" for note in report["notes"]]
     lines.append(f"report: {report['files']['report']}  timeline: {report['files']['timeline']}")

@@ -1,12 +1,21 @@
 """The consumer-group chaos workload (`scripts/chaos.py --workload groups`).
 
+Producers publish to the partitioned queue's base name (`queue`), and the machine routes each
+message: most carry a partition key (`publish(..., group=key)`, a seeded pick from a small key
+space shared by every producer, recorded as the publish's `key`) and go to
+`partition_of(key, P)`; the rest have none and go round robin. After a publish with an unknown
+outcome a producer resends the same message (same enqueuer, seq, body and key) from a fresh
+client, up to `resend_max` times, so the machine's publisher dedup over the whole partitioned
+queue is exercised: the message must be stored at most once, even when round robin would pick
+another partition for the resend. Then it retires the enqueuer and goes on with a fresh one.
+
 Members of one group consume a partitioned queue (`queue.0` .. `queue.{P-1}`), recording every
 delivery with the partition as `queue` and the member incarnation as `process`, and the
 `assigned` / `revoked` notices they see. Now and then (seeded) one member crashes: between two
 messages it records `crash` and drops its connection without leaving or settling (the machine
 ends it on connection down and returns its messages), then comes back as a new member. The
 report adds the group checks of `cluster.chaos.groups` (double ownership, per-partition order,
-crash-to-recovery time).
+routing by key, per-key order, duplicates after dedup, crash-to-recovery time).
 """
 
 from __future__ import annotations
@@ -17,12 +26,17 @@ import time
 from dataclasses import dataclass
 from typing import cast
 
-from cluster.chaos.history import Recorder
+from cluster import protocol
+from cluster.chaos.history import EventType, Recorder
 from cluster.chaos.workload import Acker, ClientFactory, Worker, WorkloadParams
-from cluster.client import Client
+from cluster.client import Client, Publisher
+from cluster.client._wire import encode_enqueue
 from cluster.client.consumer import Consumer
-from cluster.client.errors import ClusterError
+from cluster.client.errors import ClusterError, CommandRefused
 from cluster.client.groups import GroupConsumer, declare_partitioned_queue, join_group
+from cluster.client.sansio import UNCERTAIN
+from fifo.codec import decode
+from fifo.replies import Error, NotEnqueued, Ok
 
 GROUPS_MACHINE_VERSION = 3
 RETRY_PAUSE_S = 0.2
@@ -39,6 +53,19 @@ class GroupParams:
     members: int = 3
     member_crash_every_s: float = 10.0  # a member crashes this often (0: never)
     prefetch: int = 10
+    keys: int = 32  # the key space every producer picks partition keys from
+    keyless_fraction: float = 0.2  # this share of publishes has no key (round robin)
+    resend_max: int = 3  # resends of one message after unknown outcomes, then a new enqueuer
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.partitions <= 64:
+            raise ValueError(f"partitions must be 1..64, not {self.partitions}")
+        if not 1 <= self.keys <= 100_000:
+            raise ValueError(f"keys must be 1..100000, not {self.keys}")
+        if not 0.0 <= self.keyless_fraction <= 1.0:
+            raise ValueError(f"keyless_fraction must be 0..1, not {self.keyless_fraction}")
+        if not 0 <= self.resend_max <= 100:
+            raise ValueError(f"resend_max must be 0..100, not {self.resend_max}")
 
     def partition_queues(self) -> tuple[str, ...]:
         """The member queues of the partitioned queue."""
@@ -63,6 +90,146 @@ def declare(client: Client, params: GroupParams, timeout_s: float = 30.0) -> Non
             raise ClusterError(f"the machine did not reach v{GROUPS_MACHINE_VERSION}")
         time.sleep(0.2)
     declare_partitioned_queue(client, params.queue, params.partitions)
+
+
+class GroupProducer(Worker):
+    """Publishes unique bodies `p<i>-g<generation>-<seq>` to the base name, keyed or not, at a
+    bounded rate (window 1: each publish has its own outcome); resends after unknown ones."""
+
+    def __init__(
+        self,
+        index: int,
+        factory: ClientFactory,
+        recorder: Recorder,
+        stop: threading.Event,
+        params: GroupParams,
+        workload: WorkloadParams,
+        run_id: str,
+        seed: int,
+    ) -> None:
+        super().__init__(f"producer-{index}", recorder, stop)
+        self.index = index
+        self.factory = factory
+        self.params = params
+        self.workload = workload
+        self.run_id = run_id
+        self.rng = random.Random(f"{seed}-{index}")
+        self.interval_s = workload.producers / workload.rate_per_s
+        self.generation = 0
+        self.published = 0
+        self.resends = 0
+
+    def run(self) -> None:
+        next_at = time.monotonic()
+        while not self.stop_event.is_set():
+            client = self.connect(self.factory, f"chaos-{self.name}")
+            if client is None:
+                continue
+            try:
+                next_at = self._generation(client, next_at)
+            finally:
+                client.close()
+
+    def _key(self) -> str | None:
+        if self.rng.random() < self.params.keyless_fraction:
+            return None
+        return f"key-{self.rng.randrange(self.params.keys)}"
+
+    def _generation(self, client: Client, next_at: float) -> float:
+        """Publish as one enqueuer until an outcome is not ok (then resend that message);
+        returns the next send time."""
+        self.generation += 1
+        process = f"{self.name}.{self.generation}"
+        enqueuer = f"{self.run_id}-p{self.index}-g{self.generation}"
+        publisher = client.publisher(self.params.queue, window=1, enqueuer=enqueuer)
+        try:
+            for seq in range(1, 1 << 62):
+                next_at = max(next_at + self.interval_s, time.monotonic())
+                if self.stop_event.wait(max(0.0, next_at - time.monotonic())):
+                    return next_at
+                value = f"p{self.index}-g{self.generation}-{seq}"
+                key = self._key()
+                outcome = self._publish_one(publisher, process, enqueuer, seq, value, key)
+                if outcome == "info":
+                    self._resend(process, enqueuer, seq, value, key)
+                if outcome != "ok":
+                    return next_at
+        finally:
+            publisher.close()
+        return next_at
+
+    def _publish_one(
+        self, publisher: Publisher, process: str, enqueuer: str, seq: int, value: str,
+        key: str | None,
+    ) -> EventType:  # fmt: skip
+        queue = self.params.queue
+        op = self.recorder.invoke(
+            "publish", process, queue=queue, value=value, enqueuer=enqueuer, seq=seq, key=key
+        )
+        outcome: EventType = "ok"
+        detail = None
+        timeout_s = self.workload.confirm_timeout_s
+        try:
+            publisher.publish(value.encode(), group=key, timeout_s=timeout_s)
+            publisher.wait_for_confirms(timeout_s)
+        except CommandRefused as err:
+            outcome, detail = "fail", str(err)  # an error reply: nothing was applied
+        except (ClusterError, OSError) as err:
+            outcome, detail = "info", f"{type(err).__name__}: {err}"
+        self.recorder.complete(op, outcome, "publish", process, value=value, detail=detail)
+        self._count(outcome, detail)
+        return outcome
+
+    def _resend(self, process: str, enqueuer: str, seq: int, value: str, key: str | None) -> None:
+        """Send the same (enqueuer, seq, body, key) again from fresh clients until an outcome
+        is known or `resend_max` attempts are spent; dedup must store it at most once."""
+        command = encode_enqueue(self.params.queue, value.encode(), enqueuer, seq, None, key)
+        for attempt in range(1, self.params.resend_max + 1):
+            if self.stop_event.is_set():
+                return
+            client = self.connect(self.factory, f"chaos-{process}-resend")
+            if client is None:
+                continue
+            self.resends += 1
+            op = self.recorder.invoke(
+                "publish", process, queue=self.params.queue, value=value, enqueuer=enqueuer,
+                seq=seq, key=key, detail=f"resend {attempt}",
+            )  # fmt: skip
+            try:
+                answer = client.call(protocol.command(0, command), self.workload.confirm_timeout_s)
+                outcome, detail = _resend_outcome(answer)
+            except (ClusterError, OSError) as err:
+                outcome, detail = "info", f"{type(err).__name__}: {err}"
+            finally:
+                client.close()
+            self.recorder.complete(op, outcome, "publish", process, value=value, detail=detail)
+            self._count(outcome, detail)
+            if outcome != "info":
+                return
+            self.stop_event.wait(RETRY_PAUSE_S)
+
+    def _count(self, outcome: EventType, detail: str | None) -> None:
+        if outcome == "ok":
+            self.published += 1
+        else:
+            self._note(detail or outcome)
+
+
+def _resend_outcome(answer: dict[str, object]) -> tuple[EventType, str | None]:
+    """ok for Ok (stored now, or a duplicate of a stored copy: stored nowhere); unknown for a
+    gap (`NotEnqueued`: the dedup state may have been evicted) or an error answering a resend;
+    fail for another error reply (nothing was applied)."""
+    raw = answer.get("reply")
+    if not isinstance(raw, bytes):
+        return "info", f"no reply bytes in {sorted(answer)}"
+    reply = decode(raw)
+    if isinstance(reply, Ok):
+        return "ok", None
+    if isinstance(reply, NotEnqueued):
+        return "info", repr(reply)
+    if isinstance(reply, Error):
+        return ("info" if answer.get(UNCERTAIN) else "fail"), repr(reply)
+    return "info", f"unexpected reply {reply!r}"
 
 
 class GroupMember(Worker):

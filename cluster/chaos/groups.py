@@ -1,4 +1,5 @@
-"""Checks of a consumer-group chaos history: double ownership, per-partition order, crash recovery.
+"""Checks of a consumer-group chaos history: total queue, double ownership, order, routing, dedup,
+crash recovery.
 
 The history is the harness's (`cluster.chaos.history`); for groups, `deliver` and `ack` events
 carry the partition queue (`queue`, e.g. "orders.3") and the member (`process`), and the group
@@ -17,6 +18,23 @@ member) and `assigned` / `revoked` notices (a member saw one; `queue` is the par
   A was still alive and working on them. That is at-least-once delivery, not double ownership.
 - **Order violations** (invalidates): on one partition, the first deliveries of the messages of
   one enqueuer come in an order other than their sequence numbers.
+- **Total queue** (invalidates): the checks of `cluster.chaos.checker` over the same history:
+  every confirmed publish consumed (`lost`), nothing delivered that was never published
+  (`unexpected`).
+- **Routing** (invalidates): a publish to the base name `Q` of a P-partition queue (its `queue`
+  is Q, not a partition `Q.i`) with a partition `key` must be delivered from partition
+  `Q.{partition_of(key, P)}`; one without a key from some partition `Q.0` .. `Q.{P-1}`. Every
+  delivery of it counts. Checked when Q and P are given (`check_groups(h, queue=Q,
+  partitions=P)`).
+- **Per-key order** (invalidates): for two messages A and B of one key, when A's publish was
+  confirmed (ok) before B's was first invoked, A was stored first on the key's one partition,
+  so A's first delivery must come before B's. Real-time order, so it holds across producers
+  and enqueuer generations; a publish never confirmed orders nothing after it.
+- **Duplicates after dedup** (invalidates): a message (body id) delivered more than once
+  without the redelivered flag was stored more than once. Every publish attempt of one body
+  id carries the same (enqueuer, seq), including a producer's resends after an unknown outcome
+  (`resends`: the attempts after the first), so publisher dedup must store it at most once;
+  `resend_duplicated` are the duplicated ones that were resent.
 - **Recovery after a crash**: for each `crash` of member X at t, the partitions X owned (its
   assigned-but-not-revoked notices, or, without notices, the partitions whose latest delivery
   before t went to X); `recovery_s` is the time from t until every one of them was delivered
@@ -31,7 +49,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.chaos.checker import check
 from cluster.chaos.history import Event, iter_ops
+from cluster.client.groups import partition_of
 
 NS_PER_S = 1_000_000_000
 OVERLAPS_LISTED_MAX = 50  # the report lists this many overlaps of each kind (all are counted)
@@ -99,6 +119,15 @@ class GroupVerdict:
     zombie_overlaps: list[Overlap] = field(default_factory=list)
     order_violations: list[str] = field(default_factory=list)
     crashes: list[CrashRecovery] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    keyed_publishes: int = 0  # publish attempts to a base name with a key
+    keyless_publishes: int = 0  # ... without one (round robin)
+    resends: int = 0  # publish attempts of a body id after its first
+    routing_violations: list[str] = field(default_factory=list)
+    key_order_violations: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    resend_duplicated: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (lists capped; counts complete)."""
@@ -109,29 +138,150 @@ class GroupVerdict:
             "double_ownership_count": len(self.double_ownership),
             "zombie_overlap_count": len(self.zombie_overlaps),
             "order_violation_count": len(self.order_violations),
+            "lost_count": len(self.lost),
+            "unexpected_count": len(self.unexpected),
+            "keyed_publishes": self.keyed_publishes,
+            "keyless_publishes": self.keyless_publishes,
+            "resends": self.resends,
+            "routing_violation_count": len(self.routing_violations),
+            "key_order_violation_count": len(self.key_order_violations),
+            "duplicated_count": len(self.duplicated),
+            "resend_duplicated_count": len(self.resend_duplicated),
             "double_ownership": [o.to_dict() for o in self.double_ownership[:OVERLAPS_LISTED_MAX]],
             "zombie_overlaps": [o.to_dict() for o in self.zombie_overlaps[:OVERLAPS_LISTED_MAX]],
             "order_violations": self.order_violations[:OVERLAPS_LISTED_MAX],
+            "lost": self.lost[:OVERLAPS_LISTED_MAX],
+            "unexpected": self.unexpected[:OVERLAPS_LISTED_MAX],
+            "routing_violations": self.routing_violations[:OVERLAPS_LISTED_MAX],
+            "key_order_violations": self.key_order_violations[:OVERLAPS_LISTED_MAX],
+            "duplicated": self.duplicated[:OVERLAPS_LISTED_MAX],
+            "resend_duplicated": self.resend_duplicated[:OVERLAPS_LISTED_MAX],
             "crash_recovery": [c.to_dict() for c in self.crashes],
             "crash_recovery_max_s": round(max(recoveries), 3) if recoveries else None,
         }
 
 
-def check_groups(events: Iterable[Event]) -> GroupVerdict:
-    """Check a consumer-group history (see the module docstring)."""
+def check_groups(
+    events: Iterable[Event], queue: str | None = None, partitions: int | None = None
+) -> GroupVerdict:
+    """Check a consumer-group history (see the module docstring). `queue` and `partitions`: the
+    base name and partition count of the partitioned queue (None: routing is not checked)."""
     history = list(events)
+    total = check(history)
     holdings = holdings_of(history)
     double, zombie = overlaps(holdings)
     order = order_violations(history)
     crashes = crash_recoveries(history)
+    publishes = publishes_of(history)
+    routing = routing_violations(history, publishes, queue, partitions)
+    key_order = key_order_violations(history, publishes)
+    duplicated = total.duplicated
+    resent = sorted(v for v in duplicated if v in publishes and publishes[v].attempts > 1)
+    base = [p for p in publishes.values() if p.queue == queue]
+    broken = [double, order, total.lost, total.unexpected, routing, key_order, duplicated]
     return GroupVerdict(
-        valid=not double and not order,
+        valid=not any(broken),
         deliveries=len(holdings),
         double_ownership=double,
         zombie_overlaps=zombie,
         order_violations=order,
         crashes=crashes,
+        lost=total.lost,
+        unexpected=total.unexpected,
+        keyed_publishes=sum(p.attempts for p in base if p.key is not None),
+        keyless_publishes=sum(p.attempts for p in base if p.key is None),
+        resends=sum(p.attempts - 1 for p in publishes.values()),
+        routing_violations=routing,
+        key_order_violations=key_order,
+        duplicated=duplicated,
+        resend_duplicated=resent,
     )
+
+
+@dataclass(slots=True)
+class Published:
+    """Every publish attempt of one body id, folded (a resend repeats queue, key, enqueuer, seq)."""
+
+    value: str
+    queue: str
+    key: str | None
+    first_invoke_ns: int
+    first_ok_ns: float = math.inf  # the earliest ok completion (inf: never confirmed)
+    attempts: int = 0
+
+
+def publishes_of(history: list[Event]) -> dict[str, Published]:
+    """Body id -> its publish attempts, from the publish operations."""
+    out: dict[str, Published] = {}
+    for invoke, completion in iter_ops(e for e in history if e.f == "publish"):
+        if invoke.value is None or invoke.queue is None:
+            continue
+        published = out.get(invoke.value)
+        if published is None:
+            published = out[invoke.value] = Published(
+                invoke.value, invoke.queue, invoke.key, invoke.t_ns
+            )
+        published.attempts += 1
+        if completion is not None and completion.type == "ok":
+            published.first_ok_ns = min(published.first_ok_ns, completion.t_ns)
+    return out
+
+
+def routing_violations(
+    history: list[Event], publishes: dict[str, Published], queue: str | None, partitions: int | None
+) -> list[str]:
+    """Deliveries of publishes to the base name `queue` from a partition other than the key's
+    (or, without a key, from no partition of `queue` at all), as readable lines."""
+    if queue is None or partitions is None:
+        return []
+    out = []
+    for event in history:
+        if event.f != "deliver" or event.value is None or event.queue is None:
+            continue
+        published = publishes.get(event.value)
+        if published is None or published.queue != queue:
+            continue
+        if published.key is not None:
+            want = f"{published.queue}.{partition_of(published.key, partitions)}"
+            if event.queue != want:
+                out.append(
+                    f"{event.value} (key {published.key!r}) delivered from {event.queue}, "
+                    f"routed to {want}"
+                )
+        elif event.queue not in {f"{published.queue}.{i}" for i in range(partitions)}:
+            out.append(
+                f"{event.value} (no key) delivered from {event.queue}, not a partition of "
+                f"{published.queue}"
+            )
+    return out
+
+
+def key_order_violations(history: list[Event], publishes: dict[str, Published]) -> list[str]:
+    """Per key, first deliveries against real-time publish order, as readable lines.
+
+    Walking one key's first deliveries in order, the latest first publish invoke seen so far
+    bounds what may still come: a message whose publish was confirmed before that invoke was
+    stored earlier and should have come out earlier."""
+    latest: dict[str, tuple[int, str]] = {}  # key -> (latest first invoke so far, its value)
+    seen: set[str] = set()
+    out = []
+    for event in history:
+        if event.f != "deliver" or event.value is None or event.value in seen:
+            continue
+        published = publishes.get(event.value)
+        if published is None or published.key is None:
+            continue
+        seen.add(event.value)
+        before = latest.get(published.key)
+        if before is not None and published.first_ok_ns < before[0]:
+            out.append(
+                f"key {published.key!r}: {event.value} (confirmed at "
+                f"{published.first_ok_ns / NS_PER_S:.3f} s) first delivered after {before[1]} "
+                f"(first published at {before[0] / NS_PER_S:.3f} s)"
+            )
+        if before is None or published.first_invoke_ns > before[0]:
+            latest[published.key] = (published.first_invoke_ns, event.value)
+    return out
 
 
 def _member_ends(history: list[Event]) -> dict[str, list[int]]:

@@ -16,7 +16,8 @@ Every operation has an integer `op` id; an invocation (`type` = "invoke") and it
   it ends (healed). Faults never reach the checker's verdicts; the report uses their times.
 - Consumer groups (`cluster.chaos.groups`): `join` / `leave` operations of a member (`process`,
   `detail` = the group), a single "ok" `crash` when the harness kills a member, and single "ok"
-  `assigned` / `revoked` notices a member saw (`queue` = the partition).
+  `assigned` / `revoked` notices a member saw (`queue` = the partition). A publish to a
+  partitioned queue's base name carries its partition key in `key` (none: round robin).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class Event:
     fault: str | None = None
     node: str | None = None
     detail: str | None = None
+    key: str | None = None  # a publish's partition key (groups workload); absent: no key
 
     def to_json(self) -> str:
         """Encode as one compact JSON line (fields that are None are left out)."""

@@ -26,7 +26,7 @@ from cluster.chaos import availability, group_workload
 from cluster.chaos.availability import FaultWindow
 from cluster.chaos.checker import check
 from cluster.chaos.control import LauncherCluster, route_through_proxies
-from cluster.chaos.group_workload import GroupMember, GroupParams, MemberCrasher
+from cluster.chaos.group_workload import GroupMember, GroupParams, GroupProducer, MemberCrasher
 from cluster.chaos.groups import check_groups
 from cluster.chaos.history import Recorder
 from cluster.chaos.linkproxy import ProxyMesh
@@ -71,8 +71,9 @@ class RunParams:
     keep_data: bool = False
     # compact the log this often: small values make lagging nodes catch up by snapshot
     snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES_DEFAULT
-    # the consumer-group workload (issue 10): members of one group instead of queue consumers;
-    # workload.queues are then the partition queues
+    # the consumer-group workload (issue 10): producers publish to the partitioned queue's base
+    # name (keyed, or round robin), members of one group consume instead of queue consumers;
+    # workload.queues are then the partition queues (drained and compared)
     groups: GroupParams | None = None
 
 
@@ -219,6 +220,10 @@ def _run_workload(
     run_id = f"s{params.seed}-{int(time.time())}"
     producers: list[Worker] = [
         Producer(i, wl.queues[i % len(wl.queues)], factory, recorder, produce_stop, wl, run_id)
+        if params.groups is None
+        else GroupProducer(
+            i, factory, recorder, produce_stop, params.groups, wl, run_id, params.seed
+        )
         for i in range(wl.producers)
     ]
     consumers: list[Worker] = [
@@ -409,7 +414,11 @@ def _report(
     )
     acks = _ack_counts(events)
     replica_dict = replicas.to_dict() if replicas is not None else None
-    groups = check_groups(events) if params.groups is not None else None
+    groups = (
+        check_groups(events, params.groups.queue, params.groups.partitions)
+        if params.groups is not None
+        else None
+    )
     return {
         "valid": verdict.valid
         and bool(replicas and replicas.ok)

@@ -1,4 +1,6 @@
-"""The consumer-group checks on hand-made histories: double ownership, zombies, order, recovery."""
+"""The consumer-group checks on hand-made histories: double ownership, zombies, order, recovery,
+and for publishes to a partitioned queue's base name: lost / unexpected, routing by key,
+per-key order, duplicates after dedup (each check catches its planted violation)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from pathlib import Path
 
 from cluster.chaos.groups import check_groups
 from cluster.chaos.history import Event, EventType, Function, read_history, write_history
+from cluster.client.groups import partition_of
 
 NS = 1_000_000_000
 
@@ -22,14 +25,34 @@ class GroupScript:
         self.events.append(Event(op=self._op, type=type_, f=f, t_ns=int(at_s * NS), **fields))  # type: ignore[arg-type]
         return self._op
 
-    def publish(self, at_s: float, value: str, seq: int, enqueuer: str = "e1") -> None:
-        """A confirmed publish of `value` as `seq` of `enqueuer`."""
-        op = self._event(at_s, "publish", "invoke", value=value, enqueuer=enqueuer, seq=seq)
-        self.events.append(Event(op=op, type="ok", f="publish", t_ns=int(at_s * NS), value=value))
+    def publish(
+        self,
+        at_s: float,
+        value: str,
+        seq: int,
+        enqueuer: str = "e1",
+        *,
+        queue: str | None = None,
+        key: str | None = None,
+        outcome: EventType | None = "ok",
+        took_s: float = 0.0,
+    ) -> None:
+        """A publish of `value` as `seq` of `enqueuer` (to `queue`, with partition `key`),
+        completed with `outcome` (None: never) `took_s` after it was invoked."""
+        op = self._event(
+            at_s, "publish", "invoke", value=value, enqueuer=enqueuer, seq=seq, queue=queue, key=key
+        )
+        if outcome is not None:
+            t_ns = int((at_s + took_s) * NS)
+            self.events.append(Event(op=op, type=outcome, f="publish", t_ns=t_ns, value=value))
 
-    def deliver(self, at_s: float, member: str, partition: str, value: str) -> int:
+    def deliver(
+        self, at_s: float, member: str, partition: str, value: str, redelivered: bool = False
+    ) -> int:
         """A delivery observed by `member`; returns its op."""
-        return self._event(at_s, "deliver", process=member, queue=partition, value=value)
+        return self._event(
+            at_s, "deliver", process=member, queue=partition, value=value, redelivered=redelivered
+        )
 
     def ack(
         self, at_s: float, member: str, delivery: int, outcome: EventType | None = "ok"
@@ -53,6 +76,8 @@ class GroupScript:
 def test_a_clean_hand_over_after_a_crash_is_valid_and_its_recovery_time_is_measured() -> None:
     """A settles, crashes; B gets the partition 1.5 s later: no overlap, recovery 1.5 s."""
     s = GroupScript()
+    s.publish(0.1, "m1", 1)
+    s.publish(0.2, "m2", 2)
     s.ack(1.1, "A", s.deliver(1.0, "A", "orders.0", "m1"))
     s.crash(2.0, "A")
     s.ack(3.6, "B", s.deliver(3.5, "B", "orders.0", "m2"))
@@ -86,10 +111,12 @@ def test_a_settle_invoked_before_the_other_delivery_is_no_overlap() -> None:
 
 
 def test_an_overlap_whose_settle_was_refused_is_a_zombie_not_double_ownership() -> None:
-    """A was fenced (its messages returned): its late ack fails, the run stays valid."""
+    """A was fenced (its messages returned): its late ack fails, the run stays valid (B's
+    settle consumes m1)."""
     s = GroupScript()
+    s.publish(0.1, "m1", 1)
     first = s.deliver(1.0, "A", "orders.0", "m1")
-    s.deliver(1.5, "B", "orders.0", "m1")
+    s.ack(1.6, "B", s.deliver(1.5, "B", "orders.0", "m1", redelivered=True))
     s.ack(2.0, "A", first, outcome="fail")
     verdict = check_groups(s.events)
     assert verdict.valid and len(verdict.zombie_overlaps) == 1 and verdict.double_ownership == []
@@ -110,9 +137,11 @@ def test_an_unacked_delivery_is_held_until_the_member_crashes() -> None:
 def test_the_same_member_or_another_partition_never_overlaps() -> None:
     """Several deliveries to one member, or to two members on different partitions: fine."""
     s = GroupScript()
-    s.deliver(1.0, "A", "orders.0", "m1")
-    s.deliver(1.1, "A", "orders.0", "m2")
-    s.deliver(1.2, "B", "orders.1", "m3")
+    for seq, value in enumerate(("m1", "m2", "m3"), start=1):
+        s.publish(0.1 * seq, value, seq)
+    s.ack(1.05, "A", s.deliver(1.0, "A", "orders.0", "m1"))
+    s.ack(1.15, "A", s.deliver(1.1, "A", "orders.0", "m2"))
+    s.ack(1.25, "B", s.deliver(1.2, "B", "orders.1", "m3"))
     verdict = check_groups(s.events)
     assert verdict.valid and verdict.zombie_overlaps == [] and verdict.double_ownership == []
 
@@ -165,3 +194,152 @@ def test_group_events_round_trip_through_a_history_file(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     write_history(path, s.events)
     assert read_history(path) == s.events
+
+
+# --- publishes to the base name of a partitioned queue: total queue, routing, key order, dedup
+
+P = 4
+
+
+def _part(key: str) -> str:
+    """The partition of `orders` that `key` routes to."""
+    return f"orders.{partition_of(key, P)}"
+
+
+def _other_part(key: str) -> str:
+    """A partition of `orders` that `key` does not route to."""
+    return f"orders.{(partition_of(key, P) + 1) % P}"
+
+
+def _routed() -> GroupScript:
+    """A valid history: two producers publish keyed (k1, k2) and keyless messages to `orders`;
+    member A consumes and settles each from the partition the machine routed it to."""
+    s = GroupScript()
+    s.publish(0.1, "a1", 1, "e1", queue="orders", key="k1", took_s=0.05)
+    s.publish(0.2, "b1", 1, "e2", queue="orders", key="k1", took_s=0.05)
+    s.publish(0.3, "a2", 2, "e1", queue="orders", key="k2", took_s=0.05)
+    s.publish(0.4, "b2", 2, "e2", queue="orders", took_s=0.05)  # round robin
+    s.ack(1.05, "A", s.deliver(1.0, "A", _part("k1"), "a1"))
+    s.ack(1.15, "A", s.deliver(1.1, "A", _part("k1"), "b1"))
+    s.ack(1.25, "A", s.deliver(1.2, "A", _part("k2"), "a2"))
+    s.ack(1.35, "A", s.deliver(1.3, "A", "orders.3", "b2"))
+    return s
+
+
+def test_a_routed_history_is_valid_and_counts_keyed_keyless_and_resends() -> None:
+    """Every check passes; the report counts the publishes to the base name."""
+    verdict = check_groups(_routed().events, queue="orders", partitions=P)
+    assert verdict.valid, verdict
+    report = verdict.to_dict()
+    assert (report["keyed_publishes"], report["keyless_publishes"], report["resends"]) == (3, 1, 0)
+    for name in ("routing_violation", "key_order_violation", "duplicated", "resend_duplicated"):
+        assert report[f"{name}_count"] == 0
+    assert report["lost_count"] == report["unexpected_count"] == 0
+
+
+def test_a_keyed_message_delivered_from_another_partition_is_a_routing_violation() -> None:
+    """k1's message comes out of a partition k1 does not map to: invalid; without the queue
+    and partition count the routing is not checked."""
+    s = _routed()
+    s.publish(2.0, "a3", 3, "e1", queue="orders", key="k1")
+    s.ack(2.15, "A", s.deliver(2.1, "A", _other_part("k1"), "a3"))
+    verdict = check_groups(s.events, queue="orders", partitions=P)
+    assert not verdict.valid
+    [line] = verdict.routing_violations
+    assert line.startswith("a3 (key 'k1') delivered from") and _part("k1") in line
+    assert verdict.to_dict()["routing_violation_count"] == 1
+    assert check_groups(s.events).routing_violations == []
+
+
+def test_a_keyless_message_delivered_from_outside_the_partitions_is_a_routing_violation() -> None:
+    """Round robin may pick any partition of `orders`, never another queue."""
+    s = _routed()
+    s.publish(2.0, "b3", 3, "e2", queue="orders")
+    s.ack(2.15, "A", s.deliver(2.1, "A", f"orders.{P}", "b3"))
+    verdict = check_groups(s.events, queue="orders", partitions=P)
+    assert not verdict.valid
+    assert verdict.routing_violations == [f"b3 (no key) delivered from orders.{P}, not a "
+                                          "partition of orders"]  # fmt: skip
+
+
+def test_a_confirmed_message_never_consumed_is_lost_and_one_never_published_unexpected() -> None:
+    """A confirmed publish whose only ack failed is lost; a delivery nobody published is
+    unexpected; either invalidates."""
+    s = _routed()
+    s.publish(2.0, "a3", 3, "e1", queue="orders", key="k2")
+    s.ack(2.15, "A", s.deliver(2.1, "A", _part("k2"), "a3"), outcome="fail")
+    verdict = check_groups(s.events, queue="orders", partitions=P)
+    assert not verdict.valid and verdict.lost == ["a3"] and verdict.unexpected == []
+    s = _routed()
+    s.ack(2.15, "A", s.deliver(2.1, "A", "orders.0", "ghost"))
+    verdict = check_groups(s.events, queue="orders", partitions=P)
+    assert not verdict.valid and verdict.unexpected == ["ghost"] and verdict.lost == []
+    assert verdict.to_dict()["unexpected_count"] == 1
+
+
+def test_a_key_delivered_against_real_time_publish_order_is_a_key_order_violation() -> None:
+    """a3 (producer e1) was confirmed before b3 (producer e2) was published, both with key k1:
+    b3 coming out first breaks the key's order, even across enqueuers."""
+    s = _routed()
+    s.publish(2.0, "a3", 3, "e1", queue="orders", key="k1", took_s=0.1)
+    s.publish(2.5, "b3", 3, "e2", queue="orders", key="k1", took_s=0.1)
+    s.ack(3.05, "B", s.deliver(3.0, "B", _part("k1"), "b3"))
+    s.ack(3.15, "B", s.deliver(3.1, "B", _part("k1"), "a3"))
+    verdict = check_groups(s.events, queue="orders", partitions=P)
+    assert not verdict.valid and verdict.order_violations == []  # per enqueuer all is fine
+    [line] = verdict.key_order_violations
+    assert line.startswith("key 'k1': a3 (confirmed at 2.100 s) first delivered after b3")
+    assert verdict.to_dict()["key_order_violation_count"] == 1
+
+
+def test_concurrent_unconfirmed_or_other_key_publishes_order_nothing() -> None:
+    """No violation when the publishes overlapped (b3 invoked before a3 was confirmed), when
+    the earlier one was never confirmed, or when the keys differ; a redelivery of an earlier
+    message after a later one is not a first delivery."""
+    cases: tuple[tuple[EventType, float, str], ...] = (
+        ("ok", 1.0, "k1"),  # a3 confirmed at 3.0, after b3 was invoked at 2.5: concurrent
+        ("info", 0.1, "k1"),  # a3 unknown: it may have been stored at any time
+        ("ok", 0.1, "k2"),  # another key: another order
+    )
+    for a3_outcome, took_s, b3_key in cases:
+        s = _routed()
+        s.publish(2.0, "a3", 3, "e1", queue="orders", key="k1", outcome=a3_outcome, took_s=took_s)
+        s.publish(2.5, "b3", 3, "e2", queue="orders", key=b3_key, took_s=0.1)
+        s.ack(3.05, "B", s.deliver(3.0, "B", _part(b3_key), "b3"))
+        s.ack(3.15, "B", s.deliver(3.1, "B", _part("k1"), "a3"))
+        s.ack(3.25, "C", s.deliver(3.2, "C", _part("k1"), "a1", redelivered=True))
+        verdict = check_groups(s.events, queue="orders", partitions=P)
+        assert verdict.key_order_violations == [], (a3_outcome, took_s, b3_key)
+        assert verdict.valid, verdict
+
+
+def test_a_resend_after_an_unknown_outcome_stored_twice_is_a_duplicate() -> None:
+    """b3's publish timed out and the producer resent it (same enqueuer and seq): two fresh
+    deliveries mean dedup stored it twice, invalid; one fresh and one flagged redelivery is
+    what dedup promises."""
+    s = _routed()
+    s.publish(2.0, "b3", 3, "e2", queue="orders", outcome="info", took_s=5.0)
+    s.publish(7.1, "b3", 3, "e2", queue="orders", took_s=0.1)  # the resend: confirmed
+    s.ack(8.05, "A", s.deliver(8.0, "A", "orders.0", "b3"))
+    verdict = check_groups(s.events, queue="orders", partitions=P)
+    assert verdict.valid and verdict.resends == 1 and verdict.keyless_publishes == 3
+    s.ack(8.15, "B", s.deliver(8.1, "B", "orders.1", "b3", redelivered=True))
+    assert check_groups(s.events, queue="orders", partitions=P).valid
+    s.ack(8.25, "B", s.deliver(8.2, "B", "orders.1", "b3"))  # a second stored copy
+    verdict = check_groups(s.events, queue="orders", partitions=P)
+    assert not verdict.valid
+    assert verdict.duplicated == verdict.resend_duplicated == ["b3"]
+    report = verdict.to_dict()
+    assert report["duplicated_count"] == report["resend_duplicated_count"] == 1
+
+
+def test_base_name_publishes_round_trip_with_their_key(tmp_path: Path) -> None:
+    """The `key` field of a publish survives the history file; a keyless one has none."""
+    s = _routed()
+    path = tmp_path / "history.jsonl"
+    write_history(path, s.events)
+    events = read_history(path)
+    assert events == s.events
+    assert [e.key for e in events if e.f == "publish" and e.type == "invoke"] == [
+        "k1", "k1", "k2", None,
+    ]  # fmt: skip
