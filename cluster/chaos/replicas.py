@@ -1,8 +1,10 @@
 """After the drain: every replica's digest equal at the same applied index, every queue empty.
 
-Each node answers queries from its own replica, so one client per node (no reconnect) sees that
-replica. Applied indexes move while the leader commits housekeeping entries, so the check polls
-until every node reports the same applied index and compares the digests of that moment.
+Each node answers queries from its own replica, so one client per node (no reconnect, no move
+to the leader, stale reads allowed) sees that replica; a node that answers with another node's
+id is an error, not a replica. Applied indexes move while the leader commits housekeeping
+entries, so the check polls until every node reports the same applied index and compares the
+digests of that moment.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cluster import protocol
 from cluster.client import Client
 from cluster.client.errors import ClusterError
 
@@ -112,16 +115,23 @@ def _snapshot(
                 cluster.key,
                 name=f"chaos-check-{node_id}",
                 reconnect=False,
+                prefer_leader=False,
                 request_timeout_s=5.0,
             ) as client:
                 status = dict(client.status())
                 totals = {
-                    queue: queue_total(client.query("overview", {"queue": queue}))
+                    queue: queue_total(
+                        client.query("overview", {"queue": queue, protocol.STALE_OK: True})
+                    )
                     for queue in queues
                 }
         except (ClusterError, OSError) as err:
             if len(result.errors) < 20:
                 result.errors.append(f"{node_id}: {type(err).__name__}: {err}")
+            continue
+        if status.get("id") != node_id:
+            if len(result.errors) < 20:
+                result.errors.append(f"{node_id}: answered as {status.get('id')!r}")
             continue
         snapshot[node_id] = {
             "status": status,
