@@ -42,7 +42,7 @@ import errno
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,7 +83,7 @@ def recovery_hint(node_id: str | None) -> str:
     )
 
 
-def _crc(*parts: bytes) -> int:
+def _crc(*parts: bytes | memoryview) -> int:
     value = 0
     for part in parts:
         value = zlib.crc32(part, value)
@@ -112,15 +112,17 @@ def private_dir(path: Path) -> None:
     os.chmod(path, DIR_MODE)
 
 
-def write_atomically(path: Path, data: bytes, sync: bool) -> None:
-    """Write `data` to `path` via a 0600 temporary file, fsync, rename, fsync the directory."""
+def write_atomically(path: Path, data: bytes | Iterable[bytes], sync: bool) -> None:
+    """Write `data` (bytes, or chunks of it) to `path` via a 0600 temporary file, fsync, rename,
+    fsync the directory."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         os.fchmod(fd, FILE_MODE)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        for chunk in (data,) if isinstance(data, bytes) else data:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
         if sync:
             os.fsync(fd)
     finally:
@@ -140,6 +142,38 @@ def encode_record(offset: int, command: bytes, index: int, term: int) -> bytes:
     return head + command + struct.pack("<I", _crc(_off(offset), head, command))
 
 
+def decode_record(
+    path: Path, buf: bytes | memoryview, at: int, offset: int, node_id: str | None = None
+) -> tuple[bytes, int, int, int]:
+    """Verify the record a read-back found at `buf[at:]`, written at file offset `offset`:
+    (command, index, term, record length); StorageError if it does not check out (the disk
+    changed it after it was written: the node must not serve it)."""
+
+    def damaged(what: str) -> StorageError:
+        return StorageError(
+            f"{path}: {what} at offset {offset} on read-back (the journal changed on disk "
+            f"after it was written); {recovery_hint(node_id)}",
+            str(path),
+            offset,
+        )
+
+    if len(buf) - at < _REC_OVERHEAD:
+        raise damaged("journal record cut short")
+    head = bytes(buf[at : at + _REC_HEAD.size])
+    (head_crc,) = struct.unpack_from("<I", buf, at + _REC_HEAD.size)
+    if _crc(_off(offset), head) != head_crc:
+        raise damaged("journal record header fails its checksum")
+    length, index, term = _REC_HEAD.unpack(head)
+    end = at + _REC_OVERHEAD + length
+    if end > len(buf):
+        raise damaged(f"journal record of {length} bytes runs past what was read")
+    command = bytes(buf[at + _REC_HEAD_BYTES : end - 4])
+    (crc,) = struct.unpack_from("<I", buf, end - 4)
+    if _crc(_off(offset), head, struct.pack("<I", head_crc), command) != crc:
+        raise damaged("journal record fails its checksum")
+    return command, index, term, _REC_OVERHEAD + length
+
+
 @dataclass(frozen=True, slots=True)
 class JournalScan:
     """What reading a journal found: its entries, where each starts, and any torn tail."""
@@ -152,10 +186,14 @@ class JournalScan:
     version: int
 
 
-def scan_journal(path: Path, data: bytes, node_id: str | None = None) -> JournalScan:
-    """Parse and verify a whole journal file (either format); StorageError on damage."""
+def scan_journal(
+    path: Path, data: bytes, node_id: str | None = None, keep_commands: bool = True
+) -> JournalScan:
+    """Parse and verify a whole journal file (either format); StorageError on damage. With
+    `keep_commands=False` a format-2 scan leaves every entry's command empty (`b""`): the
+    caller keeps only indexes, terms and offsets and reads the commands back when needed."""
     if data.startswith(JOURNAL_MAGIC):
-        return _scan_v2(path, data, node_id)
+        return _scan_v2(path, data, node_id, keep_commands)
     if data.startswith(V1_MAGIC):
         return _scan_v1(path, data, node_id)
     if len(data) < JOURNAL_HEADER_BYTES and JOURNAL_HEADER.startswith(data):
@@ -168,7 +206,7 @@ def scan_journal(path: Path, data: bytes, node_id: str | None = None) -> Journal
     )
 
 
-def _scan_v2(path: Path, data: bytes, node_id: str | None) -> JournalScan:
+def _scan_v2(path: Path, data: bytes, node_id: str | None, keep_commands: bool) -> JournalScan:
     if data[:JOURNAL_HEADER_BYTES] != JOURNAL_HEADER:
         raise StorageError(
             f"{path}: journal header at offset 0 fails its checksum or has an unknown version; "
@@ -179,6 +217,7 @@ def _scan_v2(path: Path, data: bytes, node_id: str | None) -> JournalScan:
     entries: list[tuple[bytes, int, int]] = []
     offsets: list[int] = []
     offset, size = JOURNAL_HEADER_BYTES, len(data)
+    view = memoryview(data)
 
     def torn(reason: str) -> JournalScan:
         return JournalScan(entries, offsets, offset, offset, reason, JOURNAL_VERSION)
@@ -208,15 +247,15 @@ def _scan_v2(path: Path, data: bytes, node_id: str | None) -> JournalScan:
         end = offset + _REC_OVERHEAD + length
         if end > size:
             return torn(f"record of {length} bytes runs past the end of the file")
-        command = data[offset + _REC_HEAD_BYTES : end - 4]
+        command = view[offset + _REC_HEAD_BYTES : end - 4]
         (crc,) = struct.unpack_from("<I", data, end - 4)
-        if _crc(_off(offset), data[offset : offset + _REC_HEAD_BYTES], command) != crc:
+        if _crc(_off(offset), view[offset : offset + _REC_HEAD_BYTES], command) != crc:
             if end == size or not any(data[end:]):
                 return torn("last record fails its checksum")
             raise damaged("journal record fails its checksum")
         if entries and index != entries[-1][1] + 1:
             raise damaged(f"journal record has index {index}, expected {entries[-1][1] + 1}")
-        entries.append((bytes(command), index, term))
+        entries.append((bytes(command) if keep_commands else b"", index, term))
         offsets.append(offset)
         offset = end
     return JournalScan(entries, offsets, offset, None, "", JOURNAL_VERSION)
