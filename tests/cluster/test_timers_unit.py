@@ -3,8 +3,22 @@ proposes (`TimerPlan.due`, pure, in virtual time)."""
 
 from __future__ import annotations
 
+import pytest
+
+import fifo
 from cluster.node.timers import TimerPlan, TimerView
-from fifo.commands import NodeDown, NodeUp
+from fifo.commands import (
+    Checkout,
+    Command,
+    ConnectionId,
+    ConsumerId,
+    DeclareQueue,
+    NodeDown,
+    NodeUp,
+    SimplePrefetch,
+)
+from fifo.meta import Meta
+from fifo.replies import Error
 
 
 def _view(me: str, peers: list[str], connected: set[str], down: list[str]) -> TimerView:
@@ -108,3 +122,31 @@ def test_a_restart_the_leader_never_saw_connected_is_known_by_its_incarnation() 
         (9.0, view(["n3"], 2)),
     ]
     assert _run(TimerPlan(), steps) == [(1.5, [NodeDown("n3")]), (4.5, [NodeDown("n3")])]
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_the_machine_suspects_on_a_node_down_for_a_node_already_down(version: int) -> None:
+    """What the flap fix relies on: NodeDown is not deduplicated in the machine, so a second
+    one suspects the consumer that attached through the node after the first (and leaves the
+    first suspicion as it was). A NodeUp before it would instead bring the old consumers up
+    and deliver to them, on a node that is gone."""
+    state = fifo.init_state(version)
+    index = 0
+
+    def apply(command: Command) -> None:
+        nonlocal index
+        index += 1
+        reply, _ = fifo.apply(Meta(index, 1, 1000 + index, version), command, state)
+        assert not isinstance(reply, Error), reply
+
+    def statuses() -> list[str]:
+        return [c.status for c in fifo.consumers(state, "q")]
+
+    apply(DeclareQueue("q"))
+    apply(Checkout("q", ConsumerId("old", ConnectionId("n2", 1, 1)), SimplePrefetch(5)))
+    apply(NodeDown("n2"))
+    assert statuses() == ["suspected_down"]
+    apply(Checkout("q", ConsumerId("new", ConnectionId("n2", 2, 1)), SimplePrefetch(5)))
+    assert statuses() == ["suspected_down", "up"]
+    apply(NodeDown("n2"))
+    assert statuses() == ["suspected_down", "suspected_down"]
