@@ -4,10 +4,11 @@
 files): on the leader only, `fifo.due_commands` (consumer timeouts when a lock expired, expiry,
 disconnected timeouts, computed by the caller into the view), `NodeDown` / `NodeUp` for lost and
 returned peers (deduplicated against the replicated list of down nodes; a leader listed down
-brings itself up; a peer that came back while listed down, so consumers could attach through it,
-and is lost again before its NodeUp committed gets NodeDown again), and the machine upgrade once
-every member supports it. Nothing identical is
-proposed again while one is in flight (`resubmit_s`). `LeaderTimers` is the thin loop around it.
+brings itself up; a peer that came back while listed down, seen connected or with a new
+incarnation, and is lost again before its NodeUp committed gets NodeDown again: consumers may
+have attached through it), and the machine upgrade once every member supports it. Nothing
+identical is proposed again while one is in flight (`resubmit_s`). `LeaderTimers` is the thin
+loop around it.
 """
 
 from __future__ import annotations
