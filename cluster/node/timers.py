@@ -4,14 +4,17 @@
 files): on the leader only, `fifo.due_commands` (consumer timeouts when a lock expired, expiry,
 disconnected timeouts, computed by the caller into the view), `NodeDown` / `NodeUp` for lost and
 returned peers (deduplicated against the replicated list of down nodes; a leader listed down
-brings itself up), and the machine upgrade once every member supports it. Nothing identical is
-proposed again while one is in flight (`resubmit_s`). `LeaderTimers` is the thin loop around it.
+brings itself up; a peer that came back while listed down, seen connected or with a new
+incarnation, and is lost again before its NodeUp committed gets NodeDown again: consumers may
+have attached through it), and the machine upgrade once every member supports it. Nothing
+identical is proposed again while one is in flight (`resubmit_s`). `LeaderTimers` is the thin
+loop around it.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -43,6 +46,7 @@ class TimerView:
     me: str
     connected: dict[str, bool]  # peer -> has a live raft connection, every peer listed
     down_nodes: tuple[str, ...] = ()
+    incarnations: dict[str, int] = field(default_factory=dict)  # node -> last Hello's
     due_commands: tuple[Command, ...] = ()  # fifo.due_commands(state, now_ms)
     upgrade_target: int | None = None
 
@@ -57,16 +61,24 @@ class TimerPlan:
         self.resubmit_s = resubmit_s
         self._in_flight: dict[bytes, float] = {}
         self._lost_since: dict[str, float] = {}
+        # peers listed down that came back since (seen connected, or a new incarnation): a
+        # consumer may have attached through them, which only a new NodeDown suspects
+        self._returned: set[str] = set()
+        self._down_incarnation: dict[str, int] = {}  # listed-down peer -> incarnation then
 
     def due(self, now_s: float, view: TimerView) -> list[Proposal]:
         """What to propose at monotonic time `now_s` given `view` (nothing unless leader)."""
         if not view.leader:
             self._lost_since.clear()
+            self._returned.clear()
+            self._down_incarnation.clear()
             return []
         proposals: list[Proposal] = []
         for command in [*view.due_commands, *self._node_changes(now_s, view)]:
             if self._fresh(now_s, fifo.encode(command)):
                 proposals.append(command)
+                if isinstance(command, NodeDown):
+                    self._returned.discard(command.node)
         target = view.upgrade_target
         if target is not None and self._fresh(now_s, f"upgrade:{target}".encode()):
             proposals.append(Upgrade(target))
@@ -79,15 +91,42 @@ class TimerPlan:
             # so our own consumers would stay suspected (nothing delivered to them) for ever
             changes.append(NodeUp(view.me))
         for peer, connected in view.connected.items():
+            listed_down = peer in view.down_nodes
+            self._note_return(now_s, view, peer, connected, listed_down)
             if connected:
                 self._lost_since.pop(peer, None)
-                if peer in view.down_nodes:
+                if listed_down:
                     changes.append(NodeUp(peer))
             else:
                 since = self._lost_since.setdefault(peer, now_s)
-                if now_s - since >= self.down_after_s and peer not in view.down_nodes:
+                if now_s - since >= self.down_after_s and (
+                    not listed_down or peer in self._returned
+                ):
+                    # listed down but back since: the machine's NodeDown is not deduplicated,
+                    # it suspects the consumers of the node not suspected yet (the new ones)
                     changes.append(NodeDown(peer))
         return changes
+
+    def _note_return(
+        self, now_s: float, view: TimerView, peer: str, connected: bool, listed_down: bool
+    ) -> None:
+        """Remember whether a peer listed down came back (so it needs NodeDown again if lost)."""
+        if not listed_down:
+            self._returned.discard(peer)
+            self._down_incarnation.pop(peer, None)
+            return
+        if connected:
+            self._returned.add(peer)
+        incarnation = view.incarnations.get(peer)
+        if incarnation is None:
+            return
+        known = self._down_incarnation.setdefault(peer, incarnation)
+        if incarnation != known and not connected:
+            # restarted (its Hello committed) between two ticks that both saw it lost: it was
+            # back, and its grace period counts from now
+            self._returned.add(peer)
+            self._lost_since[peer] = now_s
+        self._down_incarnation[peer] = incarnation
 
     def _fresh(self, now_s: float, key: bytes) -> bool:
         if now_s - self._in_flight.get(key, -1e9) < self.resubmit_s:
@@ -137,6 +176,7 @@ class LeaderTimers:
                 me=me,
                 connected=connected,
                 down_nodes=tuple(view.meta.down_nodes),
+                incarnations=dict(view.meta.incarnations),
                 due_commands=tuple(fifo.due_commands(view.state, now_ms)),
                 upgrade_target=view.upgrade_target(),
             )

@@ -3,7 +3,8 @@
 Each file in tests/cluster/golden/timers/ holds blocks: input lines, `----`, the output, a blank
 line. An input line is `T role key=value ...` at monotonic second T, where role is `leader` or
 `follower` and the keys are `me=n1`, `up=n2,n3` (peers connected), `lost=n3` (peers not
-connected), `down=n3` (replicated down nodes), `target=2` (upgrade target) and, last, `due=`
+connected), `down=n3` (replicated down nodes), `inc=n2:1,n3:2` (replicated incarnations),
+`target=2` (upgrade target) and, last, `due=`
 followed by a Python list of fifo commands (what `fifo.due_commands` returned). The output is
 one line per input: `T: ` and what is proposed, or `-`. QUORUMQ_REWRITE_GOLDEN=1 rewrites them.
 """
@@ -40,6 +41,10 @@ def parse_view(line: str) -> tuple[float, TimerView]:
         me=fields.get("me", "n1"),
         connected=dict(sorted(connected.items())),
         down_nodes=tuple(_names(fields.get("down", ""))),
+        incarnations={
+            node: int(number)
+            for node, number in (item.split(":") for item in _names(fields.get("inc", "")))
+        },
         due_commands=tuple(eval(due, NAMESPACE)) if due else (),  # test input, ours
         upgrade_target=int(target) if target else None,
     )

@@ -3,8 +3,22 @@ proposes (`TimerPlan.due`, pure, in virtual time)."""
 
 from __future__ import annotations
 
+import pytest
+
+import fifo
 from cluster.node.timers import TimerPlan, TimerView
-from fifo.commands import NodeDown, NodeUp
+from fifo.commands import (
+    Checkout,
+    Command,
+    ConnectionId,
+    ConsumerId,
+    DeclareQueue,
+    NodeDown,
+    NodeUp,
+    SimplePrefetch,
+)
+from fifo.meta import Meta
+from fifo.replies import Error
 
 
 def _view(me: str, peers: list[str], connected: set[str], down: list[str]) -> TimerView:
@@ -28,3 +42,111 @@ def test_peers_go_down_when_lost_and_up_when_back() -> None:
     """A lost peer not yet down gets NodeDown; a connected peer listed down gets NodeUp."""
     view = _view("n1", ["n2", "n3"], connected={"n3"}, down=["n3"])
     assert TimerPlan(down_after_s=0.0).due(0.0, view) == [NodeDown("n2"), NodeUp("n3")]
+
+
+def _run(plan: TimerPlan, steps: list[tuple[float, TimerView]]) -> list[tuple[float, list[object]]]:
+    """Every step's proposals, in order (only the non-empty ones)."""
+    out: list[tuple[float, list[object]]] = []
+    for at, view in steps:
+        proposed = plan.due(at, view)
+        if proposed:
+            out.append((at, list(proposed)))
+    return out
+
+
+def test_a_peer_that_flaps_before_its_node_up_commits_is_marked_down_again() -> None:
+    """Killed, back (seen connected while still listed down: NodeUp proposed, not committed)
+    and killed again: the leader proposes NodeDown again, so the consumers that attached
+    through it while it was back are suspected (node flap; before the fix nothing was proposed
+    as the peer stayed listed down)."""
+    peers = ["n2", "n3"]
+    steps = [
+        (0.0, _view("n1", peers, connected={"n2"}, down=[])),
+        (1.5, _view("n1", peers, connected={"n2"}, down=[])),  # NodeDown(n3)
+        (2.0, _view("n1", peers, connected={"n2"}, down=["n3"])),
+        (2.5, _view("n1", peers, connected={"n2", "n3"}, down=["n3"])),  # back: NodeUp(n3)
+        (2.6, _view("n1", peers, connected={"n2"}, down=["n3"])),  # lost again, NodeUp lost
+        (3.0, _view("n1", peers, connected={"n2"}, down=["n3"])),
+        (4.0, _view("n1", peers, connected={"n2"}, down=["n3"])),  # lost for 1.4 s
+        (4.2, _view("n1", peers, connected={"n2"}, down=["n3"])),  # for 1.6 s
+        (9.0, _view("n1", peers, connected={"n2"}, down=["n3"])),
+    ]
+    assert _run(TimerPlan(), steps) == [
+        (1.5, [NodeDown("n3")]),
+        (2.5, [NodeUp("n3")]),
+        (4.2, [NodeDown("n3")]),  # once: not again later, it is listed down and was not back
+    ]
+
+
+def test_a_flap_within_the_resubmit_window_still_gets_its_node_down() -> None:
+    """The second NodeDown encodes like the first: if the peer is lost again for the grace
+    period before the first one's resubmit window ends, it is proposed once the window ends."""
+    plan = TimerPlan(down_after_s=0.5, resubmit_s=2.0)
+    peers = ["n2"]
+    steps = [
+        (0.0, _view("n1", peers, connected=set(), down=[])),
+        (0.5, _view("n1", peers, connected=set(), down=[])),  # NodeDown(n2)
+        (0.7, _view("n1", peers, connected={"n2"}, down=["n2"])),  # NodeUp(n2)
+        (0.8, _view("n1", peers, connected=set(), down=["n2"])),
+        (1.3, _view("n1", peers, connected=set(), down=["n2"])),  # lost 0.5 s: window not over
+        (2.5, _view("n1", peers, connected=set(), down=["n2"])),
+        (3.0, _view("n1", peers, connected=set(), down=["n2"])),
+    ]
+    assert _run(plan, steps) == [
+        (0.5, [NodeDown("n2")]),
+        (0.7, [NodeUp("n2")]),
+        (2.5, [NodeDown("n2")]),
+    ]
+
+
+def test_a_restart_the_leader_never_saw_connected_is_known_by_its_incarnation() -> None:
+    """The timer tick may never see the peer connected while it was back; its Hello committed
+    a new incarnation, so consumers could attach through it: NodeDown again once it is lost."""
+
+    def view(down: list[str], n3_incarnation: int) -> TimerView:
+        return TimerView(
+            leader=True,
+            me="n1",
+            connected={"n2": True, "n3": False},
+            down_nodes=tuple(down),
+            incarnations={"n2": 1, "n3": n3_incarnation},
+        )
+
+    steps = [
+        (0.0, view([], 1)),
+        (1.5, view([], 1)),  # NodeDown(n3)
+        (2.0, view(["n3"], 1)),
+        (3.0, view(["n3"], 2)),  # restarted (Hello committed), killed again between two ticks
+        (4.4, view(["n3"], 2)),
+        (4.5, view(["n3"], 2)),  # lost for 1.5 s since its new incarnation was seen
+        (9.0, view(["n3"], 2)),
+    ]
+    assert _run(TimerPlan(), steps) == [(1.5, [NodeDown("n3")]), (4.5, [NodeDown("n3")])]
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_the_machine_suspects_on_a_node_down_for_a_node_already_down(version: int) -> None:
+    """What the flap fix relies on: NodeDown is not deduplicated in the machine, so a second
+    one suspects the consumer that attached through the node after the first (and leaves the
+    first suspicion as it was). A NodeUp before it would instead bring the old consumers up
+    and deliver to them, on a node that is gone."""
+    state = fifo.init_state(version)
+    index = 0
+
+    def apply(command: Command) -> None:
+        nonlocal index
+        index += 1
+        reply, _ = fifo.apply(Meta(index, 1, 1000 + index, version), command, state)
+        assert not isinstance(reply, Error), reply
+
+    def statuses() -> list[str]:
+        return [c.status for c in fifo.consumers(state, "q")]
+
+    apply(DeclareQueue("q"))
+    apply(Checkout("q", ConsumerId("old", ConnectionId("n2", 1, 1)), SimplePrefetch(5)))
+    apply(NodeDown("n2"))
+    assert statuses() == ["suspected_down"]
+    apply(Checkout("q", ConsumerId("new", ConnectionId("n2", 2, 1)), SimplePrefetch(5)))
+    assert statuses() == ["suspected_down", "up"]
+    apply(NodeDown("n2"))
+    assert statuses() == ["suspected_down", "suspected_down"]
