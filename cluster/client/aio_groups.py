@@ -20,25 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from cluster import protocol
 from cluster.client._asyncio import AsyncShell, reply_of
+from cluster.client._group_member import MemberState
 from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
 from cluster.client.errors import CommandRefused
 from fifo.codec import encode
-from fifo.commands import (
-    Cancel,
-    ConsumerId,
-    DeclarePartitionedQueue,
-    JoinGroup,
-    LeaveGroup,
-    QueueConfig,
-    SimplePrefetch,
-)
+from fifo.commands import DeclarePartitionedQueue, QueueConfig
 from fifo.replies import DeclareOk, JoinGroupOk, Reply
 
 AsyncHook = Callable[[list[str]], Awaitable[None] | None]
@@ -46,7 +38,7 @@ AsyncHandler = Callable[[AsyncMessage], Awaitable[None] | None]
 WAIT_SLICE_S = 0.5
 
 
-class AsyncGroupConsumer:
+class AsyncGroupConsumer(MemberState[AsyncConsumer]):
     """One member of a consumer group: `async for` over it (or `await get()`) for the messages
     of its partitions; `await leave()` (or `async with`) to leave."""
 
@@ -61,26 +53,10 @@ class AsyncGroupConsumer:
         on_assign: AsyncHook | None = None,
         on_revoke: AsyncHook | None = None,
     ) -> None:
-        if prefetch < 1:
-            raise ValueError("prefetch must be at least 1")
+        base = member or client._core.next_tag()
+        super().__init__(group, queue, base, prefetch, on_assign, on_revoke)
         self.client = client
-        self.group = group
-        self.queue = queue
-        self.prefetch = prefetch
-        self.on_assign = on_assign
-        self.on_revoke = on_revoke
-        self._base = member or client._core.next_tag()
-        self._incarnations = itertools.count(1)
-        self.member = ""
-        self.tag = ""
-        self.epoch = 0
-        self.partitions: list[str] = []
         self.task: asyncio.Task[None] | None = None  # the handler task, if joined with one
-        self._consumers: dict[str, AsyncConsumer] = {}
-        self._assigned: list[str] = []
-        self._turn = 0
-        self._reconnects = -1
-        self.closed = False
 
     # --- membership ---------------------------------------------------------------------------
 
@@ -93,19 +69,12 @@ class AsyncGroupConsumer:
         self._drop_buffers()
         client = self.client
         self._reconnects = client.reconnects
-        incarnation = next(self._incarnations)
-        self.member = self._base if incarnation == 1 else f"{self._base}.{incarnation}"
-        self.tag = f"{self.group}/{self.member}"
-        count = await self._query_partitions()
-        self.partitions = [f"{self.queue}.{i}" for i in range(count)]
+        self._new_incarnation(await self._query_partitions())
         for partition in self.partitions:
             consumer = AsyncConsumer(client, partition, prefetch=self.prefetch, tag=self.tag)
             consumer._state.active, consumer._state.status = False, "waiting"
             self._consumers[partition] = consumer
-        command = JoinGroup(
-            self.queue, ConsumerId(self.tag, await client.connection_id()),
-            SimplePrefetch(self.prefetch), group=self.group, member=self.member,
-        )  # fmt: skip
+        command = self._join_command(await client.connection_id())
         try:
             reply = await _command(client, command)
         except BaseException:
@@ -130,11 +99,7 @@ class AsyncGroupConsumer:
         try:
             for consumer in self._consumers.values():
                 await consumer.flush_acks()
-            command = LeaveGroup(
-                self.queue, ConsumerId(self.tag, await self.client.connection_id()), Cancel(),
-                group=self.group, member=self.member, epoch=self.epoch,
-            )  # fmt: skip
-            await _command(self.client, command)
+            await _command(self.client, self._leave_command(await self.client.connection_id()))
         finally:
             self._drop_buffers()
 
@@ -147,11 +112,6 @@ class AsyncGroupConsumer:
         await self.leave()
 
     # --- receiving ----------------------------------------------------------------------------
-
-    @property
-    def assigned(self) -> list[str]:
-        """The partitions this member is active on, as the machine last said."""
-        return [p for p in self.partitions if p in self._consumers and self._consumers[p].active]
 
     def __aiter__(self) -> AsyncIterator[AsyncMessage]:
         return self
@@ -174,7 +134,7 @@ class AsyncGroupConsumer:
             message = self._next_buffered()
             if message is not None:
                 return message
-            if self._deleted():
+            if self._all_cancelled():
                 self.closed = True  # the partitioned queue was deleted: nothing more comes
                 self._drop_buffers()
                 return None
@@ -186,36 +146,20 @@ class AsyncGroupConsumer:
             )
         return None
 
-    def _deleted(self) -> bool:
-        """Every partition's consumer was cancelled: the machine deleted the partitioned
-        queue (a group never cancels its members' consumers otherwise)."""
-        states = [c._state for c in self._consumers.values()]
-        return bool(states) and all(state.finished for state in states)
-
     def _anything_new(self) -> bool:
-        if self.closed or self.client.reconnects != self._reconnects or self._deleted():
+        if self.closed or self.client.reconnects != self._reconnects or self._all_cancelled():
             return True
         if self.assigned != self._assigned:
             return True
         return any(c._state.buffer for c in self._consumers.values())
 
     def _next_buffered(self) -> AsyncMessage | None:
-        core, count = self.client._core, len(self.partitions)
-        for step in range(count):
-            consumer = self._consumers.get(self.partitions[(self._turn + step) % count])
-            item = core.next_delivery(consumer._state) if consumer is not None else None
-            if consumer is not None and item is not None:
-                self._turn = (self._turn + step + 1) % count
-                self.client._flush()
-                return consumer._wrap(item)
+        found = self._pick(self.client._core)
         self.client._flush()
-        return None
+        return None if found is None else found[0]._wrap(found[1])
 
     async def _run_hooks(self) -> None:
-        now = self.assigned
-        gained = [p for p in now if p not in self._assigned]
-        lost = [p for p in self._assigned if p not in now]
-        self._assigned = now
+        gained, lost = self._changes()
         if lost:
             await _invoke(self.on_revoke, lost)
         if gained:
@@ -231,11 +175,7 @@ class AsyncGroupConsumer:
         return count
 
     def _drop_buffers(self) -> None:
-        core = self.client._core
-        for consumer in self._consumers.values():
-            core.remove_consumer(consumer._state)
-        self._consumers = {}
-        self._assigned = []
+        self._forget_consumers(self.client._core)
 
 
 async def declare_partitioned_queue(

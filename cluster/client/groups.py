@@ -14,25 +14,16 @@ partitions.
 from __future__ import annotations
 
 import binascii
-import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from cluster.client._group_member import MemberState
 from cluster.client.client import Client
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import CommandRefused
-from fifo.commands import (
-    Cancel,
-    ConnectionId,
-    ConsumerId,
-    DeclarePartitionedQueue,
-    JoinGroup,
-    LeaveGroup,
-    QueueConfig,
-    SimplePrefetch,
-)
+from fifo.commands import ConnectionId, DeclarePartitionedQueue, QueueConfig
 from fifo.replies import DeclareOk, Error, JoinGroupOk, Reply
 
 Hook = Callable[[list[str]], None]
@@ -62,7 +53,7 @@ def partition_of(key: bytes | str | int, partitions: int) -> int:
     return binascii.crc32(key) % partitions
 
 
-class GroupConsumer:
+class GroupConsumer(MemberState[Consumer]):
     """One member of a consumer group: iterate it (or `get`) for messages of its partitions."""
 
     def __init__(
@@ -76,25 +67,9 @@ class GroupConsumer:
         on_assign: Hook | None = None,
         on_revoke: Hook | None = None,
     ) -> None:
-        if prefetch < 1:
-            raise ValueError("prefetch must be at least 1")
+        base = member or client._core.next_tag()
+        super().__init__(group, queue, base, prefetch, on_assign, on_revoke)
         self.client = client
-        self.group = group
-        self.queue = queue
-        self.prefetch = prefetch
-        self.on_assign = on_assign
-        self.on_revoke = on_revoke
-        self._base = member or client._core.next_tag()
-        self._incarnations = itertools.count(1)
-        self.member = ""
-        self.tag = ""
-        self.epoch = 0
-        self.partitions: list[str] = []
-        self._consumers: dict[str, Consumer] = {}
-        self._assigned: list[str] = []
-        self._turn = 0
-        self._reconnects = -1
-        self.closed = False
 
     # --- membership ---------------------------------------------------------------------------
 
@@ -106,23 +81,16 @@ class GroupConsumer:
             self.on_revoke(lost)
         self._drop_buffers()
         self._reconnects = self.client.reconnects
-        incarnation = next(self._incarnations)
-        self.member = self._base if incarnation == 1 else f"{self._base}.{incarnation}"
-        self.tag = f"{self.group}/{self.member}"
         count = self.client.query("partitions", {"queue": self.queue})
         if not isinstance(count, int):
             raise CommandRefused("unknown_queue", f"no partitioned queue {self.queue!r}")
-        self.partitions = [f"{self.queue}.{i}" for i in range(count)]
+        self._new_incarnation(count)
         for partition in self.partitions:
             consumer = Consumer(self.client, partition, prefetch=self.prefetch, tag=self.tag)
             with self.client._lock:  # inactive until the machine says GroupAssigned
                 consumer._state.active, consumer._state.status = False, "waiting"
             self._consumers[partition] = consumer
-        command = JoinGroup(
-            self.queue, ConsumerId(self.tag, self._connection()), SimplePrefetch(self.prefetch),
-            group=self.group, member=self.member,
-        )  # fmt: skip
-        reply = self.client.command(command)
+        reply = self.client.command(self._join_command(self._connection()))
         if isinstance(reply, Error):
             self._drop_buffers()
             raise CommandRefused(reply.code, reply.message)
@@ -136,11 +104,7 @@ class GroupConsumer:
         try:
             for consumer in self._consumers.values():
                 consumer.flush_acks()
-            command = LeaveGroup(
-                self.queue, ConsumerId(self.tag, self._connection()), Cancel(),
-                group=self.group, member=self.member, epoch=self.epoch,
-            )  # fmt: skip
-            self.client.command(command)
+            self.client.command(self._leave_command(self._connection()))
         finally:
             self._drop_buffers()
 
@@ -153,11 +117,6 @@ class GroupConsumer:
         self.leave()
 
     # --- receiving ----------------------------------------------------------------------------
-
-    @property
-    def assigned(self) -> list[str]:
-        """The partitions this member is active on, as the machine last said."""
-        return [p for p in self.partitions if p in self._consumers and self._consumers[p].active]
 
     def __iter__(self) -> Iterator[Message]:
         return self
@@ -194,33 +153,17 @@ class GroupConsumer:
         return None
 
     def _next_buffered(self) -> Message | None:
-        client, core, count = self.client, self.client._core, len(self.partitions)
-        found: tuple[Consumer, object] | None = None
-        with client._lock:
-            for step in range(count):
-                consumer = self._consumers[self.partitions[(self._turn + step) % count]]
-                item = core.next_delivery(consumer._state)
-                if item is not None:
-                    self._turn = (self._turn + step + 1) % count
-                    found = (consumer, item)
-                    break
-        client._flush()
-        if found is None:
-            return None
-        return found[0]._wrap(found[1])  # type: ignore[arg-type]
+        with self.client._lock:
+            found = self._pick(self.client._core)
+        self.client._flush()
+        return None if found is None else found[0]._wrap(found[1])
 
     def _deleted(self) -> bool:
-        """Every partition's consumer was cancelled: the machine deleted the partitioned
-        queue (a group never cancels its members' consumers otherwise)."""
         with self.client._lock:
-            states = [c._state for c in self._consumers.values()]
-            return bool(states) and all(state.finished for state in states)
+            return self._all_cancelled()
 
     def _run_hooks(self) -> None:
-        now = self.assigned
-        gained = [p for p in now if p not in self._assigned]
-        lost = [p for p in self._assigned if p not in now]
-        self._assigned = now
+        gained, lost = self._changes()
         if lost and self.on_revoke is not None:
             self.on_revoke(lost)
         if gained and self.on_assign is not None:
@@ -233,12 +176,8 @@ class GroupConsumer:
         return self.client.connection_id
 
     def _drop_buffers(self) -> None:
-        core = self.client._core
         with self.client._lock:
-            for consumer in self._consumers.values():
-                core.remove_consumer(consumer._state)
-        self._consumers = {}
-        self._assigned = []
+            self._forget_consumers(self.client._core)
 
 
 def join_group(
