@@ -472,8 +472,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         applied them and answered their publishes Ok, and the snapshot then replaced them: a
         confirmed message lost (seed-5 chaos run). Such a message may not advance it."""
         own = int(self._SyncObj__raftCommitIndex)
-        if int(message.get("commit_index", 0)) <= own:
+        leader_commit = int(message.get("commit_index", 0))
+        if leader_commit <= own:
             return message
+        log_end = int(self._SyncObj__getCurrentLogIndex())
+        if log_end > own:  # entries of ours pysyncobj would have taken as committed
+            log.info(
+                "snapshot_chunk_commit_held", commit=own, log_end=log_end, leader=leader_commit
+            )
         return {**message, "commit_index": own}
 
     def _commit_loaded_snapshot(self) -> None:
