@@ -134,6 +134,8 @@ class DialedTCPNode(TCPNode):  # type: ignore[misc]
 class RaftNode(SyncObj):  # type: ignore[misc]
     """A SyncObj with exactly one replicated method, `apply_entry(blob)`."""
 
+    _SyncObj__raftCommitIndex: int  # pysyncobj's, set in its __init__ (typed for our guard)
+
     def __init__(
         self,
         settings: RaftSettings,
@@ -451,8 +453,42 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         # a follower appends the leader's entries here: on ENOSPC it does not ack them, and the
         # leader sends them again (after the conflicting tail is cut) until space returns
+        snapshot_chunk = (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "prevLogIdx" not in message
+        )
+        if snapshot_chunk:
+            message = self._without_commit_advance(message)
         with contextlib.suppress(DiskFullError):
             SyncObj._SyncObj__onMessageReceived(self, node, message)
+        if snapshot_chunk:
+            self._commit_loaded_snapshot()
+
+    def _without_commit_advance(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A snapshot chunk checks nothing of this node's log (no prevLogIdx), yet pysyncobj
+        sets the commit index to min(the leader's, our last index) on every chunk: a follower
+        holding entries no leader committed (appended while it led, cut off by a partition)
+        applied them and answered their publishes Ok, and the snapshot then replaced them: a
+        confirmed message lost (seed-5 chaos run). Such a message may not advance it."""
+        own = int(self._SyncObj__raftCommitIndex)
+        leader_commit = int(message.get("commit_index", 0))
+        if leader_commit <= own:
+            return message
+        log_end = int(self._SyncObj__getCurrentLogIndex())
+        if log_end > own:  # entries of ours pysyncobj would have taken as committed
+            log.info(
+                "snapshot_chunk_commit_held", commit=own, log_end=log_end, leader=leader_commit
+            )
+        return {**message, "commit_index": own}
+
+    def _commit_loaded_snapshot(self) -> None:
+        """After a snapshot load the log is the leader's committed prefix up to the snapshot:
+        commit up to it (what pysyncobj did on the last chunk)."""
+        applied = int(self._SyncObj__raftLastApplied)
+        if applied > int(self._SyncObj__raftCommitIndex):
+            self._SyncObj__raftCommitIndex = applied
+            self._SyncObj__raftLog.setRaftCommitIndex(applied)
 
     def disk_full(self) -> bool:
         """Whether the journal's last write failed for lack of space (no probe succeeded yet)."""

@@ -13,6 +13,7 @@ from typing import Any
 import cbor2
 import pysyncobj.journal as pysyncobj_journal
 import pytest
+from pysyncobj.syncobj import _COMMAND_TYPE
 
 import fifo
 from cluster.launcher import free_ports, wait_until
@@ -20,7 +21,7 @@ from fifo.commands import DeclareQueue, Enqueue
 from fifo.replies import Ok
 from raft import storage
 from raft.durability import DurableFileJournal
-from raft.entry import Entry
+from raft.entry import Entry, encode_entry
 from raft.errors import StorageError
 from raft.node import RaftNode, RaftSettings
 from raft.replicated import InternalFailure, Outcome, ReplicatedState
@@ -277,3 +278,44 @@ def test_a_crash_between_the_snapshot_and_the_journal_compaction_keeps_the_tail(
         assert second.digest() == before
     finally:
         second.close()
+
+
+def test_a_snapshot_chunk_does_not_commit_the_followers_own_unverified_log(tmp_path: Path) -> None:
+    """A follower with entries the leader never committed (a leader cut off by a partition kept
+    appending its clients' publishes) gets the new leader's snapshot in chunks. Every chunk
+    message carries the leader's commit index but no prevLogIdx: pysyncobj set the follower's
+    commit index to min(that, its own last index) on each one, so the follower applied its own
+    stale entries and answered their publishes `Ok`; the snapshot then replaced them (the
+    seed-5 chaos run lost a confirmed message so). Only a checked AppendEntries may advance it."""
+    ports = free_ports(3)
+    settings = RaftSettings(
+        node_id="n1",
+        address=f"127.0.0.1:{ports[0]}",
+        peers={"n2": f"127.0.0.1:{ports[1]}", "n3": f"127.0.0.1:{ports[2]}"},  # never started
+        data_dir=tmp_path,
+        password="secret-for-tests",
+        supported_version=2,
+        incarnation=1,
+        election_timeout_ms=(300, 500),
+    )
+    node = RaftNode(settings, lambda _outcome: None)
+    try:
+        with node.lock:
+            commit_before = node._SyncObj__raftCommitIndex
+            term = node._SyncObj__raftCurrentTerm
+            last = node._SyncObj__getCurrentLogIndex()
+            stale = Entry("cmds", int(time.time() * 1000), ("n1", 1, 1), cmds=())
+            for idx in range(last + 1, last + 4):  # appended by n1 as a leader cut off
+                node._SyncObj__raftLog.add(
+                    bytes([_COMMAND_TYPE.REGULAR]) + encode_entry(stale), idx, term
+                )
+            first_chunk = {
+                "type": "append_entries",
+                "term": term + 1,
+                "commit_index": last + 100,  # the new leader's, far past our stale tail
+                "serialized": (b"part of the new leader's snapshot", True, False),
+            }
+            node._SyncObj__onMessageReceived(node._peer_nodes["n2"], first_chunk)
+            assert node._SyncObj__raftCommitIndex == commit_before
+    finally:
+        node.destroy_synchronous()
