@@ -460,10 +460,60 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         )
         if snapshot_chunk:
             message = self._without_commit_advance(message)
+        elif self._is_checked_append(message):
+            message = self._trim_present_entries(node, message)
+            if message is None:
+                return
         with contextlib.suppress(DiskFullError):
             SyncObj._SyncObj__onMessageReceived(self, node, message)
         if snapshot_chunk:
             self._commit_loaded_snapshot()
+
+    def _is_checked_append(self, message: Any) -> bool:
+        """An AppendEntries pysyncobj checks against our log (prevLogIdx), of a current term."""
+        return (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "prevLogIdx" in message
+            and "transmission" not in message
+            and int(message.get("term", -1)) >= int(self._SyncObj__raftCurrentTerm)
+        )
+
+    def _trim_present_entries(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Raft's rule, which pysyncobj skips: a follower cuts its log only at the first entry
+        that conflicts (same index, other term), never entries it holds that match. pysyncobj
+        cut everything after prevLogIdx on every AppendEntries, so a late or repeated one
+        (reconnects, a leader resending from an older next index) took entries this follower
+        had already acknowledged, and applied, off its log: the leader had counted them, so a
+        confirmed entry could be on fewer nodes than a majority. Entries we already hold are
+        dropped from the message (prevLogIdx moves past them); when all of them are held and
+        our log goes further, nothing is cut: the message is answered here with the index the
+        leader verified, and the commit index moves no further than that."""
+        entries = list(message.get("entries", []))
+        prev = int(message["prevLogIdx"])
+        ours = self._SyncObj__getEntries(prev)
+        if not ours or ours[0][2] != message["prevLogTerm"]:
+            return message  # pysyncobj answers the mismatch (and cuts nothing)
+        held = 0
+        for entry in entries:
+            position = held + 1
+            if position >= len(ours) or ours[position][2] != entry[2]:
+                break
+            held += 1
+        verified = prev + held
+        if held < len(entries) or len(ours) - 1 == held:
+            prev_term = entries[held - 1][2] if held else message["prevLogTerm"]
+            return {**message, "prevLogIdx": verified, "prevLogTerm": prev_term,
+                    "entries": entries[held:]}  # fmt: skip
+        # every entry held and our log goes further: cut nothing; commit at most `verified`
+        header = {
+            key: value for key, value in message.items() if key not in ("prevLogIdx", "entries")
+        }
+        header["commit_index"] = min(int(message["commit_index"]), verified)
+        with contextlib.suppress(DiskFullError):
+            SyncObj._SyncObj__onMessageReceived(self, node, header)
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=verified + 1, success=True)
+        return None
 
     def _without_commit_advance(self, message: dict[str, Any]) -> dict[str, Any]:
         """A snapshot chunk checks nothing of this node's log (no prevLogIdx), yet pysyncobj

@@ -319,3 +319,77 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_unverified_log(tmp_p
             assert node._SyncObj__raftCommitIndex == commit_before
     finally:
         node.destroy_synchronous()
+
+
+def _follower_with_tail(tmp_path: Path, tail: int) -> tuple[RaftNode, int, int]:
+    """A node whose peers never start, with `tail` entries of the current term after its log's
+    end; returns (node, the index before the tail, the term)."""
+    ports = free_ports(3)
+    settings = RaftSettings(
+        node_id="n1",
+        address=f"127.0.0.1:{ports[0]}",
+        peers={"n2": f"127.0.0.1:{ports[1]}", "n3": f"127.0.0.1:{ports[2]}"},
+        data_dir=tmp_path,
+        password="secret-for-tests",
+        supported_version=2,
+        incarnation=1,
+        election_timeout_ms=(300, 500),
+    )
+    node = RaftNode(settings, lambda _outcome: None)
+    with node.lock:
+        term = node._SyncObj__raftCurrentTerm
+        last = node._SyncObj__getCurrentLogIndex()
+        entry = Entry("cmds", int(time.time() * 1000), ("n2", 1, 1), cmds=())
+        for idx in range(last + 1, last + 1 + tail):
+            node._SyncObj__raftLog.add(
+                bytes([_COMMAND_TYPE.REGULAR]) + encode_entry(entry), idx, term
+            )
+    return node, last, term
+
+
+def test_a_late_append_entries_does_not_cut_entries_the_follower_holds(tmp_path: Path) -> None:
+    """Raft cuts a follower's log only at a conflicting entry. pysyncobj cut everything after
+    prevLogIdx on every AppendEntries: a late or repeated one carrying only the first of the
+    entries this follower had already acknowledged took the others off its log, so an entry the
+    leader had counted as on a majority was not (a chaos run lost a confirmed message)."""
+    node, last, term = _follower_with_tail(tmp_path, 3)
+    try:
+        with node.lock:
+            held = node._SyncObj__getEntries(last + 1)[0]
+            late = {
+                "type": "append_entries",
+                "term": term,
+                "commit_index": last + 3,
+                "prevLogIdx": last,
+                "prevLogTerm": node._SyncObj__getEntries(last)[0][2],
+                "entries": [held],
+            }
+            node._SyncObj__onMessageReceived(node._peer_nodes["n2"], late)
+            assert node._SyncObj__getCurrentLogIndex() == last + 3  # nothing cut
+            assert node._SyncObj__raftCommitIndex <= last + 1  # only what the message verified
+    finally:
+        node.destroy_synchronous()
+
+
+def test_a_conflicting_entry_still_cuts_the_log_from_there(tmp_path: Path) -> None:
+    """The other half of the rule: an entry of another term at the same index replaces ours and
+    everything after it."""
+    node, last, term = _follower_with_tail(tmp_path, 3)
+    try:
+        with node.lock:
+            cmd, idx, _term = node._SyncObj__getEntries(last + 2)[0]
+            first = node._SyncObj__getEntries(last + 1)[0]
+            newer = {
+                "type": "append_entries",
+                "term": term + 1,
+                "commit_index": 0,
+                "prevLogIdx": last,
+                "prevLogTerm": node._SyncObj__getEntries(last)[0][2],
+                "entries": [first, (cmd, idx, term + 1)],
+            }
+            node._SyncObj__onMessageReceived(node._peer_nodes["n2"], newer)
+            assert node._SyncObj__getCurrentLogIndex() == last + 2
+            assert node._SyncObj__getEntries(last + 2)[0][2] == term + 1
+            assert node._SyncObj__getEntries(last + 1)[0][2] == term
+    finally:
+        node.destroy_synchronous()
