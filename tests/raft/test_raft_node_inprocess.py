@@ -287,28 +287,10 @@ def test_a_snapshot_chunk_does_not_commit_the_followers_own_unverified_log(tmp_p
     commit index to min(that, its own last index) on each one, so the follower applied its own
     stale entries and answered their publishes `Ok`; the snapshot then replaced them (the
     seed-5 chaos run lost a confirmed message so). Only a checked AppendEntries may advance it."""
-    ports = free_ports(3)
-    settings = RaftSettings(
-        node_id="n1",
-        address=f"127.0.0.1:{ports[0]}",
-        peers={"n2": f"127.0.0.1:{ports[1]}", "n3": f"127.0.0.1:{ports[2]}"},  # never started
-        data_dir=tmp_path,
-        password="secret-for-tests",
-        supported_version=2,
-        incarnation=1,
-        election_timeout_ms=(300, 500),
-    )
-    node = RaftNode(settings, lambda _outcome: None)
+    node, last, term = _follower_with_tail(tmp_path, 3)  # appended by n1 as a leader cut off
     try:
         with node.lock:
             commit_before = node._SyncObj__raftCommitIndex
-            term = node._SyncObj__raftCurrentTerm
-            last = node._SyncObj__getCurrentLogIndex()
-            stale = Entry("cmds", int(time.time() * 1000), ("n1", 1, 1), cmds=())
-            for idx in range(last + 1, last + 4):  # appended by n1 as a leader cut off
-                node._SyncObj__raftLog.add(
-                    bytes([_COMMAND_TYPE.REGULAR]) + encode_entry(stale), idx, term
-                )
             first_chunk = {
                 "type": "append_entries",
                 "term": term + 1,
