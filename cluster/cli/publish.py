@@ -38,6 +38,7 @@ def bodies(count: int, size: int | None, text: str | None) -> Iterator[bytes]:
         yield (head + b"x" * width)[:width]
 
 PUBLISH_COUNT_MAX = 10_000_000  # a typo of a few extra zeros must not fill the cluster's disks
+TIMEOUT_S_MAX = 3600.0
 
 
 @click.command("publish")
@@ -88,6 +89,18 @@ PUBLISH_COUNT_MAX = 10_000_000  # a typo of a few extra zeros must not fill the 
     metavar="N",
     help="With --group G: message i goes to group G<i mod N> (G0 .. G<N-1>), round robin.",
 )
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(0.1, TIMEOUT_S_MAX),
+    default=30.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds to wait for a confirm (and for a leader, across reconnects) before giving "
+    "up: exit 69 when the nodes answered that there is no leader, 75 when the outcome of a "
+    "message is unknown (it may have been stored: publish it again, dedup keeps one copy "
+    "only within one publisher).",
+)
 @connection_options
 @click.pass_context
 @translate_errors
@@ -101,6 +114,7 @@ def publish(
     ttl_ms: int | None,
     group: str | None,
     spread_groups: int | None,
+    timeout_s: float,
 ) -> None:
     """Publish messages with confirms and print how many were confirmed, and how fast.
 
@@ -118,6 +132,7 @@ def publish(
       quorumq --data-dir /tmp/qq publish jobs --body 'hello'
       quorumq --data-dir /tmp/qq publish orders --count 1000 --group customer- --spread-groups 50
       quorumq --data-dir /tmp/qq publish parted --count 100 --key customer-42
+      quorumq --data-dir /tmp/qq publish jobs --body 'now or never' --timeout 2
     """
     validate_queue_name(queue)
     if size is not None and text is not None:
@@ -126,7 +141,7 @@ def publish(
         raise CliError("--spread-groups needs --group (the group name prefix)", USAGE)
     if group is not None and not 0 < len(group.encode()) <= 240:
         raise CliError("--group must be 1..240 bytes", USAGE)
-    with connect(ctx) as client:
+    with connect(ctx, request_timeout_s=timeout_s, reconnect_timeout_s=timeout_s) as client:
         started = time.monotonic()
         items = bodies(count, size, text)
         try:
