@@ -28,11 +28,11 @@ from typing import cast
 
 from cluster import protocol
 from cluster.chaos.history import EventType, Recorder
-from cluster.chaos.workload import Acker, ClientFactory, Worker, WorkloadParams
+from cluster.chaos.workload import Acker, ClientFactory, Producer, Worker, WorkloadParams
 from cluster.client import Client, Publisher
 from cluster.client._wire import encode_enqueue
 from cluster.client.consumer import Consumer
-from cluster.client.errors import ClusterError, CommandRefused
+from cluster.client.errors import ClusterError
 from cluster.client.groups import GroupConsumer, declare_partitioned_queue, join_group
 from cluster.client.sansio import UNCERTAIN
 from fifo.codec import decode
@@ -92,9 +92,9 @@ def declare(client: Client, params: GroupParams, timeout_s: float = 30.0) -> Non
     declare_partitioned_queue(client, params.queue, params.partitions)
 
 
-class GroupProducer(Worker):
-    """Publishes unique bodies `p<i>-g<generation>-<seq>` to the base name, keyed or not, at a
-    bounded rate (window 1: each publish has its own outcome); resends after unknown ones."""
+class GroupProducer(Producer):
+    """A producer to the base name, keyed or not (a seeded pick), that resends a message after
+    an unknown outcome (see the module doc)."""
 
     def __init__(
         self,
@@ -102,89 +102,35 @@ class GroupProducer(Worker):
         factory: ClientFactory,
         recorder: Recorder,
         stop: threading.Event,
-        params: GroupParams,
+        groups: GroupParams,
         workload: WorkloadParams,
         run_id: str,
         seed: int,
     ) -> None:
-        super().__init__(f"producer-{index}", recorder, stop)
-        self.index = index
-        self.factory = factory
-        self.params = params
-        self.workload = workload
-        self.run_id = run_id
+        super().__init__(index, groups.queue, factory, recorder, stop, workload, run_id)
+        self.groups = groups
         self.rng = random.Random(f"{seed}-{index}")
-        self.interval_s = workload.producers / workload.rate_per_s
-        self.generation = 0
-        self.published = 0
         self.resends = 0
 
-    def run(self) -> None:
-        next_at = time.monotonic()
-        while not self.stop_event.is_set():
-            client = self.connect(self.factory, f"chaos-{self.name}")
-            if client is None:
-                continue
-            try:
-                next_at = self._generation(client, next_at)
-            finally:
-                client.close()
-
     def _key(self) -> str | None:
-        if self.rng.random() < self.params.keyless_fraction:
+        if self.rng.random() < self.groups.keyless_fraction:
             return None
-        return f"key-{self.rng.randrange(self.params.keys)}"
+        return f"key-{self.rng.randrange(self.groups.keys)}"
 
-    def _generation(self, client: Client, next_at: float) -> float:
-        """Publish as one enqueuer until an outcome is not ok (then resend that message);
-        returns the next send time."""
-        self.generation += 1
-        process = f"{self.name}.{self.generation}"
-        enqueuer = f"{self.run_id}-p{self.index}-g{self.generation}"
-        publisher = client.publisher(self.params.queue, window=1, enqueuer=enqueuer)
-        try:
-            for seq in range(1, 1 << 62):
-                next_at = max(next_at + self.interval_s, time.monotonic())
-                if self.stop_event.wait(max(0.0, next_at - time.monotonic())):
-                    return next_at
-                value = f"p{self.index}-g{self.generation}-{seq}"
-                key = self._key()
-                outcome = self._publish_one(publisher, process, enqueuer, seq, value, key)
-                if outcome == "info":
-                    self._resend(process, enqueuer, seq, value, key)
-                if outcome != "ok":
-                    return next_at
-        finally:
-            publisher.close()
-        return next_at
-
-    def _publish_one(
-        self, publisher: Publisher, process: str, enqueuer: str, seq: int, value: str,
-        key: str | None,
-    ) -> EventType:  # fmt: skip
-        queue = self.params.queue
-        op = self.recorder.invoke(
-            "publish", process, queue=queue, value=value, enqueuer=enqueuer, seq=seq, key=key
-        )
-        outcome: EventType = "ok"
-        detail = None
-        timeout_s = self.workload.confirm_timeout_s
-        try:
-            publisher.publish(value.encode(), group=key, timeout_s=timeout_s)
-            publisher.wait_for_confirms(timeout_s)
-        except CommandRefused as err:
-            outcome, detail = "fail", str(err)  # an error reply: nothing was applied
-        except (ClusterError, OSError) as err:
-            outcome, detail = "info", f"{type(err).__name__}: {err}"
-        self.recorder.complete(op, outcome, "publish", process, value=value, detail=detail)
-        self._count(outcome, detail)
+    def _send(
+        self, publisher: Publisher, process: str, enqueuer: str, seq: int, value: str
+    ) -> EventType:
+        key = self._key()
+        outcome = self._publish_one(publisher, process, enqueuer, seq, value, key)
+        if outcome == "info":
+            self._resend(process, enqueuer, seq, value, key)
         return outcome
 
     def _resend(self, process: str, enqueuer: str, seq: int, value: str, key: str | None) -> None:
         """Send the same (enqueuer, seq, body, key) again from fresh clients until an outcome
         is known or `resend_max` attempts are spent; dedup must store it at most once."""
-        command = encode_enqueue(self.params.queue, value.encode(), enqueuer, seq, None, key)
-        for attempt in range(1, self.params.resend_max + 1):
+        command = encode_enqueue(self.queue, value.encode(), enqueuer, seq, None, key)
+        for attempt in range(1, self.groups.resend_max + 1):
             if self.stop_event.is_set():
                 return
             client = self.connect(self.factory, f"chaos-{process}-resend")
@@ -192,11 +138,11 @@ class GroupProducer(Worker):
                 continue
             self.resends += 1
             op = self.recorder.invoke(
-                "publish", process, queue=self.params.queue, value=value, enqueuer=enqueuer,
+                "publish", process, queue=self.queue, value=value, enqueuer=enqueuer,
                 seq=seq, key=key, detail=f"resend {attempt}",
             )  # fmt: skip
             try:
-                answer = client.call(protocol.command(0, command), self.workload.confirm_timeout_s)
+                answer = client.call(protocol.command(0, command), self.params.confirm_timeout_s)
                 outcome, detail = _resend_outcome(answer)
             except (ClusterError, OSError) as err:
                 outcome, detail = "info", f"{type(err).__name__}: {err}"
@@ -207,12 +153,6 @@ class GroupProducer(Worker):
             if outcome != "info":
                 return
             self.stop_event.wait(RETRY_PAUSE_S)
-
-    def _count(self, outcome: EventType, detail: str | None) -> None:
-        if outcome == "ok":
-            self.published += 1
-        else:
-            self._note(detail or outcome)
 
 
 def _resend_outcome(answer: dict[str, object]) -> tuple[EventType, str | None]:

@@ -119,33 +119,44 @@ class Producer(Worker):
                 if self.stop_event.wait(max(0.0, next_at - time.monotonic())):
                     return next_at
                 value = f"p{self.index}-g{self.generation}-{seq}"
-                if self._publish_one(publisher, process, enqueuer, seq, value) != "ok":
+                if self._send(publisher, process, enqueuer, seq, value) != "ok":
                     return next_at
         finally:
             publisher.close()
         return next_at
 
-    def _publish_one(
+    def _send(
         self, publisher: Publisher, process: str, enqueuer: str, seq: int, value: str
     ) -> EventType:
+        """Publish message `seq`; its outcome (anything but ok ends this enqueuer)."""
+        return self._publish_one(publisher, process, enqueuer, seq, value)
+
+    def _publish_one(
+        self, publisher: Publisher, process: str, enqueuer: str, seq: int, value: str,
+        key: str | None = None,
+    ) -> EventType:  # fmt: skip
         op = self.recorder.invoke(
-            "publish", process, queue=self.queue, value=value, enqueuer=enqueuer, seq=seq
+            "publish", process, queue=self.queue, value=value, enqueuer=enqueuer, seq=seq, key=key
         )
         outcome: EventType = "ok"
         detail = None
+        timeout_s = self.params.confirm_timeout_s
         try:
-            publisher.publish(value.encode(), timeout_s=self.params.confirm_timeout_s)
-            publisher.wait_for_confirms(self.params.confirm_timeout_s)
+            publisher.publish(value.encode(), group=key, timeout_s=timeout_s)
+            publisher.wait_for_confirms(timeout_s)
         except CommandRefused as err:
             outcome, detail = "fail", str(err)  # an error reply: nothing was applied
         except (ClusterError, OSError) as err:
             outcome, detail = "info", f"{type(err).__name__}: {err}"
         self.recorder.complete(op, outcome, "publish", process, value=value, detail=detail)
+        self._count(outcome, detail)
+        return outcome
+
+    def _count(self, outcome: EventType, detail: str | None) -> None:
         if outcome == "ok":
             self.published += 1
         else:
             self._note(detail or outcome)
-        return outcome
 
 
 class QueueConsumer(Worker):
