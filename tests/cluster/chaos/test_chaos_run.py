@@ -1,4 +1,5 @@
-"""A short real chaos run: 3 node processes, producers and consumers, kill and pause faults."""
+"""Short real chaos runs: 3 node processes, producers and consumers, every fault kind (membership
+changes in test_chaos_membership.py)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,34 @@ def test_the_seed5_schedule_with_snapshots_during_faults_loses_nothing(tmp_path:
         snapshot_every_entries=150,
     )
     report = run(params)
+    assert report["lost"] == 0, report["checker"]["lost"][:20]
+    assert report["unexpected"] == 0, report["checker"]["unexpected"][:20]
+    assert report["checker"]["redelivered_after_ack"] == [], report["checker"]
+    assert report["replicas"]["digests_equal"], report["replicas"]
+    assert report["replicas"]["queues_empty_on_every_replica"], report["replicas"]
+    assert report["valid"]
+
+
+@pytest.mark.timeout(300)
+def test_leader_faults_and_power_losses_lose_nothing(tmp_path: Path) -> None:
+    """The fault kinds the runs above leave out: the leader variants of kill, pause and
+    partition, and power loss of one node and of all (SIGKILL, then everything written since
+    the last fdatasync dropped): lost 0, unexpected 0, replicas equal and empty."""
+    kinds = ("kill-leader", "pause-leader", "partition-leader", "power-loss", "power-loss-all")
+    params = RunParams(
+        duration_s=42.0,
+        faults=kinds,
+        seed=7,
+        out_dir=tmp_path,
+        workload=WorkloadParams(producers=2, consumers=2, queues=("chaos-1",), rate_per_s=30.0),
+        schedule=ScheduleParams(
+            warmup_s=3.0, fault_min_s=3.0, fault_max_s=4.0, quiet_min_s=2.0, quiet_max_s=3.0
+        ),
+    )
+    report = run(params)
+    assert {f["kind"] for f in report["faults"]} == set(kinds), report["faults"]
+    assert all(not fault["errors"] for fault in report["faults"]), report["faults"]
+    assert report["operations"]["publish"]["ok"] > 100, report["operations"]
     assert report["lost"] == 0, report["checker"]["lost"][:20]
     assert report["unexpected"] == 0, report["checker"]["unexpected"][:20]
     assert report["checker"]["redelivered_after_ack"] == [], report["checker"]
