@@ -269,7 +269,20 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                     self._loop_poller.unsubscribe(fd)
                     with contextlib.suppress(OSError):
                         os.close(fd)
-        self._SyncObj__pipeNotifier = _NoPipe(self._ticker.request_from_any_thread)
+        self._SyncObj__pipeNotifier = _NoPipe(self._on_command_queued)
+
+    def _on_command_queued(self) -> None:
+        """A command was queued (pysyncobj's `_applyCommand`): on the loop, outside a tick,
+        append it and send it now (the leader: AppendEntries, then its fsync; a follower:
+        forwarded to the leader) instead of waiting for the next loop iteration's full tick."""
+        self._ticker.run_or_request(self._append_queued)
+
+    def _append_queued(self) -> None:
+        if self._destroyed or not self._SyncObj__transport.ready:
+            self._ticker.request()
+            return
+        self._checkCommandsToApply()
+        self._end_of_tick()
 
     # --- driving pysyncobj from the loop -----------------------------------------------------
 

@@ -19,6 +19,7 @@ A tick is never re-entered: a tick requested during one runs after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -142,10 +143,22 @@ class LoopTicker:
         if asyncio._get_running_loop() is self.loop:
             self.request()
         elif not self._scheduled and not self._stopped:
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: destroyed
                 self.loop.call_soon_threadsafe(self.request)
-            except RuntimeError:  # the loop is closed: destroyed
-                pass
+
+    def run_or_request(self, function: Callable[[], None]) -> None:
+        """Run `function` now as a (partial) tick if called on the loop outside a tick; else
+        `request_from_any_thread()` (the next full tick does what it would have)."""
+        if self._ticking or self._stopped or asyncio._get_running_loop() is not self.loop:
+            self.request_from_any_thread()
+            return
+        self._ticking = True
+        try:
+            function()
+        except Exception:
+            log.exception("raft_tick_failed")
+        finally:
+            self._ticking = False
 
     def wake_within(self, seconds: float) -> None:
         """Make sure a tick runs within `seconds` (e.g. a held-back message falls due)."""
