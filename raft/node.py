@@ -1,16 +1,21 @@
 """The pysyncobj node: one replicated method, durable journal, CBOR snapshots, version gate.
 
 Ordering obligations (as etcd's `Ready` documents them):
+- everything runs on one asyncio loop (the node's; `raft.ticker`): pysyncobj's sockets are the
+  loop's readers/writers, and a tick runs after socket events, after a proposal and on a timer;
 - a follower fsyncs an entry's journal record (policy permitting) before it acks it (one fsync
-  for all the AppendEntries handled in one poll);
+  for all the AppendEntries received since its last tick: they are answered together);
 - the leader sends one AppendEntries per follower per tick (new entries and commit index), then
-  fsyncs (overlapping the followers' fsyncs) before its tick thread processes any ack, so it
-  counts itself towards a commit only once its own copy is on disk; a message that would carry
-  only a new commit index waits up to COMMIT_SEND_DELAY_S for the next entry to carry it;
-- every node fsyncs before it hands the outcome of an entry (its replies) to `on_outcome`;
-- `on_outcome` is called in log order from pysyncobj's tick thread, once per applied entry, on
-  every node (replies are for the submitter, effects for the node owning the connection);
-- `on_snapshot_loaded` is called from the same thread, in the same order, whenever the state is
+  fsyncs (overlapping the followers' fsyncs) before it returns to the loop, so no ack is read
+  before its own copy is on disk: it counts itself towards a commit only once that is so; a
+  message that would carry only a new commit index waits up to COMMIT_SEND_DELAY_S for the next
+  entry to carry it;
+- every node fsyncs before it hands the outcome of an entry (its replies) to `on_outcome` (a
+  no-op on the one-at-a-time path: the entry was synced before it was sent or acked);
+- `on_outcome` is called in log order inside pysyncobj's tick on the loop, once per applied
+  entry, on every node (replies are for the submitter, effects for the node owning the
+  connection): the listener runs there and then, it must not block;
+- `on_snapshot_loaded` is called the same way, in the same order, whenever the state is
   replaced by a snapshot (at start, or sent by the leader to a lagging follower): the entries the
   snapshot covers are never applied here, so their effects (deliveries to this node's clients)
   never come, and entries already applied may be applied again: the listener must drop whatever
@@ -202,7 +207,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # verified the same way when SyncObj opens it)
         if os.path.exists(settings.dump_file):
             storage.read_dump_body(Path(settings.dump_file), settings.node_id)
-        # our attributes exist before SyncObj starts its tick thread (it may load the dump)
+        # our attributes exist before SyncObj's constructor runs (its first tick loads the dump)
         self.settings = settings
         self.lock = threading.RLock()
         self.replicated_state = ReplicatedState(
@@ -214,11 +219,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if self._member_set is not None:
             peers = {m.id: m.raft for m in self._member_set.members if m.id != settings.node_id}
         self._refusals: dict[tuple[str, str], Refusal] = {}  # (op, node) -> why it was refused
-        self._transfer_requested = False  # set by any thread, acted on by the tick thread
+        self._transfer_requested = False  # set by any thread, acted on by the next tick
         self._change_appended_at = 0  # index of the last change this node appended as leader
         self.stopped_reason: str | None = None
         # batch id -> the decoded commands of an entry this node submitted (skips a decode):
-        # a handoff from the loop thread (hand_decoded) to the tick thread (one pop per entry)
+        # from the submitting code (hand_decoded) to the apply (one pop per entry)
         self._decoded_by_batch: dict[int, tuple[Any, ...]] = {}
         self._send_pending = False
         self._commit_send_at: float | None = None
@@ -338,7 +343,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_entry(self, blob: bytes) -> None:
-        """Apply one log entry (runs on every node, in log order, in the tick thread)."""
+        """Apply one log entry (runs on every node, in log order, inside a tick on the loop)."""
         index = self.raftLastApplied + 1
         with self.lock:
             if self.stopped_reason is not None:
@@ -444,7 +449,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             return
         self._send_pending = False
         # leader: send first so the followers' fsyncs overlap ours; ours still completes before
-        # this (single) tick thread can process their acks, so an entry is never counted as
+        # the loop reads any ack (we return to it after this), so an entry is never counted as
         # committed, nor its commit index sent out, before the leader's copy is on disk
         SyncObj._SyncObj__sendAppendEntries(self)
         self.sync_journal()
@@ -694,7 +699,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def change_membership(self, change: MemberChange, callback: MembershipCallback) -> None:
         """Append a membership change through the leader (thread-safe): `callback(reply, None)`
-        from the tick thread once this node applied it (the reply of the member set switch), or
+        from inside a tick once this node applied it (the reply of the member set switch), or
         `callback(None, why)` if the leader refused it or it was lost."""
         key = (change.op, change.node)
         self._refusals.pop(key, None)
@@ -753,7 +758,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         return accepted
 
     def _refusal(self, change: MemberChange) -> Refusal | None:
-        """Why the leader must not append `change` now (tick thread), or None."""
+        """Why the leader must not append `change` now (inside a tick), or None."""
         applied = int(self.raftLastApplied)
         if applied < int(self._SyncObj__noopIDx or 0):
             return Refusal(
@@ -969,7 +974,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         return status
 
     def _raw_status(self) -> dict[str, Any]:
-        # getStatus iterates pysyncobj dicts the tick thread may resize: retry on that race
+        # getStatus iterates pysyncobj dicts a tick may resize (when read from another thread:
+        # metrics, tests): retry on that race
         for _ in range(5):
             try:
                 return dict(self.getStatus())
