@@ -243,7 +243,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._loop_thread = LoopThread(f"raft-{settings.node_id}") if loop is None else None
         self.loop = loop if loop is not None else self._loop_thread.loop  # type: ignore[union-attr]
         self._ticker = LoopTicker(self.loop, self._tick, TICK_PERIOD_S)
-        self._loop_poller = LoopPoller(self.loop, self._ticker.request)
+        self._loop_poller = LoopPoller(self.loop, self._ticker.tick_now)
         self._loop_poller.on_tick_end = self._end_of_tick
         self._destroyed = False
         transport_class = (

@@ -7,8 +7,8 @@ hand-over, on every node of the peer round trip.
 
 Here the node's loop is the poller (`LoopPoller`: pysyncobj's sockets are `add_reader` /
 `add_writer` registrations on the loop), and `LoopTicker` runs one tick
-- right after any peer socket event (coalesced: one tick for all the events of a loop iteration,
-  so a follower fsyncs once for every AppendEntries that arrived meanwhile),
+- right after each peer socket event (one event reads every frame the socket holds, up to a
+  bound: a follower fsyncs once for all the AppendEntries in it, and answers them together),
 - right after a proposal is queued (instead of pysyncobj's pipe notifier),
 - on a timer for Raft's timers (heartbeats, elections, connection retries: every `period`, or
   sooner when the node asks, e.g. for the held-back commit index).
@@ -131,6 +131,11 @@ class LoopTicker:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def tick_now(self) -> None:
+        """Tick now (loop thread; after a peer socket event: the frames it read are answered
+        at once, one fsync for all of them), or after the tick in progress."""
+        self._run_now()
 
     def request(self) -> None:
         """Tick at the next loop iteration (loop thread)."""
