@@ -109,9 +109,11 @@ def test_a_replica_runs_on_its_loop_without_a_thread_of_its_own(tmp_path: Path) 
                 await asyncio.sleep(0.02)
             for command, expected in ((DeclareQueue("q"), DeclareOk), (Enqueue("q", b"x"), Ok)):
                 done: asyncio.Future[tuple[Reply, int]] = asyncio.get_running_loop().create_future()
-                replica.propose(
-                    command, lambda reply: done.set_result((reply, threading.get_ident()))
-                )
+
+                def on_reply(reply: Reply, done: asyncio.Future[tuple[Reply, int]] = done) -> None:
+                    done.set_result((reply, threading.get_ident()))
+
+                replica.propose(command, on_reply)
                 reply, thread = await asyncio.wait_for(done, 15)
                 assert isinstance(reply, expected)
                 assert thread == threading.get_ident()
