@@ -49,7 +49,9 @@ CATEGORIES = (
     ("fifo machine", "(fifo/"),
     ("effects to consumers", "cluster/node/effects.py"),
     ("pysyncobj core", "pysyncobj/syncobj.py"),
-    ("pysyncobj poller", "pysyncobj/poller.py"),
+    ("pysyncobj poller (before: its tick thread)", "pysyncobj/poller.py"),
+    ("raft ticks on the loop", "raft/ticker.py"),
+    ("idle: the loop waiting for events", "EpollSelector.select"),
     ("asyncio event loop", "asyncio/"),
     ("structlog", "structlog/"),
 )
