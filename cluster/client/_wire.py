@@ -31,6 +31,7 @@ class Welcome:
     connection: bytes  # fifo.encode(ConnectionId), spliced by the node into our commands
     leader: str | None
     endpoints: dict[str, str] = field(default_factory=dict)  # node id -> client address
+    features: frozenset[str] = frozenset()  # the optional protocol features the node will use
 
     @property
     def connection_id(self) -> ConnectionId:
@@ -103,7 +104,8 @@ class Handshake:
         nonce = frame.get("nonce")
         if frame.get("op") != protocol.CHALLENGE or not isinstance(nonce, bytes):
             raise ProtocolError(protocol.BAD_FRAME, f"expected a challenge, got {frame!r}")
-        self._out += protocol.encode_frame(protocol.hello(self._client_key, nonce, self._name))
+        hello = protocol.hello(self._client_key, nonce, self._name, protocol.CLIENT_FEATURES)
+        self._out += protocol.encode_frame(hello)
         self._said_hello = True
 
     def _on_answer(self, frame: AnyFrame) -> Welcome:
@@ -125,6 +127,7 @@ class Handshake:
             connection=connection,
             leader=leader if isinstance(leader, str) else None,
             endpoints={str(k): str(v) for k, v in endpoints.items()},
+            features=protocol.features_of(frame),
         )
         welcome.connection_id  # noqa: B018 (validated here, where a refusal is expected)
         return welcome
@@ -181,7 +184,8 @@ _OK_BEFORE_ID, _OK_AFTER_ID = _ok_reply_parts()
 
 def split_answers(buffer: bytes, frame_bytes_max: int) -> tuple[list[AnyFrame | int], bytes]:
     """`split_frames` for what a node sends: a frame that is exactly an `Ok` reply (the confirm
-    of nearly every publish and ack) comes as its request id (an int), without building a map.
+    of nearly every publish and ack) comes as its request id (an int), without building a map,
+    and an `oks` frame (protocol.OKS_FEATURE) as the ids it lists, in order.
 
     Raises ProtocolError for a bad length, after which the stream cannot be resynchronised.
     """
@@ -209,9 +213,25 @@ def split_answers(buffer: bytes, frame_bytes_max: int) -> tuple[list[AnyFrame | 
                 continue
         with memoryview(buffer) as view:
             message = loads(view[start:end])
-        if isinstance(message, dict):
+        if not isinstance(message, dict):
+            continue
+        if message.get("op") == protocol.OKS:
+            answers += _ok_ids(message)
+        else:
             answers.append(message)
     return answers, buffer[pos:]
+
+
+def _ok_ids(frame: AnyFrame) -> list[int]:
+    """The request ids of an `oks` frame; ProtocolError(bad_frame) when it is malformed."""
+    ids = frame.get("ids")
+    if (
+        not isinstance(ids, list)
+        or len(ids) > protocol.OKS_IDS_MAX
+        or not all(type(request_id) is int for request_id in ids)
+    ):
+        raise ProtocolError(protocol.BAD_FRAME, "an 'oks' frame needs a list of integer 'ids'")
+    return ids
 
 
 _enqueue_fields = fields_encoder(Enqueue)  # schema-derived (fifo.wire), tested against fifo.encode
