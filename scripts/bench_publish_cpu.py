@@ -4,9 +4,11 @@ Starts a fresh local 3-node cluster (fsync `batch`), connects a client to the le
 each shell (threaded `Client`, `AsyncClient`) and each window, publishes --messages 100-byte
 bodies with confirms, reading every node's and this process's CPU time (utime + stime from
 /proc/PID/stat, every thread) before and after. All four processes share the machine's cores,
-so a microsecond of client CPU per message is one the nodes do not get. Linux only.
+so a microsecond of client CPU per message is one the nodes do not get. With --consume N, each
+shell also consumes and acks a backlog of N (prefetch 100; the backlog is published unmeasured).
+Linux only.
 
-    python scripts/bench_publish_cpu.py --messages 40000 --repeat 3
+    python scripts/bench_publish_cpu.py --messages 40000 --repeat 3 --consume 20000
 """
 
 from __future__ import annotations
@@ -89,6 +91,51 @@ def asyncio_run(cluster: LocalCluster, leader: str, queue: str, count: int, wind
     return asyncio.run(run())
 
 
+def threaded_consume(cluster: LocalCluster, leader: str, queue: str, count: int, _: int) -> int:
+    """Consume and ack the `count` messages of `queue` with the threaded client."""
+    received = 0
+    with cluster.client(leader) as client:
+        consumer = client.consume(queue, prefetch=100)
+        while received < count:
+            message = consumer.get(timeout_s=30.0)
+            if message is None:
+                break
+            consumer.ack([message])
+            received += 1
+        consumer.wait_settled(timeout_s=30.0)
+        consumer.cancel()
+    return received
+
+
+def asyncio_consume(cluster: LocalCluster, leader: str, queue: str, count: int, _: int) -> int:
+    """Consume and ack the `count` messages of `queue` with the asyncio client."""
+    endpoint = cluster.endpoint(leader)
+
+    async def run() -> int:
+        received = 0
+        async with AsyncClient([endpoint], cluster.key, prefer_leader=False) as client:
+            consumer = await client.consume(queue, prefetch=100)
+            while received < count:
+                message = await consumer.get(timeout_s=30.0)
+                if message is None:
+                    break
+                await consumer.ack([message])
+                received += 1
+            await consumer.wait_settled(timeout_s=30.0)
+            await consumer.cancel()
+        return received
+
+    return asyncio.run(run())
+
+
+def backlog(cluster: LocalCluster, leader: str, queue: str, count: int) -> None:
+    """Publish `count` messages into `queue` (not measured)."""
+    with cluster.client(leader) as client:
+        client.declare_queue(queue)
+        with client.publisher(queue, window=1000) as publisher:
+            publisher.publish_many((BODY for _ in range(count)), timeout_s=120.0)
+
+
 def main() -> None:
     """Parse flags, run the phases, print JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -97,10 +144,14 @@ def main() -> None:
     parser.add_argument("--shells", default="threaded,asyncio", help="threaded and/or asyncio.")
     parser.add_argument("--repeat", type=int, default=1, help="Runs of every phase.")
     parser.add_argument("--fsync", choices=["always", "batch", "never"], default="batch")
+    parser.add_argument(
+        "--consume", type=int, default=0, help="Also consume + ack a backlog of this many."
+    )
     args = parser.parse_args()
     windows = [int(w) for w in args.windows.split(",")]
     shells = args.shells.split(",")
     runners: dict[str, Runner] = {"threaded": threaded_run, "asyncio": asyncio_run}
+    consumers: dict[str, Runner] = {"threaded": threaded_consume, "asyncio": asyncio_consume}
     results: dict[str, Any] = {"load_before": os.getloadavg(), "runs": {}}
     with (
         tempfile.TemporaryDirectory(prefix="qq-cpu-") as tmp,
@@ -121,6 +172,17 @@ def main() -> None:
                         return runner(cluster, leader, queue, args.messages, window)
 
                     figures = measure(cluster, leader, phase)
+                    results["runs"].setdefault(name, []).append(figures)
+                    print(name, json.dumps(figures), file=sys.stderr)
+                if args.consume:
+                    name, queue = f"{shell}-consume", f"cpu-{shell}-consume-{run}"
+                    backlog(cluster, leader, queue, args.consume)
+                    consume = consumers[shell]
+
+                    def drain(consume: Runner = consume, queue: str = queue) -> int:
+                        return consume(cluster, leader, queue, args.consume, 100)
+
+                    figures = measure(cluster, leader, drain)
                     results["runs"].setdefault(name, []).append(figures)
                     print(name, json.dumps(figures), file=sys.stderr)
     results["medians"] = {

@@ -194,6 +194,7 @@ def split_answers(buffer: bytes, frame_bytes_max: int) -> tuple[list[AnyFrame | 
     before, after = _OK_BEFORE_ID, _OK_AFTER_ID
     id_min = len(before) + len(after) + 1
     loads, dumps = cbor2.loads, cbor2.dumps
+    view = memoryview(buffer)  # (bytes cannot be resized: the view need not be released)
     while size - pos >= 4:
         length = int.from_bytes(buffer[pos : pos + 4], "big")
         protocol.check_length(length, frame_bytes_max)
@@ -211,8 +212,7 @@ def split_answers(buffer: bytes, frame_bytes_max: int) -> tuple[list[AnyFrame | 
             if type(request_id) is int and dumps(request_id) == encoded_id:
                 answers.append(request_id)
                 continue
-        with memoryview(buffer) as view:
-            message = loads(view[start:end])
+        message = loads(view[start:end])
         if not isinstance(message, dict):
             continue
         if message.get("op") == protocol.OKS:

@@ -394,13 +394,13 @@ class ClientProtocol:
     def _on_ok(self, request_id: int) -> None:
         """An `Ok` reply to request `request_id` (nearly every confirm): a publish is confirmed
         here at once, any other request goes the general way."""
-        request = self._inflight.pop(request_id, None)
+        request = self._inflight.get(request_id)
         if request is None:
             return
         if request.kind != _PUBLISH or request.uncertain:
-            self._inflight[request_id] = request
             self._on_frame({"op": protocol.REPLY, "id": request_id, "reply": OK_BYTES})
             return
+        del self._inflight[request_id]
         self._unavailable_since = 0.0
         self._confirm(request.target)
 
