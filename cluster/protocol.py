@@ -4,10 +4,15 @@ Frame: a 4-byte big-endian length N (1 <= N <= frame_bytes_max) then N bytes of 
 a map with an "op" key. Sequence: server sends `challenge`, client answers `hello` with
 HMAC-SHA256(client_key, nonce), server answers `welcome` or an `auth_failed` error and closes.
 Then `command` / `query` / `admin` requests (pipelined, matched by "id") and `effect` pushes.
-Commands inside frames are `fifo.encode` bytes; this module never decodes them. A node without a
-reachable leader answers queries (but "status") and, after a while, commands with an
-`unavailable` error whose message starts with "no leader/quorum"; a query with the STALE_OK arg is
-answered anyway, its result frame carrying STALE (why it may be stale).
+Commands inside frames are `fifo.encode` bytes; this module never decodes them.
+Optional features are negotiated in the handshake: a client lists those it understands under
+FEATURES in its `hello`, the node lists under FEATURES in its `welcome` those it will use; a
+node that predates a feature ignores the key and names none (then nothing changes on the wire).
+Known features: OKS_FEATURE (the node may answer many commands whose reply is `Ok` with one
+`oks` frame listing their ids, in the order it would have sent their `reply` frames).
+A node without a reachable leader answers queries (but "status") and, after a while, commands
+with an `unavailable` error whose message starts with "no leader/quorum"; a query with the
+STALE_OK arg is answered anyway, its result frame carrying STALE (why it may be stale).
 """
 
 from __future__ import annotations
@@ -45,10 +50,18 @@ RESULT: Final = "result"
 ADMIN: Final = "admin"
 EFFECT: Final = "effect"
 ERROR: Final = "error"
+OKS: Final = "oks"  # {"op": "oks", "ids": [request ids]}: each answered `Ok` (negotiated)
 CLIENT_OPS: Final = frozenset({HELLO, COMMAND, QUERY, ADMIN})
 
 QUERIES: Final = ("overview", "queues", "consumers", "messages", "status", "machine", "groups")
 ADMIN_ACTIONS: Final = ("member_add", "member_remove", "machine_upgrade")
+
+# handshake feature negotiation (see the module docstring)
+FEATURES: Final = "features"
+OKS_FEATURE: Final = "oks"
+CLIENT_FEATURES: Final = (OKS_FEATURE,)  # what this code's clients understand
+FEATURES_MAX: Final = 16  # names read from a hello or welcome; more are ignored
+OKS_IDS_MAX: Final = 4096  # ids in one `oks` frame
 
 # a query arg: answer from this node's state even when it has no leader (the result frame then
 # carries STALE, the reason); without it such a node answers `unavailable` ("no leader/quorum")
@@ -272,20 +285,41 @@ def challenge(nonce: bytes, node: str) -> Message:
     return {"op": CHALLENGE, "nonce": nonce, "node": node}
 
 
-def hello(client_key: bytes, nonce: bytes, name: str) -> Message:
-    """Client -> server: answer to a challenge."""
-    return {"op": HELLO, "proof": proof(client_key, nonce), "name": name}
+def hello(client_key: bytes, nonce: bytes, name: str, features: tuple[str, ...] = ()) -> Message:
+    """Client -> server: answer to a challenge, with the optional features it understands."""
+    frame: Message = {"op": HELLO, "proof": proof(client_key, nonce), "name": name}
+    if features:
+        frame[FEATURES] = list(features)
+    return frame
 
 
-def welcome(node: str, connection: bytes, leader: str | None, endpoints: dict[str, str]) -> Message:
-    """Server -> client after a good hello; `connection` is `fifo.encode(ConnectionId)`."""
-    return {
+def features_of(frame: Message) -> frozenset[str]:
+    """The feature names a hello or welcome lists (none when absent or malformed)."""
+    names = frame.get(FEATURES)
+    if not isinstance(names, list):
+        return frozenset()
+    return frozenset(name for name in names[:FEATURES_MAX] if isinstance(name, str))
+
+
+def welcome(
+    node: str,
+    connection: bytes,
+    leader: str | None,
+    endpoints: dict[str, str],
+    features: tuple[str, ...] = (),
+) -> Message:
+    """Server -> client after a good hello; `connection` is `fifo.encode(ConnectionId)`;
+    `features`: those of the client's hello this node will use."""
+    frame: Message = {
         "op": WELCOME,
         "node": node,
         "connection": connection,
         "leader": leader,
         "endpoints": endpoints,
     }
+    if features:
+        frame[FEATURES] = list(features)
+    return frame
 
 
 def command(request_id: int, cmd: bytes) -> Message:
@@ -315,6 +349,11 @@ def result(request_id: int, value: Any, stale: str | None = None) -> Message:
 def admin(request_id: int, action: str, args: dict[str, Any] | None = None) -> Message:
     """Client -> server: an admin action."""
     return {"op": ADMIN, "id": request_id, "action": action, "args": args or {}}
+
+
+def oks(request_ids: list[int]) -> Message:
+    """Server -> client (OKS_FEATURE only): each of these requests was answered `Ok`."""
+    return {"op": OKS, "ids": request_ids}
 
 
 def effect(encoded_effect: bytes) -> Message:

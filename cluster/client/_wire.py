@@ -12,9 +12,10 @@ import cbor2
 
 from cluster import protocol
 from cluster.errors import AuthError, ProtocolError
-from fifo.codec import decode
+from fifo.codec import decode, encode, schema
 from fifo.commands import GROUP_KEY_DEFAULT as GROUP_KEY
 from fifo.commands import AnnotatedEnqueue, ConnectionId, Enqueue
+from fifo.replies import Ok
 from fifo.wire import fields_encoder
 
 Frame = dict[str, object]  # a decoded wire frame, as public signatures show it
@@ -30,6 +31,7 @@ class Welcome:
     connection: bytes  # fifo.encode(ConnectionId), spliced by the node into our commands
     leader: str | None
     endpoints: dict[str, str] = field(default_factory=dict)  # node id -> client address
+    features: frozenset[str] = frozenset()  # the optional protocol features the node will use
 
     @property
     def connection_id(self) -> ConnectionId:
@@ -102,7 +104,8 @@ class Handshake:
         nonce = frame.get("nonce")
         if frame.get("op") != protocol.CHALLENGE or not isinstance(nonce, bytes):
             raise ProtocolError(protocol.BAD_FRAME, f"expected a challenge, got {frame!r}")
-        self._out += protocol.encode_frame(protocol.hello(self._client_key, nonce, self._name))
+        hello = protocol.hello(self._client_key, nonce, self._name, protocol.CLIENT_FEATURES)
+        self._out += protocol.encode_frame(hello)
         self._said_hello = True
 
     def _on_answer(self, frame: AnyFrame) -> Welcome:
@@ -124,6 +127,7 @@ class Handshake:
             connection=connection,
             leader=leader if isinstance(leader, str) else None,
             endpoints={str(k): str(v) for k, v in endpoints.items()},
+            features=protocol.features_of(frame),
         )
         welcome.connection_id  # noqa: B018 (validated here, where a refusal is expected)
         return welcome
@@ -160,6 +164,76 @@ def split_frames(buffer: bytes, frame_bytes_max: int) -> tuple[list[AnyFrame], b
     return frames, buffer[pos:]
 
 
+def _ok_reply_parts() -> tuple[bytes, bytes]:
+    """What an `Ok` reply frame's body holds before and after its request id (the id is the
+    only item that changes); derived from the generic encoder, checked for several ids."""
+    head, tail = cbor2.dumps(protocol.reply(0, OK_BYTES)), cbor2.dumps("reply")
+    tail += cbor2.dumps(OK_BYTES)
+    before = head[: len(head) - len(tail) - 1]
+    for request_id in (0, 23, 24, 255, 256, 65_536, 2**32):
+        if cbor2.dumps(protocol.reply(request_id, OK_BYTES)) != (
+            before + cbor2.dumps(request_id) + tail
+        ):
+            return b"\xff", b"\xff"  # never matches: every answer takes the generic path
+    return before, tail
+
+
+OK_BYTES = encode(Ok())  # nearly every confirm
+_OK_BEFORE_ID, _OK_AFTER_ID = _ok_reply_parts()
+
+
+def split_answers(buffer: bytes, frame_bytes_max: int) -> tuple[list[AnyFrame | int], bytes]:
+    """`split_frames` for what a node sends: a frame that is exactly an `Ok` reply (the confirm
+    of nearly every publish and ack) comes as its request id (an int), without building a map,
+    and an `oks` frame (protocol.OKS_FEATURE) as the ids it lists, in order.
+
+    Raises ProtocolError for a bad length, after which the stream cannot be resynchronised.
+    """
+    answers: list[AnyFrame | int] = []
+    pos, size = 0, len(buffer)
+    before, after = _OK_BEFORE_ID, _OK_AFTER_ID
+    id_min = len(before) + len(after) + 1
+    loads, dumps = cbor2.loads, cbor2.dumps
+    view = memoryview(buffer)  # (bytes cannot be resized: the view need not be released)
+    while size - pos >= 4:
+        length = int.from_bytes(buffer[pos : pos + 4], "big")
+        protocol.check_length(length, frame_bytes_max)
+        start, end = pos + 4, pos + 4 + length
+        if end > size:
+            break
+        pos = end
+        if (
+            length >= id_min
+            and buffer.startswith(before, start)
+            and buffer.endswith(after, start, end)
+        ):
+            encoded_id = buffer[start + len(before) : end - len(after)]
+            request_id = loads(encoded_id)
+            if type(request_id) is int and dumps(request_id) == encoded_id:
+                answers.append(request_id)
+                continue
+        message = loads(view[start:end])
+        if not isinstance(message, dict):
+            continue
+        if message.get("op") == protocol.OKS:
+            answers += _ok_ids(message)
+        else:
+            answers.append(message)
+    return answers, buffer[pos:]
+
+
+def _ok_ids(frame: AnyFrame) -> list[int]:
+    """The request ids of an `oks` frame; ProtocolError(bad_frame) when it is malformed."""
+    ids = frame.get("ids")
+    if (
+        not isinstance(ids, list)
+        or len(ids) > protocol.OKS_IDS_MAX
+        or not all(type(request_id) is int for request_id in ids)
+    ):
+        raise ProtocolError(protocol.BAD_FRAME, "an 'oks' frame needs a list of integer 'ids'")
+    return ids
+
+
 _enqueue_fields = fields_encoder(Enqueue)  # schema-derived (fifo.wire), tested against fifo.encode
 _annotated_fields = fields_encoder(AnnotatedEnqueue)
 
@@ -173,6 +247,83 @@ def encode_enqueue(
     if group is None:
         return _enqueue_fields(queue, body, enqueuer, seq, None, ttl_ms)
     return _annotated_fields(queue, body, enqueuer, seq, None, ttl_ms, ((GROUP_KEY, group),))
+
+
+class PublishFrames:
+    """The whole wire frame of a publish (`command` frame around its Enqueue) for one queue,
+    enqueuer, ttl and connection, built by joining pre-encoded CBOR items.
+
+    A CBOR map or array is its header followed by its items, so only the items that change per
+    message (request id, body, seq) are encoded per message; the fixed ones come from the
+    generic encoders, in the order of the Enqueue schema, and `matches()` checks the result
+    byte-for-byte against `protocol.encode_frame(protocol.command(..., encode_enqueue(...)))`
+    (the caller falls back to that when it does not match). `connection` is this connection's
+    encoded ConnectionId (the welcome's), so the node finds the publish already bound to it and
+    neither rebuilds nor re-encodes it; None leaves the field empty (the node splices it in).
+    """
+
+    __slots__ = ("_cmd_head", "_cmd_key", "_connection", "_enqueuer", "_id_key", "_queue",
+                 "_ttl", "args")  # fmt: skip
+
+    def __init__(
+        self, queue: str, enqueuer: str, ttl_ms: int | None, connection: bytes | None
+    ) -> None:
+        self.args = (queue, enqueuer, ttl_ms, connection)
+        dumps = cbor2.dumps
+        fixed = {"queue": queue, "enqueuer": enqueuer, "connection": None, "ttl_ms": ttl_ms}
+        self._queue, self._enqueuer = dumps(queue), dumps(enqueuer)
+        self._connection = dumps(None) if connection is None else connection
+        self._ttl = dumps(ttl_ms)
+        names = tuple(f.name for f in schema(Enqueue).fields)
+        if names != ("queue", "body", "enqueuer", "seq", "connection", "ttl_ms"):
+            self._cmd_head = b""  # a changed schema: matches() is False, the caller encodes
+        else:  # the tag and array header: what precedes the items of an empty publish
+            empty = _enqueue_fields(*(fixed.get(n, b"" if n == "body" else 0) for n in names))
+            items = self._queue + dumps(b"") + self._enqueuer + dumps(0) + dumps(None) + self._ttl
+            self._cmd_head = empty[: len(empty) - len(items)] if empty.endswith(items) else b""
+        # the frame map's header and keys before the id's value, and the key before the command
+        head = dumps(protocol.command(0, b""))
+        self._cmd_key = dumps("cmd")
+        tail = dumps(0) + self._cmd_key + dumps(b"")
+        self._id_key = head[: len(head) - len(tail)] if head.endswith(tail) else b""
+
+    def frame(
+        self,
+        request_id: int,
+        body: bytes,
+        seq: int,
+        frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
+    ) -> bytes:
+        """The frame (length header included) of one publish; ProtocolError past the limit."""
+        dumps = cbor2.dumps
+        cmd = b"".join((self._cmd_head, self._queue, dumps(body), self._enqueuer, dumps(seq),
+                        self._connection, self._ttl))  # fmt: skip
+        frame = b"".join((self._id_key, dumps(request_id), self._cmd_key, dumps(cmd)))
+        if len(frame) > frame_bytes_max:
+            message = f"frame of {len(frame)} bytes > {frame_bytes_max}"
+            raise ProtocolError(protocol.FRAME_TOO_LARGE, message)
+        return protocol.HEADER.pack(len(frame)) + frame
+
+    def generic(self, request_id: int, body: bytes, seq: int) -> bytes:
+        """The same frame from the generic encoders (the reference `frame` must equal)."""
+        queue, enqueuer, ttl_ms, connection = self.args
+        if connection is None:
+            cmd = encode_enqueue(queue, body, enqueuer, seq, ttl_ms)
+        else:
+            conn = decode(connection)
+            cmd = _enqueue_fields(queue, body, enqueuer, seq, conn, ttl_ms)
+        return protocol.encode_frame(protocol.command(request_id, cmd))
+
+    def matches(self) -> bool:
+        """Whether `frame` equals `generic` across the sizes where CBOR lengths change width."""
+        if not self._cmd_head or not self._id_key:
+            return False
+        samples = ((1, b"", 1), (23, b"x" * 23, 24), (24, b"y" * 24, 255), (255, b"z" * 256, 256),
+                   (65_535, b"w" * 65_536, 65_536), (2**32, b"v" * 100, 2**33))  # fmt: skip
+        try:
+            return all(self.frame(*sample) == self.generic(*sample) for sample in samples)
+        except Exception:  # an unencodable field (the caller's generic path reports it)
+            return False
 
 
 def group_of(annotations: tuple[tuple[str, str | int], ...]) -> str | None:

@@ -37,7 +37,15 @@ import structlog
 
 from cluster import protocol
 from cluster.client._state import Buffered, ConsumerState, PublisherState, Unconfirmed
-from cluster.client._wire import AnyFrame, Frame, Welcome, encode_enqueue, split_frames
+from cluster.client._wire import (
+    OK_BYTES,
+    AnyFrame,
+    Frame,
+    PublishFrames,
+    Welcome,
+    encode_enqueue,
+    split_answers,
+)
 from cluster.client.errors import (
     AuthError,
     ClientClosed,
@@ -77,7 +85,7 @@ SWITCH_NODE_AFTER_S = 3.0  # only "unavailable" answers for this long: reconnect
 TICK_S = 0.05
 SCAN_S = 0.5  # request deadlines and the silence check
 BATCH_MAX = 512  # enqueue frames per write: bounds the latency a write adds to the first one
-_OK_BYTES = encode(Ok())  # nearly every confirm: compared instead of decoded
+PUBLISH_FRAMES_KEPT = 64  # frame builders (publisher x ttl) kept per connection
 
 # what a request's answer is for
 _CALL, _PUBLISH, _SETTLE, _ATTACH, _REATTACH = range(5)
@@ -206,6 +214,7 @@ class ClientProtocol:
         self._last_scan = now
         self._unavailable_since = 0.0  # first of an unbroken run of retryable errors
         self._attached_once = False
+        self._frames: dict[tuple[str, str, int | None, bytes | None], PublishFrames | None] = {}
 
     # --- bytes in and out ---------------------------------------------------------------------
 
@@ -228,9 +237,12 @@ class ClientProtocol:
             return []
         self._received = True
         buffer = self._buffer + data if self._buffer else data
-        frames, self._buffer = split_frames(buffer, self.frame_bytes_max)
-        for frame in frames:
-            self._on_frame(frame)
+        answers, self._buffer = split_answers(buffer, self.frame_bytes_max)
+        for answer in answers:
+            if type(answer) is int:
+                self._on_ok(answer)
+            else:
+                self._on_frame(answer)  # type: ignore[arg-type]
         self._check_stuck()
         return self._take_events()
 
@@ -265,6 +277,7 @@ class ClientProtocol:
                 self.endpoints.append(address)
         self.welcome, self.connection_id = welcome, welcome.connection_id
         self._buffer, self._out = b"", []
+        self._frames.clear()
         self._last_recv = self._now
         self._unavailable_since = 0.0
         if self._attached_once:
@@ -377,6 +390,26 @@ class ClientProtocol:
     def _write(self, request: _Request) -> None:
         request.sent_at = self._now
         self._out.append(request.data)
+
+    def _on_ok(self, request_id: int) -> None:
+        """An `Ok` reply to request `request_id` (nearly every confirm): a publish is confirmed
+        here at once, any other request goes the general way."""
+        request = self._inflight.get(request_id)
+        if request is None:
+            return
+        if request.kind != _PUBLISH or request.uncertain:
+            self._on_frame({"op": protocol.REPLY, "id": request_id, "reply": OK_BYTES})
+            return
+        del self._inflight[request_id]
+        self._unavailable_since = 0.0
+        self._confirm(request.target)
+
+    def _confirm(self, item: Unconfirmed) -> None:
+        """`item` is confirmed (a confirm of an earlier attempt may have come already)."""
+        publisher = item.publisher
+        self._updated[id(publisher)] = publisher
+        if publisher.pending.pop(item.seq, None) is not None:
+            publisher.confirmed += 1
 
     def _on_frame(self, frame: AnyFrame) -> None:
         op = frame.get("op")
@@ -519,13 +552,59 @@ class ClientProtocol:
         return [item.seq for item in items]
 
     def _send_publishes(self, items: list[Unconfirmed]) -> None:
+        self.check_usable()
+        frames: PublishFrames | None = None
+        frames_for: tuple[PublisherState, int | None] | None = None
+        inflight, now, connected = self._inflight, self._now, self.welcome is not None
         for item in items:
             publisher = item.publisher
-            command = encode_enqueue(
-                publisher.queue, item.body, publisher.enqueuer, item.seq, item.ttl_ms, item.group
-            )
-            frame = {"op": protocol.COMMAND, "id": 0, "cmd": command}
-            item.request_id = self._submit(frame, _PUBLISH, item, None)
+            if item.group is not None:
+                command = encode_enqueue(
+                    publisher.queue,
+                    item.body,
+                    publisher.enqueuer,
+                    item.seq,
+                    item.ttl_ms,
+                    item.group,
+                )
+                frame = {"op": protocol.COMMAND, "id": 0, "cmd": command}
+                item.request_id = self._submit(frame, _PUBLISH, item, None)
+                continue
+            if frames_for != (publisher, item.ttl_ms):
+                frames_for, frames = (publisher, item.ttl_ms), self._publish_frames(item)
+            request_id = next(self._ids)
+            if frames is None:  # (the fast encoding did not match the generic one)
+                command = encode_enqueue(
+                    publisher.queue, item.body, publisher.enqueuer, item.seq, item.ttl_ms
+                )
+                data = protocol.encode_frame(
+                    protocol.command(request_id, command), self.frame_bytes_max
+                )
+            else:
+                data = frames.frame(request_id, item.body, item.seq, self.frame_bytes_max)
+            request = _Request(request_id, data, _PUBLISH, item, None)
+            inflight[request_id] = request
+            item.request_id = request_id
+            if connected:
+                request.sent_at = now
+                self._out.append(data)
+
+    def _publish_frames(self, item: Unconfirmed) -> PublishFrames | None:
+        """The frame builder for `item`'s publisher and ttl on this connection (None: encode
+        generically); kept per connection, since the frames carry its connection id."""
+        welcome, publisher = self.welcome, item.publisher
+        connection = welcome.connection if welcome is not None else None
+        key = (publisher.queue, publisher.enqueuer, item.ttl_ms, connection)
+        if key in self._frames:
+            return self._frames[key]
+        if len(self._frames) >= PUBLISH_FRAMES_KEPT:
+            self._frames.clear()
+        frames = PublishFrames(*key)
+        usable = frames if frames.matches() else None
+        if usable is None:
+            log.warning("publish_fast_path_off", queue=publisher.queue)
+        self._frames[key] = usable
+        return usable
 
     def _on_publish_answer(
         self, item: Unconfirmed, answer: AnyFrame | None, error: ClusterError | None
@@ -536,10 +615,9 @@ class ClientProtocol:
             publisher.fail(error or ClusterError("no answer"))
             return
         raw = answer["reply"]
-        reply = Ok() if raw == _OK_BYTES else decode(raw)
+        reply = Ok() if raw == OK_BYTES else decode(raw)
         if isinstance(reply, Ok):
-            if publisher.pending.pop(item.seq, None) is not None:
-                publisher.confirmed += 1
+            self._confirm(item)
         elif isinstance(reply, NotEnqueued):
             self._resend_gap(item, reply.expected_seq)
         elif isinstance(reply, Error):

@@ -62,9 +62,10 @@ def test_publishes_are_confirmed_by_ok_replies_and_counted_once() -> None:
     publisher = core.add_publisher("q", window=10, enqueuer="e1")
     assert core.publish(publisher, [b"a", b"b"]) == [1, 2]
     frames = sent(core)
+    # bound to the connection the node named (the node would bind it anyway)
     assert [decode(f["cmd"]) for f in frames] == [
-        Enqueue("q", b"a", "e1", 1),
-        Enqueue("q", b"b", "e1", 2),
+        Enqueue("q", b"a", "e1", 1, ConnectionId("n1", 1, 1)),
+        Enqueue("q", b"b", "e1", 2, ConnectionId("n1", 1, 1)),
     ]
     events = core.receive_data(answer(*(ok(f) for f in frames), ok(frames[0])))
     assert events == [PublisherUpdated(publisher)]
@@ -81,9 +82,10 @@ def test_grouped_publishes_name_their_group_and_resend_it_after_a_gap() -> None:
     first, second = sent(core)
     grouped = AnnotatedEnqueue("q", b"a", "e1", 1, None, 5, (("x-group-id", "g1"),))
     assert first["cmd"] == encode(grouped) and decode(first["cmd"]) == grouped
-    assert decode(second["cmd"]) == Enqueue("q", b"b", "e1", 2)
+    assert decode(second["cmd"]) == Enqueue("q", b"b", "e1", 2, ConnectionId("n1", 1, 1))
     core.receive_data(answer(protocol.reply(second["id"], encode(NotEnqueued(1)))))
-    assert [decode(f["cmd"]) for f in sent(core)] == [grouped, Enqueue("q", b"b", "e1", 2)]
+    plain = Enqueue("q", b"b", "e1", 2, ConnectionId("n1", 1, 1))
+    assert [decode(f["cmd"]) for f in sent(core)] == [grouped, plain]
 
 
 def test_a_sequence_gap_resends_the_earlier_messages_then_the_refused_one() -> None:

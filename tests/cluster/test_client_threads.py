@@ -2,8 +2,8 @@
 
 A publish and its confirm cross only the caller's thread on the client (docs/architecture.md);
 the reader thread reads only while no caller waits. Each test runs real node processes; the
-thread that processed a confirm is recorded around `ClientProtocol._on_publish_answer`, which
-still runs unchanged.
+thread that processed a confirm is recorded around `ClientProtocol._confirm`, which still runs
+unchanged (every confirm passes there, the `Ok` fast path and the general one alike).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ pytestmark = pytest.mark.cluster
 def confirm_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, float]]]:
     """(thread ident, monotonic time) of every publish answer processed, in order."""
     seen: list[tuple[int, float]] = []
-    original: Callable[..., None] = ClientProtocol._on_publish_answer
+    original: Callable[..., None] = ClientProtocol._confirm
 
     def recording(self: ClientProtocol, *args: Any) -> None:
         seen.append((threading.get_ident(), time.monotonic()))
         original(self, *args)
 
-    monkeypatch.setattr(ClientProtocol, "_on_publish_answer", recording)
+    monkeypatch.setattr(ClientProtocol, "_confirm", recording)
     yield seen
 
 
