@@ -158,12 +158,16 @@ class ClientSession:
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._conn_blob: bytes | None = None  # this connection's encoded ConnectionId
+        self._oks: list[int] | None = None  # OKS_FEATURE: ids answered Ok, not yet framed
 
     def send(self, message: dict[str, Any]) -> None:
         """Queue a frame to the client (loop thread); frames queued in one loop iteration go
         out in one write (one syscall for a burst of replies)."""
         if self.closed:
             return
+        if self._oks:
+            self._out.append(protocol.encode_frame(protocol.oks(self._oks)))
+            self._oks = []
         try:
             self._out.append(protocol.encode_frame(message, self.server.frame_bytes_max))
         except ProtocolError as err:
@@ -182,8 +186,25 @@ class ClientSession:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def send_ok(self, request_id: int) -> None:
+        """Answer `Ok` to one command: in the next `oks` frame when the client asked for them."""
+        oks = self._oks
+        if oks is None or self.closed:
+            self.send(protocol.reply(request_id, OK_BYTES))
+            return
+        oks.append(request_id)
+        if len(oks) >= protocol.OKS_IDS_MAX:
+            self._out.append(protocol.encode_frame(protocol.oks(oks)))
+            self._oks = []
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self._oks:
+            self._out.append(protocol.encode_frame(protocol.oks(self._oks)))
+            self._oks = []
         if self.closed or not self._out:
             return
         data, self._out = b"".join(self._out), []
@@ -248,12 +269,16 @@ class ClientSession:
         self.connection = self.server.new_connection()
         self.server.router.register(self.connection, self.send)
         self.server.metrics.connection_opened()
+        features: tuple[str, ...] = ()
+        if protocol.OKS_FEATURE in protocol.features_of(hello):
+            self._oks, features = [], (protocol.OKS_FEATURE,)
         self.send(
             protocol.welcome(
                 self.server.node_id,
                 fifo.encode(self.connection),
                 self.server.replica.leader_id(),
                 self.server.endpoints,
+                features,
             )
         )
         log.info("client_connected", connection=self.connection.number, name=hello.get("name"))
@@ -348,9 +373,10 @@ class ClientSession:
                 self.error(reply.code, reply.message, request_id)
             elif isinstance(reply, InternalFailure):
                 self.error(protocol.INTERNAL, reply.message, request_id)
+            elif type(reply) is Ok:
+                self.send_ok(request_id)
             else:
-                encoded = OK_BYTES if type(reply) is Ok else fifo.encode(reply)
-                self.send(protocol.reply(request_id, encoded))
+                self.send(protocol.reply(request_id, fifo.encode(reply)))
 
         return sink
 
