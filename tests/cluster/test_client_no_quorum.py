@@ -128,7 +128,17 @@ def test_cli_publish_without_a_quorum_exits_69_saying_there_is_no_leader(
 ) -> None:
     data_dir = Path(minority.data_dir)
     result = subprocess.run(
-        [*QUORUMQ, "--data-dir", str(data_dir), "publish", "jobs", "--body", "after"],
+        [
+            *QUORUMQ,
+            "--data-dir",
+            str(data_dir),
+            "publish",
+            "jobs",
+            "--body",
+            "after",
+            "--timeout",
+            "5",
+        ],
         capture_output=True,
         text=True,
         timeout=120.0,
