@@ -174,6 +174,7 @@ def spawn_node(
     node = config.node(node_id)
     if (pid := node_pid(node)) is not None:
         raise LaunchRefused(f"node {node_id} is already running (pid {pid})")
+    cluster_tls.ensure_certificates(data_dir, config)  # a new member's pair; a clear error
     node.data_dir.mkdir(parents=True, exist_ok=True)
     args = [
         sys.executable,

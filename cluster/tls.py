@@ -3,8 +3,9 @@
 With `tls = true` in cluster.toml, `quorumq cluster start` creates `D/tls/` (0700) holding
 `ca.crt`, `ca.key` (the cluster CA, EC P-256, self-signed) and `<node>.crt` / `<node>.key` for
 each node (signed by the CA, subject CN = node id, a SAN for the node's host or IP, usable as
-TLS server and client). Private keys are 0600. Existing files are reused, never overwritten;
-a set that is incomplete or does not match cluster.toml is refused with the reason.
+TLS server and client). Private keys are 0600. Existing files are reused, never overwritten; a
+member with neither certificate nor key (added by `member add`) gets a pair from the CA; a set
+that is otherwise incomplete or does not match cluster.toml is refused with the reason.
 
 The contexts are mutual TLS 1.3: each side presents its node certificate and requires one
 signed by the cluster CA. They are passed down to raft/ as plain `ssl.SSLContext` objects.
@@ -77,17 +78,35 @@ def expected_files(data_dir: Path, config: ClusterConfig) -> list[Path]:
 
 
 def ensure_certificates(data_dir: Path, config: ClusterConfig) -> None:
-    """Create the TLS files of a `tls = true` cluster that has none; check them otherwise.
-
-    Nothing is created when some of the files exist: the set is reused as it is, or refused
-    (ConfigMissing / ConfigError naming the files) when incomplete or not matching the config.
-    A no-op for a cluster without TLS."""
+    """Create the TLS files of a `tls = true` cluster that has none, and a certificate for a
+    member that has neither certificate nor key (a node added by `member add`); then check
+    them all. Nothing existing is ever replaced: a set that is incomplete otherwise (the CA, or
+    half of a node's pair) or does not match the config is refused (ConfigMissing /
+    ConfigError naming the files). A no-op for a cluster without TLS."""
     if not config.tls:
         return
     data_dir = Path(data_dir)
     if not any(path.exists() for path in expected_files(data_dir, config)):
         _create_all(data_dir, config)
+    base = tls_dir(data_dir)
+    _none_missing([base / CA_CERT_FILE, base / CA_KEY_FILE], data_dir)
+    new_members = [
+        node
+        for node in config.nodes
+        if not any(path.exists() for path in _pair(node_files(data_dir, node.id)))
+    ]
+    if new_members:
+        ca_cert = _load_cert(base / CA_CERT_FILE)
+        ca_key = _load_key(base / CA_KEY_FILE)
+        now = datetime.datetime.now(datetime.UTC)
+        for node in new_members:
+            _issue(base, config.name, node, ca_cert, ca_key, now)
+        _fsync_dir(base)
     check_certificates(data_dir, config)
+
+
+def _pair(files: NodeTlsFiles) -> tuple[Path, Path]:
+    return files.cert, files.key
 
 
 def _create_all(data_dir: Path, config: ClusterConfig) -> None:
@@ -106,14 +125,28 @@ def _create_all(data_dir: Path, config: ClusterConfig) -> None:
     _write(staging / CA_CERT_FILE, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     _write(staging / CA_KEY_FILE, _key_pem(ca_key), KEY_MODE)
     for node in config.nodes:
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = _node_certificate(config.name, node, key, ca_cert, ca_key, now)
-        _write(staging / f"{node.id}.crt", cert.public_bytes(serialization.Encoding.PEM), 0o644)
-        _write(staging / f"{node.id}.key", _key_pem(key), KEY_MODE)
+        _issue(staging, config.name, node, ca_cert, ca_key, now)
     if tls_dir(data_dir).exists():
         tls_dir(data_dir).rmdir()  # empty (checked above)
     os.rename(staging, tls_dir(data_dir))
     _fsync_dir(data_dir)
+
+
+def _issue(
+    base: Path,
+    cluster_name: str,
+    node: NodeConfig,
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    now: datetime.datetime,
+) -> None:
+    """A new key and certificate for `node` in `base` (the key first: a crash in between
+    leaves a key without its certificate, which is refused, never a certificate without
+    its key silently replaced)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _node_certificate(cluster_name, node, key, ca_cert, ca_key, now)
+    _write(base / f"{node.id}.key", _key_pem(key), KEY_MODE)
+    _write(base / f"{node.id}.crt", cert.public_bytes(serialization.Encoding.PEM), 0o644)
 
 
 def _ca_certificate(

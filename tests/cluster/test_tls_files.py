@@ -88,6 +88,34 @@ def test_a_missing_file_is_refused_by_name_and_nothing_is_created(tmp_path: Path
     assert (data_dir / "tls" / "ca.crt").read_bytes() == ca_before
 
 
+def test_a_missing_ca_is_refused_and_not_recreated(tmp_path: Path) -> None:
+    """The CA key gone while node certificates exist: refused; no new CA would match them."""
+    data_dir = tmp_path / "D"
+    config = tls_cluster(data_dir)
+    (data_dir / "tls" / "ca.key").unlink()
+    with pytest.raises(ConfigMissing, match=r"ca\.key"):
+        tls.ensure_certificates(data_dir, config)
+    assert not (data_dir / "tls" / "ca.key").exists()
+
+
+def test_a_member_added_later_gets_a_pair_from_the_same_ca(tmp_path: Path) -> None:
+    """A node in cluster.toml with neither certificate nor key (after `member add`) gets both,
+    signed by the existing CA; the other files are untouched."""
+    data_dir = tmp_path / "D"
+    config = tls_cluster(data_dir)
+    before = {p.name: p.read_bytes() for p in (data_dir / "tls").iterdir()}
+    grown = cluster_config.with_member_added(
+        config, "n4", "127.0.0.1:45001", "127.0.0.1:45002", data_dir
+    )
+    tls.ensure_certificates(data_dir, grown)
+    after = {p.name: p.read_bytes() for p in (data_dir / "tls").iterdir()}
+    assert {name: after[name] for name in before} == before
+    assert set(after) - set(before) == {"n4.crt", "n4.key"}
+    assert stat.S_IMODE((data_dir / "tls" / "n4.key").stat().st_mode) == 0o600
+    ca = x509.load_pem_x509_certificate(after["ca.crt"])
+    x509.load_pem_x509_certificate(after["n4.crt"]).verify_directly_issued_by(ca)
+
+
 def test_a_certificate_from_another_ca_is_refused(tmp_path: Path) -> None:
     """n1's pair replaced by another cluster's n1 pair: 'not signed by this cluster's CA'."""
     config = tls_cluster(tmp_path / "D")
@@ -207,7 +235,7 @@ def test_a_peer_without_a_client_certificate_is_refused(tmp_path: Path) -> None:
     assert node is not None
     anonymous = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     anonymous.load_verify_locations(cafile=data_dir / "tls" / "ca.crt")
-    _, client_error, server_error = _handshake(node.server, anonymous)
+    _, _, server_error = _handshake(node.server, anonymous)
     assert isinstance(server_error, ssl.SSLError) and "certificate" in str(server_error).lower()
 
 
