@@ -8,10 +8,12 @@ with the threaded `Client` and again with `AsyncClient` (under "asyncio"), on th
 Targets are ratios to RabbitMQ quorum queues measured on the same machine in the same hour (issue
 14): give `--peer FILE`, the JSON written by `../shared/bench/rabbitmq/bench_qq.py --json FILE`,
 and the "targets" block shows each figure, RabbitMQ's, the ratio and whether the target is met.
-Example (RabbitMQ first, stopped, then us, nothing else running):
-  /tmp/rmq-venv/bin/python ../shared/bench/rabbitmq/bench_qq.py --n 20000 --reps 3 \
-      --windows 100,1000 --only stream,sync,consume --json /tmp/rmq.json
+Example (RabbitMQ first, then stopped, then us with nothing else running; in
+../shared/bench/rabbitmq, start_cluster.sh and stop_cluster.sh around the first, one command):
+  /tmp/rmq-venv/bin/python bench_qq.py --n 20000 --reps 3 --windows 100,1000
+      --only stream,sync,consume --port-b 5673 --json /tmp/rmq.json
   python scripts/bench_cluster.py --runs 3 --peer /tmp/rmq.json
+Without --peer the figures are printed and the ratio targets say they need it.
 """
 
 from __future__ import annotations
