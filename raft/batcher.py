@@ -154,7 +154,7 @@ class GroupCommitter:
         self._pending[batch_id] = _Batch(sinks)
         self.entries_submitted += 1
 
-        def on_done(_result: Any, reason: int) -> None:  # tick thread
+        def on_done(_result: Any, reason: int) -> None:  # inside a tick (the loop)
             if reason != FAIL_REASON.SUCCESS:
                 code, message = _FAILURES.get(reason, ("unavailable", f"failure {reason}"))
                 self.loop.call_soon_threadsafe(self.fail, batch_id, SubmitError(code, message))

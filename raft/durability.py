@@ -9,7 +9,7 @@ Policies (`cluster.toml` `fsync`):
 
 Guarantee with `always` or `batch`: when a publish is confirmed, the log entry holding it is on
 stable storage on a majority of the members (each follower counted towards the commit fsynced it
-before acking; the leader fsynced it before its tick thread could count any ack for it).
+before acking; the leader fsynced it before its loop could read any ack for it).
 With `never` the entry is only in the page cache of a majority (it survives kill -9, not a
 kernel crash or a power loss).
 The `.meta` file (term, vote, commit index) is written atomically (temporary file, fsync, rename,

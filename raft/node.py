@@ -1,16 +1,21 @@
 """The pysyncobj node: one replicated method, durable journal, CBOR snapshots, version gate.
 
 Ordering obligations (as etcd's `Ready` documents them):
+- everything runs on one asyncio loop (the node's; `raft.ticker`): pysyncobj's sockets are the
+  loop's readers/writers, and a tick runs after socket events, after a proposal and on a timer;
 - a follower fsyncs an entry's journal record (policy permitting) before it acks it (one fsync
-  for all the AppendEntries handled in one poll);
+  for all the AppendEntries received since its last tick: they are answered together);
 - the leader sends one AppendEntries per follower per tick (new entries and commit index), then
-  fsyncs (overlapping the followers' fsyncs) before its tick thread processes any ack, so it
-  counts itself towards a commit only once its own copy is on disk; a message that would carry
-  only a new commit index waits up to COMMIT_SEND_DELAY_S for the next entry to carry it;
-- every node fsyncs before it hands the outcome of an entry (its replies) to `on_outcome`;
-- `on_outcome` is called in log order from pysyncobj's tick thread, once per applied entry, on
-  every node (replies are for the submitter, effects for the node owning the connection);
-- `on_snapshot_loaded` is called from the same thread, in the same order, whenever the state is
+  fsyncs (overlapping the followers' fsyncs) before it returns to the loop, so no ack is read
+  before its own copy is on disk: it counts itself towards a commit only once that is so; a
+  message that would carry only a new commit index waits up to COMMIT_SEND_DELAY_S for the next
+  entry to carry it;
+- every node fsyncs before it hands the outcome of an entry (its replies) to `on_outcome` (a
+  no-op on the one-at-a-time path: the entry was synced before it was sent or acked);
+- `on_outcome` is called in log order inside pysyncobj's tick on the loop, once per applied
+  entry, on every node (replies are for the submitter, effects for the node owning the
+  connection): the listener runs there and then, it must not block;
+- `on_snapshot_loaded` is called the same way, in the same order, whenever the state is
   replaced by a snapshot (at start, or sent by the leader to a lagging follower): the entries the
   snapshot covers are never applied here, so their effects (deliveries to this node's clients)
   never come, and entries already applied may be applied again: the listener must drop whatever
@@ -25,6 +30,7 @@ Ordering obligations (as etcd's `Ready` documents them):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -41,6 +47,7 @@ from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _COMMAND_TYPE, FAIL_REASON, SyncObjExceptionWrongVer
 from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
 from raft import durability, membership, safe_pickle, storage
 from raft.durability import DurableFileJournal
@@ -49,6 +56,7 @@ from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldEr
 from raft.membership import MemberChange, MemberSet, MembershipError, Refusal
 from raft.metadata import member_change_refusal
 from raft.replicated import InternalFailure, Outcome, ReplicatedState
+from raft.ticker import LoopPoller, LoopThread, LoopTicker
 from raft.transport import PeerConnection, QuorumTransport
 
 log = structlog.get_logger("raft")
@@ -58,6 +66,8 @@ APPEND_ENTRIES_BYTES_MAX = 64 * 1024 * 1024
 # how long the leader may hold back an AppendEntries that would only carry a new commit index:
 # the next entry's AppendEntries (usually sooner, under load) carries it for free
 COMMIT_SEND_DELAY_S = 0.002
+# Raft's timers (heartbeats, elections, connection retries) are looked at this often
+TICK_PERIOD_S = 0.02
 # the peer transport: "quorumq" (raft/transport.py, the default) or "pysyncobj" (its pickle +
 # zlib + Fernet transport, kept selectable only to measure against; every node must agree)
 TRANSPORT_ENV = "QUORUMQ_RAFT_TRANSPORT"
@@ -131,16 +141,62 @@ class DialedTCPNode(TCPNode):  # type: ignore[misc]
         return self._dial[1]
 
 
+class _BindOnTick:
+    """Mixin for a pysyncobj transport: the constructor does not bind.
+
+    Without its tick thread (autoTick off) pysyncobj binds in its constructor, retrying for
+    ever while the port is taken; here the first tick binds and later ticks retry (every
+    bindRetryTime), as the tick thread did, so the node can give up (`bound()`)."""
+
+    _constructing = True
+    _ready: bool
+
+    @property
+    def ready(self) -> bool:
+        """Bound (or still being constructed: pysyncobj must not bind in its constructor)."""
+        return bool(self._ready) or self._constructing
+
+
+class _LoopQuorumTransport(_BindOnTick, QuorumTransport):
+    pass
+
+
+class _LoopPysyncobjTransport(_BindOnTick, TCPTransport):  # type: ignore[misc]
+    pass
+
+
+class _NoPipe:
+    """pysyncobj's pipe notifier, replaced: a queued command asks the loop for a tick."""
+
+    def __init__(self, notify: Callable[[], None]) -> None:
+        self.notify = notify
+
+
 class RaftNode(SyncObj):  # type: ignore[misc]
-    """A SyncObj with exactly one replicated method, `apply_entry(blob)`."""
+    """A SyncObj with exactly one replicated method, `apply_entry(blob)`.
+
+    Driven from an asyncio loop (`loop`: the node's; every pysyncobj callback, apply and
+    `on_outcome` runs on it). Without `loop` the node gets a private loop in a daemon thread
+    (tests and tools driving a node in-process); `destroy_synchronous()` stops it.
+    """
 
     _SyncObj__raftCommitIndex: int  # pysyncobj's, set in its __init__ (typed for our guard)
+
+    @property
+    def _poller(self) -> LoopPoller:
+        # pysyncobj creates its own poller in its constructor: ours (the loop) replaces it
+        return self._loop_poller
+
+    @_poller.setter
+    def _poller(self, _value: Any) -> None:
+        pass
 
     def __init__(
         self,
         settings: RaftSettings,
         on_outcome: OutcomeListener,
         on_snapshot_loaded: SnapshotListener | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         safe_pickle.install()
         durability.install()
@@ -151,7 +207,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # verified the same way when SyncObj opens it)
         if os.path.exists(settings.dump_file):
             storage.read_dump_body(Path(settings.dump_file), settings.node_id)
-        # our attributes exist before SyncObj starts its tick thread (it may load the dump)
+        # our attributes exist before SyncObj's constructor runs (its first tick loads the dump)
         self.settings = settings
         self.lock = threading.RLock()
         self.replicated_state = ReplicatedState(
@@ -163,15 +219,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if self._member_set is not None:
             peers = {m.id: m.raft for m in self._member_set.members if m.id != settings.node_id}
         self._refusals: dict[tuple[str, str], Refusal] = {}  # (op, node) -> why it was refused
-        self._transfer_requested = False  # set by any thread, acted on by the tick thread
+        self._transfer_requested = False  # set by any thread, acted on by the next tick
         self._change_appended_at = 0  # index of the last change this node appended as leader
         self.stopped_reason: str | None = None
         # batch id -> the decoded commands of an entry this node submitted (skips a decode):
-        # a handoff from the loop thread (hand_decoded) to the tick thread (one pop per entry)
+        # from the submitting code (hand_decoded) to the apply (one pop per entry)
         self._decoded_by_batch: dict[int, tuple[Any, ...]] = {}
         self._send_pending = False
         self._commit_send_at: float | None = None
-        self._defer_acks = False
         self._deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self._on_outcome = on_outcome
         self._on_snapshot_loaded = on_snapshot_loaded
@@ -183,23 +238,112 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._address_to_id[settings.address] = settings.node_id
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
         peer_nodes = [self._tcp_node(node_id, address) for node_id, address in peers.items()]
-        if transport_name() == "quorumq":
-            super().__init__(settings.address, peer_nodes, conf, transportClass=QuorumTransport)
-        else:
-            super().__init__(settings.address, peer_nodes, conf)
+        # the loop drives pysyncobj: its sockets are the loop's readers/writers, its ticks run
+        # after socket events, after proposals and on a timer (raft/ticker.py)
+        self._loop_thread = LoopThread(f"raft-{settings.node_id}") if loop is None else None
+        self.loop = loop if loop is not None else self._loop_thread.loop  # type: ignore[union-attr]
+        self._ticker = LoopTicker(self.loop, self._tick, TICK_PERIOD_S)
+        self._loop_poller = LoopPoller(self.loop, self._ticker.tick_now)
+        self._loop_poller.on_tick_end = self._end_of_tick
+        self._destroyed = False
+        transport_class = (
+            _LoopQuorumTransport if transport_name() == "quorumq" else _LoopPysyncobjTransport
+        )
+        super().__init__(settings.address, peer_nodes, conf, transportClass=transport_class)
+        self._replace_pipe_notifier()
+        transport = self._SyncObj__transport
+        transport._constructing = False
+        with contextlib.suppress(TransportNotReadyError):
+            transport.tryGetReady()  # bind now if we can; ticks retry
         # pysyncobj compares Node objects, not address strings
         self._peer_nodes = {self._address_to_id[node.id]: node for node in self.otherNodes}
         self.addOnTickCallback(self._guard_leadership)
         self.addOnTickCallback(self._probe_disk)
         self.addOnTickCallback(self._expire_stuck_handshakes)
-        self._real_poll = self._poller.poll
-        self._poller.poll = self._poll
+        self._ticker.start()
+        if self._loop_thread is not None:
+            self._loop_thread.start()
+
+    def _replace_pipe_notifier(self) -> None:
+        """A queued command asks the loop for a tick; pysyncobj's pipe is closed."""
+        pipe = getattr(self, "_SyncObj__pipeNotifier", None)
+        if pipe is not None:
+            for name in ("_PipeNotifier__pipeR", "_PipeNotifier__pipeW"):
+                fd = getattr(pipe, name, None)
+                if isinstance(fd, int):
+                    self._loop_poller.unsubscribe(fd)
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        self._SyncObj__pipeNotifier = _NoPipe(self._on_command_queued)
+
+    def _on_command_queued(self) -> None:
+        """A command was queued (pysyncobj's `_applyCommand`): on the loop, outside a tick,
+        append it and send it now (the leader: AppendEntries, then its fsync; a follower:
+        forwarded to the leader) instead of waiting for the next loop iteration's full tick."""
+        self._ticker.run_or_request(self._append_queued)
+
+    def _append_queued(self) -> None:
+        if self._destroyed or not self._SyncObj__transport.ready:
+            self._ticker.request()
+            return
+        self._checkCommandsToApply()
+        self._end_of_tick()
+
+    # --- driving pysyncobj from the loop -----------------------------------------------------
+
+    def _tick(self) -> None:
+        """One pysyncobj tick (loop thread): first the acks of the AppendEntries received since
+        the last tick (one fsync covers them all), then pysyncobj's tick (commit, apply, append
+        queued commands, timers), which ends in `_end_of_tick`."""
+        if self._destroyed:
+            return
+        self._flush_acks()
+        self.doTick(0.0)
+
+    def _end_of_tick(self) -> None:
+        """The end of every pysyncobj tick: the AppendEntries collected during the tick (one
+        message per follower carrying the new entries and the commit index, then one fsync),
+        and the next wake-up if the held-back commit index falls due before the timer."""
+        wait = self._commit_send_due(TICK_PERIOD_S)
+        self._flush_sends()
+        self._flush_acks()
+        self._ticker.wake_within(wait)
+
+    def destroy(self) -> None:
+        """Stop ticking, close the peer connections and the journal (on the loop thread, or
+        any thread for a node with its own loop thread: `destroy_synchronous`)."""
+        if self._loop_thread is not None:
+            self.destroy_synchronous()
+            return
+        self._destroy_now()
+
+    def destroy_synchronous(self) -> None:
+        """`destroy()`, and for a node with its own loop thread, stop and join that thread."""
+        if self._loop_thread is None:
+            self._destroy_now()
+            return
+        thread, self._loop_thread = self._loop_thread, None
+        thread.call_and_stop(self._destroy_now)
+
+    def _destroy_now(self) -> None:
+        if self._destroyed:
+            return
+        self._destroyed = True
+        self._ticker.stop()
+        try:
+            SyncObj.destroy(self)  # autoTick off: pysyncobj's _doDestroy, here and now
+        finally:
+            self._loop_poller.unsubscribe_all()
+
+    def tick_thread_alive(self) -> bool:
+        """Whether this node still ticks (pysyncobj's name; there is no tick thread)."""
+        return not self._destroyed
 
     # --- the replicated method ---------------------------------------------------------------
 
     @replicated  # type: ignore[untyped-decorator]
     def apply_entry(self, blob: bytes) -> None:
-        """Apply one log entry (runs on every node, in log order, in the tick thread)."""
+        """Apply one log entry (runs on every node, in log order, inside a tick on the loop)."""
         index = self.raftLastApplied + 1
         with self.lock:
             if self.stopped_reason is not None:
@@ -271,30 +415,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 self.observe_fsync(time.perf_counter() - started)
 
     def _SyncObj__sendNextNodeIdx(self, *args: Any, **kwargs: Any) -> None:
-        if self._defer_acks:
-            self._deferred_acks.append((args, kwargs))
-            return
-        # follower ack: entries must be on disk before the leader counts them
-        self.sync_journal()
-        SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
+        # follower ack: collected, and sent at the next tick (or the end of this one) after one
+        # fsync for all of them: entries must be on disk before the leader counts them
+        self._deferred_acks.append((args, kwargs))
 
-    def _poll(self, timeout: float) -> None:
-        """The end of every pysyncobj tick: first the AppendEntries deferred during the tick (one
-        message per follower and one fsync, carrying both the new entries and the new commit
-        index), then pysyncobj's poll with the acks of every AppendEntries handled in it
-        deferred to its end (one fsync covers them all)."""
-        timeout = self._commit_send_due(timeout)
-        self._flush_sends()
-        self._defer_acks = True
-        try:
-            self._real_poll(timeout)
-        finally:
-            self._defer_acks = False
-            acks, self._deferred_acks = self._deferred_acks, []
-            if acks:
-                self.sync_journal()
-                for args, kwargs in acks:
-                    SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
+    def _flush_acks(self) -> None:
+        if not self._deferred_acks:
+            return
+        self.sync_journal()
+        acks, self._deferred_acks = self._deferred_acks, []
+        for args, kwargs in acks:
+            SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
 
     def _commit_send_due(self, timeout: float) -> float:
         """Schedule the held-back commit index: now if due (or if entries go out anyway), else
@@ -310,7 +441,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def _SyncObj__sendAppendEntries(self) -> None:
         # pysyncobj (unbatched) sends after every appended entry, after every apply and on each
-        # heartbeat: collect them and send once, before the tick ends in `_poll`
+        # heartbeat: collect them and send once, before the tick ends in `_end_of_tick`
         self._send_pending = True
 
     def _flush_sends(self) -> None:
@@ -318,7 +449,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             return
         self._send_pending = False
         # leader: send first so the followers' fsyncs overlap ours; ours still completes before
-        # this (single) tick thread can process their acks, so an entry is never counted as
+        # the loop reads any ack (we return to it after this), so an entry is never counted as
         # committed, nor its commit index sent out, before the leader's copy is on disk
         SyncObj._SyncObj__sendAppendEntries(self)
         self.sync_journal()
@@ -568,7 +699,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def change_membership(self, change: MemberChange, callback: MembershipCallback) -> None:
         """Append a membership change through the leader (thread-safe): `callback(reply, None)`
-        from the tick thread once this node applied it (the reply of the member set switch), or
+        from inside a tick once this node applied it (the reply of the member set switch), or
         `callback(None, why)` if the leader refused it or it was lost."""
         key = (change.op, change.node)
         self._refusals.pop(key, None)
@@ -627,7 +758,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         return accepted
 
     def _refusal(self, change: MemberChange) -> Refusal | None:
-        """Why the leader must not append `change` now (tick thread), or None."""
+        """Why the leader must not append `change` now (inside a tick), or None."""
         applied = int(self.raftLastApplied)
         if applied < int(self._SyncObj__noopIDx or 0):
             return Refusal(
@@ -843,7 +974,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         return status
 
     def _raw_status(self) -> dict[str, Any]:
-        # getStatus iterates pysyncobj dicts the tick thread may resize: retry on that race
+        # getStatus iterates pysyncobj dicts a tick may resize (when read from another thread:
+        # metrics, tests): retry on that race
         for _ in range(5):
             try:
                 return dict(self.getStatus())
@@ -879,7 +1011,8 @@ def _syncobj_conf(
         leaderFallbackTimeout=2 * high / 1000,
         connectionTimeout=max(0.5, 2 * high / 1000),
         connectionRetryTime=0.3,
-        autoTickPeriod=0.02,
+        autoTick=False,  # the node's loop ticks it (raft/ticker.py)
+        autoTickPeriod=TICK_PERIOD_S,
         logCompactionMinEntries=settings.compaction_min_entries,
         logCompactionMinTime=settings.compaction_min_time_s,
         commandsWaitLeader=True,

@@ -100,7 +100,7 @@ class Replica:
         self._on_applied = on_applied
         self._on_reset = on_reset
         self._observe = observe
-        self._node = RaftNode(settings, self._outcome_tick, self._snapshot_tick)
+        self._node = RaftNode(settings, self._outcome_tick, self._snapshot_tick, loop)
         self._committer = GroupCommitter(self._node, loop)
 
     # --- proposing (loop thread) ---------------------------------------------------------------
@@ -220,10 +220,11 @@ class Replica:
         self._node.observe_fsync = fsync
         self._node.observe_apply = apply
 
-    # --- from the tick thread --------------------------------------------------------------
+    # --- from pysyncobj's tick (on the loop) --------------------------------------------------
 
     def _outcome_tick(self, outcome: Outcome) -> None:
-        """Tick thread: hand what concerns this node incarnation to the loop, in log order."""
+        """An applied entry (inside the tick, on the loop, after the entry is durable here):
+        hand what concerns this node incarnation over at once, in log order."""
         origin = outcome.origin
         settings = self.settings
         mine = origin is not None and origin[:2] == (settings.node_id, settings.incarnation)
@@ -234,16 +235,13 @@ class Replica:
             for e in outcome.effects
             if getattr(getattr(e, "connection", None), "node", None) == settings.node_id
         ]
-        if not (mine or effects):
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closed: shutting down
-            self._loop.call_soon_threadsafe(self._deliver, outcome, effects)
+        if mine or effects:
+            self._deliver(outcome, effects)
 
     def _deliver(self, outcome: Outcome, effects: list[Effect]) -> None:
         self._committer.resolve(outcome)  # replies first, then the effects of the same entry
         self._on_applied(Applied(outcome.index, effects))
 
     def _snapshot_tick(self, index: int) -> None:
-        """Tick thread: the state jumped to a snapshot; tell the loop, in order."""
-        with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._on_reset, index)
+        """Inside the tick: the state jumped to a snapshot; tell the node, in order."""
+        self._on_reset(index)

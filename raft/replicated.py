@@ -1,6 +1,6 @@
 """The replicated state: the fifo state plus cluster metadata, and how an entry is applied.
 
-Pure and single-threaded (the pysyncobj node calls it from its tick thread under a lock), so it
+Pure and single-threaded (the pysyncobj node calls it inside its tick, under a lock), so it
 is tested without any process. The metadata (members, versions, connections by node, down
 nodes, the monotonic clock) changes only through `raft.metadata.apply_metadata`.
 

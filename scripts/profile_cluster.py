@@ -49,7 +49,9 @@ CATEGORIES = (
     ("fifo machine", "(fifo/"),
     ("effects to consumers", "cluster/node/effects.py"),
     ("pysyncobj core", "pysyncobj/syncobj.py"),
-    ("pysyncobj poller", "pysyncobj/poller.py"),
+    ("pysyncobj poller (before: its tick thread)", "pysyncobj/poller.py"),
+    ("raft ticks on the loop", "raft/ticker.py"),
+    ("idle: the loop waiting for events", "EpollSelector.select"),
     ("asyncio event loop", "asyncio/"),
     ("structlog", "structlog/"),
 )
@@ -120,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=1000, help="unconfirmed messages in flight")
     parser.add_argument("--seconds", type=float, default=15.0, help="recording length (1-120)")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument(
+        "--keep-raw",
+        action="store_true",
+        help="also keep py-spy's collapsed stacks in --out (leader-TAG.txt, follower-TAG.txt)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.seconds <= 120 or not 1 <= args.window <= 10_000:
         parser.error("--seconds must be 1..120 and --window 1..10000")
@@ -165,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             after = _depth(probe)
         stop.set()
         loader.join(timeout=60)
+        if args.keep_raw:
+            for role in ("leader", "follower"):
+                shutil.copyfile(Path(tmp) / f"{role}.txt", args.out / f"{role}-{tag}.txt")
         result = {
             "transport": transport,
             "window": args.window,

@@ -4,7 +4,7 @@ The request names one node; the change appended carries the whole member set aft
 raft and client addresses: the replicated set's addresses once a change recorded them, before
 that cluster.toml's). Only the leader appends a change; what only the leader can check at the
 moment it appends (another change in flight, a quorum left, a duplicate) is checked there, in
-the tick thread (raft/node.py), and comes back as a `Refusal`.
+a raft tick (raft/node.py), and comes back as a `Refusal`.
 """
 
 from __future__ import annotations

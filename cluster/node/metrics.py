@@ -59,7 +59,8 @@ class NoMetrics:
         return sink
 
     def on_outcome(self, outcome: Outcome, mine: bool) -> None:
-        """Tick thread: an applied entry (deliveries, dead-letterings, batch size)."""
+        """Inside a raft tick (the loop): an applied entry (deliveries, dead-letterings, batch
+        size)."""
 
     def connection_opened(self) -> None:
         """A client connection was authenticated."""

@@ -393,8 +393,8 @@ def run_node(
     os.umask(0o077)  # journal, snapshot, meta and logs are for the node's owner only (0600)
     storage.private_dir(node_dir)
     setup_logging(node_dir / "node.log", node_id)
-    # the raft tick thread waits for the GIL after every poll and fsync; with the default 5 ms
-    # switch interval a busy client loop stalls it (and the whole commit pipeline) that long
+    # raft ticks on the loop thread; the metrics thread (if any) must not hold the GIL 5 ms
+    # (the default switch interval) while the loop returns from an fsync or a poll
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     incarnation = next_incarnation(node_dir)
     pid_file = node_dir / "node.pid"

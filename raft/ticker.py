@@ -1,0 +1,238 @@
+"""pysyncobj driven from an asyncio event loop: no tick thread, no hand-offs.
+
+pysyncobj normally runs its own thread: `_onTick` then `poll(autoTickPeriod)` on its own poller,
+woken by a pipe when a command is queued. Every proposal then crossed two threads (loop -> tick
+through the pipe, tick -> loop through `call_soon_threadsafe`), each a system call and a GIL
+hand-over, on every node of the peer round trip.
+
+Here the node's loop is the poller (`LoopPoller`: pysyncobj's sockets are `add_reader` /
+`add_writer` registrations on the loop), and `LoopTicker` runs one tick
+- right after each peer socket event (one event reads every frame the socket holds, up to a
+  bound: a follower fsyncs once for all the AppendEntries in it, and answers them together),
+- right after a proposal is queued (instead of pysyncobj's pipe notifier),
+- on a timer for Raft's timers (heartbeats, elections, connection retries: every `period`, or
+  sooner when the node asks, e.g. for the held-back commit index).
+
+A tick is never re-entered: a tick requested during one runs after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from pysyncobj.poller import POLL_EVENT_TYPE
+
+log = structlog.get_logger("raft.ticker")
+
+_READ = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
+_WRITE = POLL_EVENT_TYPE.WRITE
+
+
+class LoopPoller:
+    """pysyncobj's Poller interface over an asyncio loop's selector.
+
+    `subscribe(fd, callback, mask)` registers the callback for READ (and ERROR: the loop reports
+    an error or hang-up as readable, the read then fails) and/or WRITE; `poll()` is what
+    pysyncobj calls at the end of each tick: it runs `on_tick_end` (nothing waits here, the loop
+    does). Every event calls `on_event` after the callback (the ticker coalesces them).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_event: Callable[[], None]) -> None:
+        self.loop = loop
+        self.on_event = on_event
+        self.on_tick_end: Callable[[], None] | None = None
+        self._subscribed: dict[int, tuple[int, Callable[[int, int], None]]] = {}
+
+    def subscribe(self, descr: int, callback: Callable[[int, int], None], mask: int) -> None:
+        """Watch `descr` for the events in `mask` (replacing what was watched)."""
+        old_mask, old_callback = self._subscribed.get(descr, (0, None))
+        self._subscribed[descr] = (mask, callback)
+        same = old_callback is callback or old_callback == callback
+        if mask & _READ and not (old_mask & _READ and same):
+            self._register(self.loop.add_reader, self.loop.remove_reader, descr, callback, _READ)
+        elif not mask & _READ and old_mask & _READ:
+            self.loop.remove_reader(descr)
+        if mask & _WRITE and not (old_mask & _WRITE and same):
+            self._register(self.loop.add_writer, self.loop.remove_writer, descr, callback, _WRITE)
+        elif not mask & _WRITE and old_mask & _WRITE:
+            self.loop.remove_writer(descr)
+
+    def _register(
+        self,
+        add: Callable[..., Any],
+        remove: Callable[[int], Any],
+        descr: int,
+        callback: Callable[[int, int], None],
+        event: int,
+    ) -> None:
+        event = POLL_EVENT_TYPE.READ if event == _READ else POLL_EVENT_TYPE.WRITE
+        try:
+            add(descr, self._fire, callback, descr, event)
+        except OSError:
+            # a descriptor closed and reused without an unsubscribe: the selector still had
+            # the old registration; drop it and register again
+            remove(descr)
+            add(descr, self._fire, callback, descr, event)
+
+    def unsubscribe(self, descr: int) -> None:
+        """Stop watching `descr`."""
+        mask, _callback = self._subscribed.pop(descr, (0, None))
+        if mask & _READ:
+            self.loop.remove_reader(descr)
+        if mask & _WRITE:
+            self.loop.remove_writer(descr)
+
+    def unsubscribe_all(self) -> None:
+        """Drop every registration (the node is destroyed)."""
+        for descr in list(self._subscribed):
+            self.unsubscribe(descr)
+
+    def _fire(self, callback: Callable[[int, int], None], descr: int, event: int) -> None:
+        try:
+            callback(descr, event)
+        except Exception:  # as pysyncobj's tick thread: log it, keep going
+            log.exception("raft_io_failed", fd=descr)
+        self.on_event()
+
+    def poll(self, _timeout: float) -> None:
+        """The end of a pysyncobj tick: the loop waits for events, not us."""
+        if self.on_tick_end is not None:
+            self.on_tick_end()
+
+
+class LoopTicker:
+    """Runs `tick()` on the loop when asked (coalesced) and every `period` seconds."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, tick: Callable[[], None], period: float
+    ) -> None:
+        self.loop = loop
+        self._tick = tick
+        self.period = period
+        self._scheduled = False
+        self._ticking = False
+        self._stopped = False
+        self._timer: asyncio.TimerHandle | None = None
+        self.ticks = 0
+
+    def start(self) -> None:
+        """Tick once soon, then every period (call before the loop runs, or on it)."""
+        self.request()
+        self._timer = self.loop.call_later(self.period, self._on_timer)
+
+    def stop(self) -> None:
+        """No more ticks (on the loop thread, or before/after it runs)."""
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def tick_now(self) -> None:
+        """Tick now (loop thread; after a peer socket event: the frames it read are answered
+        at once, one fsync for all of them), or after the tick in progress."""
+        self._run_now()
+
+    def request(self) -> None:
+        """Tick at the next loop iteration (loop thread)."""
+        if not self._scheduled and not self._stopped:
+            self._scheduled = True
+            self.loop.call_soon(self._run)
+
+    def request_from_any_thread(self) -> None:
+        """`request()` from the loop thread, or from any other thread (a test's)."""
+        if asyncio._get_running_loop() is self.loop:
+            self.request()
+        elif not self._scheduled and not self._stopped:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: destroyed
+                self.loop.call_soon_threadsafe(self.request)
+
+    def run_or_request(self, function: Callable[[], None]) -> None:
+        """Run `function` now as a (partial) tick if called on the loop outside a tick; else
+        `request_from_any_thread()` (the next full tick does what it would have)."""
+        if self._ticking or self._stopped or asyncio._get_running_loop() is not self.loop:
+            self.request_from_any_thread()
+            return
+        self._ticking = True
+        try:
+            function()
+        except Exception:
+            log.exception("raft_tick_failed")
+        finally:
+            self._ticking = False
+
+    def wake_within(self, seconds: float) -> None:
+        """Make sure a tick runs within `seconds` (e.g. a held-back message falls due)."""
+        if self._stopped or seconds >= self.period:
+            return
+        when = self.loop.time() + max(0.0, seconds)
+        if self._timer is not None:
+            if self._timer.when() <= when:
+                return
+            self._timer.cancel()
+        self._timer = self.loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self.loop.call_later(self.period, self._on_timer)
+        self._run_now()
+
+    def _run(self) -> None:
+        self._scheduled = False
+        self._run_now()
+
+    def _run_now(self) -> None:
+        if self._stopped:
+            return
+        if self._ticking:  # asked from inside a tick: run after it
+            self.request()
+            return
+        self._ticking = True
+        try:
+            self.ticks += 1
+            self._tick()
+        except Exception:  # as pysyncobj's tick thread: log it, tick again later
+            log.exception("raft_tick_failed")
+        finally:
+            self._ticking = False
+
+
+class LoopThread:
+    """A private event loop in a daemon thread, for RaftNodes built without a loop (tests and
+    tools that drive a node in-process): the node's ticks and callbacks run in that thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        """Run the loop (everything registered before runs from now on)."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call_and_stop(self, function: Callable[[], None]) -> None:
+        """Run `function` on the loop, stop it, wait for the thread, close the loop."""
+        if not self._thread.is_alive():
+            function()
+            self.loop.close()
+            return
+
+        def last() -> None:
+            try:
+                function()
+            finally:
+                self.loop.stop()
+
+        self.loop.call_soon_threadsafe(last)
+        self._thread.join()
+        self.loop.close()
+
+    def is_alive(self) -> bool:
+        """Whether the loop thread still runs."""
+        return self._thread.is_alive()
