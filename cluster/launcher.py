@@ -376,12 +376,6 @@ def start_cluster(
             tls=tls,
         )
     cluster_tls.ensure_certificates(data_dir, config)  # before any node: a clear error first
-    if config.tls and not cluster_tls.transport_supports_tls():
-        raise LaunchRefused(
-            "tls = true, but this build's Raft transport cannot speak TLS yet: refusing to "
-            "start rather than send the peer traffic in the clear (set tls = false in "
-            f"{data_dir / cluster_config.CONFIG_FILE} to start without it)"
-        )
     if max_machine_version is not None:  # a restart with a new cap keeps it for later starts
         for node in config.nodes:
             set_node_cap(data_dir, node.id, max_machine_version)

@@ -15,7 +15,6 @@ TLS gives confidentiality on the wire; peers still authenticate with the cluster
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import ipaddress
 import os
@@ -392,11 +391,3 @@ def node_peer_contexts(data_dir: Path, config: ClusterConfig, node_id: str) -> P
     if not config.tls:
         return None
     return peer_contexts(check_node_files(data_dir, config.node(node_id)))
-
-
-def transport_supports_tls() -> bool:
-    """Whether raft's settings take the peer SSL contexts (a node must never be told to use
-    TLS by cluster.toml and then speak in the clear)."""
-    from raft.node import RaftSettings  # imported late: only a TLS cluster pays for it
-
-    return "tls_server_context" in {field.name for field in dataclasses.fields(RaftSettings)}

@@ -260,14 +260,3 @@ def test_starting_tls_on_an_existing_plain_cluster_with_the_flag_is_refused(
     with pytest.raises(LaunchRefused, match="tls = true"):
         start_cluster(tmp_path / "D", 1, tls=True)
     assert not (tmp_path / "D" / "tls").exists()
-
-
-@pytest.mark.skipif(tls.transport_supports_tls(), reason="the Raft transport speaks TLS")
-def test_a_tls_cluster_is_not_started_by_a_transport_that_would_send_in_the_clear(
-    tmp_path: Path,
-) -> None:
-    """Until raft/ takes the contexts, `tls = true` refuses to start any node."""
-    with pytest.raises(LaunchRefused, match="cannot speak TLS yet"):
-        start_cluster(tmp_path / "D", 3, tls=True)
-    assert (tmp_path / "D" / "tls" / "ca.crt").exists()
-    assert not list((tmp_path / "D").glob("n*/node.pid"))
