@@ -2,7 +2,8 @@
 
 Layout of a data dir `D` (written by `quorumq cluster start`, read by every node):
 `D/cluster.toml`, `D/secret` (0600, 32 random bytes hex: pysyncobj's password),
-`D/client.key` (0600, HMAC-SHA256(secret, b"quorumq client v1") hex) and one dir per node.
+`D/client.key` (0600, HMAC-SHA256(secret, b"quorumq client v1") hex), one dir per node and,
+with `tls = true`, `D/tls/` (the cluster CA and each node's certificate: cluster/tls.py).
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class ClusterConfig:
     # the members the cluster was created with, once membership changed (empty: `nodes` are
     # the founders); a node that joins starts its replicated member set from these
     founders: tuple[str, ...] = ()
+    # mutual TLS on the peer (Raft) connections, with the certificates in D/tls (cluster.tls)
+    tls: bool = False
 
     def founder_ids(self) -> list[str]:
         """The members the cluster was created with."""
@@ -138,6 +141,7 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         bind=_typed(section, "bind", str, path, "127.0.0.1"),
         snapshot_every_entries=every,
         metrics_bind=_typed(section, "metrics_bind", str, path, "127.0.0.1"),
+        tls=_typed(section, "tls", bool, path, False),
     )
 
 
@@ -193,6 +197,8 @@ def dumps(config: ClusterConfig) -> str:
         lines.append(f"snapshot_every_entries = {config.snapshot_every_entries}")
     if config.metrics_bind != "127.0.0.1":
         lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
+    if config.tls:
+        lines.append("tls = true")
     if config.founders:
         lines.append(f"founders = [{', '.join(_toml_str(f) for f in config.founders)}]")
     for node in config.nodes:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from cluster import config as cluster_config
+from cluster import tls as cluster_tls
 from cluster.client.client import Client
 from cluster.client.errors import ClusterError, Unavailable
 from cluster.config import ClusterConfig, FsyncPolicy, NodeConfig
@@ -82,10 +83,12 @@ def init_cluster(
     snapshot_every_entries: int = cluster_config.SNAPSHOT_EVERY_ENTRIES_DEFAULT,
     metrics_base_port: int | None = None,
     caps: dict[str, int] | None = None,
+    tls: bool = False,
 ) -> ClusterConfig:
     """Write `D/cluster.toml`, `D/secret` and `D/client.key` for a new local cluster
     (node i serves Prometheus metrics on `metrics_base_port + i` when that is given; `caps`
-    gives single nodes their own `max_machine_version`)."""
+    gives single nodes their own `max_machine_version`; `tls`: peer traffic over mutual TLS,
+    whose certificates `start_cluster` creates)."""
     if nodes < 1:
         raise LaunchRefused("a cluster needs at least one node")
     ports = (
@@ -119,6 +122,7 @@ def init_cluster(
         fsync=fsync,
         bind=host,
         snapshot_every_entries=snapshot_every_entries,
+        tls=tls,
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     cluster_config.write(data_dir, config)
@@ -170,6 +174,7 @@ def spawn_node(
     node = config.node(node_id)
     if (pid := node_pid(node)) is not None:
         raise LaunchRefused(f"node {node_id} is already running (pid {pid})")
+    cluster_tls.ensure_certificates(data_dir, config)  # a new member's pair; a clear error
     node.data_dir.mkdir(parents=True, exist_ok=True)
     args = [
         sys.executable,
@@ -335,9 +340,14 @@ def start_cluster(
     timeout_s: float = LEADER_TIMEOUT_S,
     metrics_base_port: int | None = None,
     wait_leader: bool = True,
+    tls: bool = False,
 ) -> LocalCluster:
     """Create (or reuse a stopped) cluster in `data_dir`, start every node and (unless
-    `wait_leader` is False) wait until every answering node agrees on one leader."""
+    `wait_leader` is False) wait until every answering node agrees on one leader.
+
+    `tls` makes a new cluster's peer traffic mutual TLS (`tls = true` in cluster.toml); the
+    CA and node certificates are created in `D/tls` on the first start of such a cluster and
+    checked (never replaced) on every later one."""
     data_dir = data_dir.resolve()
     if (data_dir / cluster_config.CONFIG_FILE).exists():
         config = cluster_config.load(data_dir)
@@ -345,6 +355,12 @@ def start_cluster(
             raise LaunchRefused(
                 f"{data_dir} holds a running cluster (pids {sorted(running.values())}); "
                 f"stop it first with: quorumq cluster stop --data-dir {data_dir}"
+            )
+        if tls and not config.tls:
+            raise LaunchRefused(
+                f"{data_dir} holds a cluster without TLS; to turn it on, stop it, set "
+                f"tls = true in the [cluster] table of {data_dir / cluster_config.CONFIG_FILE} "
+                "and start it again (every node must restart: a TLS node refuses plain peers)"
             )
     elif data_dir.exists() and any(data_dir.iterdir()):
         raise DataDirTaken(f"{data_dir} is not empty and holds no cluster.toml; pick another dir")
@@ -357,7 +373,9 @@ def start_cluster(
             fsync=fsync or "batch",
             metrics_base_port=metrics_base_port,
             caps=caps,
+            tls=tls,
         )
+    cluster_tls.ensure_certificates(data_dir, config)  # before any node: a clear error first
     if max_machine_version is not None:  # a restart with a new cap keeps it for later starts
         for node in config.nodes:
             set_node_cap(data_dir, node.id, max_machine_version)

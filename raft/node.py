@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -103,6 +104,9 @@ class RaftSettings:
     # the members the cluster was created with (the replicated member set before any change;
     # empty: this node and its peers, which is the same for a cluster that never changed)
     founders: tuple[str, ...] = ()
+    # mutual TLS on the peer connections (built by cluster/tls.py; None: plain TCP)
+    tls_server_context: ssl.SSLContext | None = None
+    tls_client_context: ssl.SSLContext | None = None
 
     @property
     def journal_file(self) -> str:

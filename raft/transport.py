@@ -30,6 +30,12 @@ handshake is logged once for the connection (never per byte) and the connection 
 Nothing on the peer port is ever unpickled (CBOR cannot build objects); pysyncobj itself still
 unpickles log commands, through the allow-list of `raft.safe_pickle`.
 
+Optional TLS (the cluster's `tls = true`: `ssl.SSLContext`s in the settings, built by
+cluster/tls.py): the socket is wrapped before the HELLO, mutual TLS 1.3, and the handshake and
+frames above run unchanged inside it (TLS for confidentiality, the secret for authentication).
+The TLS handshake runs non-blocking in the poller under the same AUTH_TIMEOUT_S; a peer that
+fails it (no TLS, another CA, no certificate) is refused and logged once per connection.
+
 Reads are bounded per poll event (READ_BYTES_PER_EVENT), so no peer can hold the tick thread.
 pysyncobj's utility messages (`syncobj_admin`) are not served: it cannot speak this protocol.
 A node speaking pysyncobj's transport (an older quorumq) is refused with a log line naming it.
@@ -43,6 +49,7 @@ import hashlib
 import hmac
 import os
 import socket
+import ssl
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -78,7 +85,9 @@ READ_BYTES_PER_EVENT = 1024 * 1024
 # what pysyncobj's transport sends first: a 4-byte length, then a Fernet token (base64 of 0x80)
 _FERNET_PREFIX = b"gAAAAA"
 
-_DIALING, _AWAIT_CHALLENGE, _AWAIT_HELLO, _AWAIT_PROOF, _OPEN = range(5)
+_DIALING, _AWAIT_CHALLENGE, _AWAIT_HELLO, _AWAIT_PROOF, _OPEN, _TLS = range(6)
+# the poller does not see bytes TLS has already decrypted (SSLSocket.pending): these say so
+_TLS_WAIT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 def cluster_key(secret: str | bytes) -> bytes:
@@ -137,8 +146,15 @@ class PeerConnection:
         sock: socket.socket | None = None,
         is_member: Callable[[str], bool] | None = None,
         last_tick: Callable[[], float] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> None:
         self._poller = poller
+        self._ssl_context = ssl_context
+        self._server_hostname = server_hostname  # the peer's identity host (a dialer's check)
+        self._server_side = sock is not None
+        self._tls_wants_write = False  # the TLS handshake waits for the socket to be writable
+        self._tls_unread = False  # decrypted bytes left over when a read's budget ran out
         self._last_tick = last_tick
         self._key = key
         self._self_address = self_address
@@ -166,6 +182,8 @@ class PeerConnection:
             self._state = CONNECTION_STATE.CONNECTED
             self._phase = _AWAIT_HELLO
             self.auth_deadline = monotonic_time() + AUTH_TIMEOUT_S
+            if ssl_context is not None:
+                self._start_tls()
             self._subscribe()
 
     def _reset_buffers(self) -> None:
@@ -283,8 +301,15 @@ class PeerConnection:
         other until an election."""
         if self._state == CONNECTION_STATE.DISCONNECTED:
             return
+        if self._tls_unread:  # the last read event stopped at its budget with bytes in TLS
+            self._tls_unread = False
+            self._read()
+            if self._state == CONNECTION_STATE.DISCONNECTED:
+                return
         if self.auth_deadline is not None and now > self.auth_deadline:
-            if self._phase == _AWAIT_HELLO or self._phase == _AWAIT_PROOF:
+            if self._phase in (_AWAIT_HELLO, _AWAIT_PROOF) or (
+                self._phase == _TLS and self._server_side
+            ):
                 self._refuse("peer_refused", reason="no handshake", seconds=AUTH_TIMEOUT_S)
             else:  # our own dial: the peer is paused, cut off, or speaks another protocol
                 log.info("peer_unresponsive", peer=self.peer, seconds=AUTH_TIMEOUT_S)
@@ -300,7 +325,11 @@ class PeerConnection:
         if self._fileno is None:
             return
         events = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
-        if self._wbuf or (self._phase == _DIALING and self._state == CONNECTION_STATE.CONNECTING):
+        if (
+            self._wbuf
+            or self._tls_wants_write
+            or (self._phase == _DIALING and self._state == CONNECTION_STATE.CONNECTING)
+        ):
             events |= POLL_EVENT_TYPE.WRITE
         if events != self._events:
             self._events = events
@@ -340,8 +369,16 @@ class PeerConnection:
             if self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                 self.disconnect()
                 return
-            self._send_hello()
+            if self._ssl_context is not None:
+                self._start_tls()
+            else:
+                self._send_hello()
             if self._state == CONNECTION_STATE.DISCONNECTED:
+                return
+        if self._phase == _TLS:
+            self._tls_handshake()
+            if self._state == CONNECTION_STATE.DISCONNECTED or self._phase == _TLS:
+                self._subscribe()
                 return
         if event_type & POLL_EVENT_TYPE.WRITE:
             self._flush()
@@ -362,7 +399,7 @@ class PeerConnection:
             return
         try:
             sent = sock.send(data)
-        except BlockingIOError:
+        except (BlockingIOError, *_TLS_WAIT):  # TLS: retried with the same bytes first
             sent = 0
         except OSError:
             self.disconnect()
@@ -376,7 +413,7 @@ class PeerConnection:
         while self._wbuf and sock is not None:
             try:
                 sent = sock.send(self._wbuf)
-            except BlockingIOError:
+            except (BlockingIOError, *_TLS_WAIT):
                 return
             except OSError:
                 self.disconnect()
@@ -408,7 +445,7 @@ class PeerConnection:
                 break
             try:
                 data = sock.recv(min(wanted, budget))
-            except BlockingIOError:
+            except (BlockingIOError, *_TLS_WAIT):
                 break
             except OSError:
                 self.disconnect()
@@ -428,6 +465,47 @@ class PeerConnection:
             else:
                 self._handshake()
             sock = self._sock
+        if budget <= 0 and isinstance(sock, ssl.SSLSocket) and sock.pending():
+            self._tls_unread = True  # read on the next tick: no poll event will say so
+
+    # --- TLS ------------------------------------------------------------------------------------
+
+    def _start_tls(self) -> None:
+        """Wrap the connected socket; the TLS handshake then runs from the poller's events."""
+        assert self._sock is not None and self._ssl_context is not None
+        try:
+            self._sock = self._ssl_context.wrap_socket(
+                self._sock,
+                server_side=self._server_side,
+                server_hostname=None if self._server_side else self._server_hostname,
+                do_handshake_on_connect=False,
+            )
+        except (ssl.SSLError, OSError, ValueError) as err:
+            self._refuse("peer_refused", reason="TLS setup failed", error=str(err))
+            return
+        self._phase = _TLS
+        self._tls_handshake()
+
+    def _tls_handshake(self) -> None:
+        """One step of the non-blocking TLS handshake; once done, the secret's handshake."""
+        sock = self._sock
+        assert isinstance(sock, ssl.SSLSocket)
+        self._tls_wants_write = False
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            return
+        except ssl.SSLWantWriteError:
+            self._tls_wants_write = True
+            return
+        except (ssl.SSLError, OSError) as err:  # no TLS, another CA, no certificate, ...
+            self._refuse("peer_refused", reason="TLS handshake failed", error=str(err))
+            return
+        if self._server_side:
+            self._phase = _AWAIT_HELLO
+            self._read()  # the HELLO may have come with the handshake's last flight
+        else:
+            self._send_hello()
 
     # --- the handshake --------------------------------------------------------------------------
 
@@ -448,6 +526,9 @@ class PeerConnection:
                 self._refuse("peer_refused", reason=reason)
                 return False
             return True
+        if head[:2] == b"\x16\x03":  # a TLS ClientHello record
+            self._refuse("peer_refused", reason="speaks TLS: tls = true there, not here")
+            return False
         if len(head) < 10 and (len(head) <= 4 or _FERNET_PREFIX.startswith(head[4:])):
             return False  # maybe pysyncobj's transport (a length, then a Fernet token): wait
         if head[4:10] == _FERNET_PREFIX:
@@ -634,6 +715,8 @@ class QuorumTransport(TCPTransport):  # type: ignore[misc]
         settings = syncObj.settings
         self._key = cluster_key(settings.password)
         self._self_address = selfNode.address
+        self._tls_server: ssl.SSLContext | None = settings.tls_server_context
+        self._tls_client: ssl.SSLContext | None = settings.tls_client_context
         self._refused_pending = 0
         self._refused_logged_at = 0.0
         self._last_tick: float = monotonic_time()
@@ -650,7 +733,9 @@ class QuorumTransport(TCPTransport):  # type: ignore[misc]
         """pysyncobj's poller (the tick thread polls it)."""
         return self._syncObj._poller
 
-    def _new_connection(self, sock: socket.socket | None = None) -> PeerConnection:
+    def _new_connection(
+        self, sock: socket.socket | None = None, server_hostname: str | None = None
+    ) -> PeerConnection:
         conf = self.conf
         return PeerConnection(
             self.poller,
@@ -663,6 +748,8 @@ class QuorumTransport(TCPTransport):  # type: ignore[misc]
             sock=sock,
             is_member=self._is_member,
             last_tick=self.last_tick,
+            ssl_context=self._tls_server if sock is not None else self._tls_client,
+            server_hostname=server_hostname,
         )
 
     def last_tick(self) -> float:
@@ -689,7 +776,7 @@ class QuorumTransport(TCPTransport):  # type: ignore[misc]
         self._nodes.add(node)
         self._nodeAddrToNode[node.address] = node
         if self._shouldConnect(node):
-            conn = self._new_connection()
+            conn = self._new_connection(server_hostname=node.host)
             conn.setOnConnectedCallback(functools.partial(self._onOutgoingConnected, conn))
             conn.setOnMessageReceivedCallback(functools.partial(self._onMessageReceived, node))
             conn.setOnDisconnectedCallback(functools.partial(self._onDisconnected, conn))

@@ -1,10 +1,19 @@
 """Cluster benchmark: confirmed publish throughput and latency, consume + ack, leader-kill recovery.
 
-Runs against a fresh local 3-node cluster (100-byte bodies), prints JSON and writes
-`bench_cluster.json` into --out (default: a fresh temp dir, never the checkout). The publish
-and consume phases run with the threaded `Client` and
-again with `AsyncClient` (under "asyncio"), on the same cluster, one after the other.
-Example: `python scripts/bench_cluster.py --json`.
+Runs against a fresh local 3-node cluster (100-byte bodies), `--runs N` times (a fresh cluster
+each time; figures are the medians over the runs), prints JSON and writes `bench_cluster.json`
+into --out (default: a fresh temp dir, never the checkout). The publish and consume phases run
+with the threaded `Client` and again with `AsyncClient` (under "asyncio"), on the same cluster.
+
+Targets are ratios to RabbitMQ quorum queues measured on the same machine in the same hour (issue
+14): give `--peer FILE`, the JSON written by `../shared/bench/rabbitmq/bench_qq.py --json FILE`,
+and the "targets" block shows each figure, RabbitMQ's, the ratio and whether the target is met.
+Example (RabbitMQ first, then stopped, then us with nothing else running; in
+../shared/bench/rabbitmq, start_cluster.sh and stop_cluster.sh around the first, one command):
+  /tmp/rmq-venv/bin/python bench_qq.py --n 20000 --reps 3 --windows 100,1000
+      --only stream,sync,consume --port-b 5673 --json /tmp/rmq.json
+  python scripts/bench_cluster.py --runs 3 --peer /tmp/rmq.json
+Without --peer the figures are printed and the ratio targets say they need it.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +40,15 @@ from cluster.client import AsyncClient, Client, ClusterError
 from cluster.launcher import LocalCluster, local_cluster
 
 BODY = b"x" * 100
+
+
+def percentile(ordered: list[float], pct: float) -> float:
+    """The `pct` percentile of sorted samples, interpolated as bench_qq.py does (so the ratios
+    to RabbitMQ compare like with like)."""
+    rank = (len(ordered) - 1) * pct / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def publish_rate(client: Client, queue: str, count: int, window: int) -> dict[str, Any]:
@@ -61,7 +80,7 @@ def publish_latency(client: Client, queue: str, count: int) -> dict[str, Any]:
     return {
         "messages": count,
         "p50_ms": round(statistics.median(samples), 3),
-        "p99_ms": round(samples[int(len(samples) * 0.99) - 1], 3),
+        "p99_ms": round(percentile(samples, 99), 3),
         "mean_ms": round(statistics.fmean(samples), 3),
     }
 
@@ -89,36 +108,67 @@ def consume_rate(client: Client, queue: str, backlog: int, prefetch: int) -> dic
     }
 
 
+def recovery_after_kill(
+    samples: list[tuple[float, float]], killed_at: float, dead_at: float
+) -> dict[str, Any]:
+    """Kill -> first confirmed publish, from (publish started, confirm received) pairs.
+
+    Only a publish started after the old leader was gone (`dead_at`: its process reaped) counts:
+    a confirm received after `killed_at` may still be the old leader's, sent before SIGKILL took
+    effect or read late from the socket buffer (that is how a run once printed 0.0 s). The
+    publish in flight at the kill, if any, is reported apart."""
+    fresh = [confirmed for sent, confirmed in samples if sent >= dead_at]
+    straddling = [confirmed for sent, confirmed in samples if sent < dead_at < confirmed]
+    return {
+        "recovery_s": round(min(fresh) - killed_at, 3) if fresh else None,
+        "kill_to_dead_s": round(dead_at - killed_at, 4),
+        "confirms_after_kill_of_earlier_publishes": sum(
+            1 for sent, confirmed in samples if sent < dead_at and confirmed > killed_at
+        ),
+        "in_flight_confirmed_after_s": (
+            round(max(straddling) - killed_at, 3) if straddling else None
+        ),
+    }
+
+
 def leader_kill_recovery(cluster: LocalCluster, queue: str) -> dict[str, Any]:
-    """SIGKILL the leader while publishing one at a time; seconds to the next confirm."""
+    """SIGKILL the leader while publishing one at a time; seconds from the kill to the confirm
+    of the first publish made after the leader's process was gone (`recovery_after_kill`)."""
     leader = cluster.leader()
+    process = cluster.procs[leader]
     with cluster.client(leader, reconnect_timeout_s=30.0) as client:
         client.declare_queue(queue)
-        confirms: list[float] = []
+        samples: list[tuple[float, float]] = []  # (publish started, confirm received)
         stop = threading.Event()
 
         def produce() -> None:
             with client.publisher(queue, window=1) as publisher:
                 while not stop.is_set():
+                    sent = time.perf_counter()
                     publisher.publish(BODY, timeout_s=30.0)
                     publisher.wait_for_confirms(timeout_s=30.0)
-                    confirms.append(time.perf_counter())
+                    samples.append((sent, time.perf_counter()))
 
         producer = threading.Thread(target=produce, daemon=True)
         producer.start()
         time.sleep(1.0)
         killed_at = time.perf_counter()
-        cluster.kill(leader)
+        process.kill()
+        process.wait(timeout=10.0)  # reaped: from here on it cannot confirm anything
+        dead_at = time.perf_counter()
+        cluster.kill(leader)  # forgets the handle (already dead: sends nothing)
         deadline = killed_at + 30.0
-        while not any(t > killed_at for t in confirms) and time.perf_counter() < deadline:
+        while not any(sent >= dead_at for sent, _ in samples) and time.perf_counter() < deadline:
             time.sleep(0.001)
         stop.set()
         producer.join(timeout=35.0)
-    after = [t for t in confirms if t > killed_at]
-    recovery = round(after[0] - killed_at, 3) if after else None
     new_leader = cluster.leader(exclude=leader)
     cluster.restart(leader)
-    return {"killed": leader, "new_leader": new_leader, "recovery_s": recovery}
+    return {
+        "killed": leader,
+        "new_leader": new_leader,
+        **recovery_after_kill(list(samples), killed_at, dead_at),
+    }
 
 
 async def async_publish_rate(
@@ -152,7 +202,7 @@ async def async_publish_latency(client: AsyncClient, queue: str, count: int) -> 
     return {
         "messages": count,
         "p50_ms": round(statistics.median(samples), 3),
-        "p99_ms": round(samples[int(len(samples) * 0.99) - 1], 3),
+        "p99_ms": round(percentile(samples, 99), 3),
         "mean_ms": round(statistics.fmean(samples), 3),
     }
 
@@ -298,11 +348,12 @@ def client_reads(client: Client) -> dict[str, int | None]:
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run_once(args: argparse.Namespace) -> dict[str, Any]:
     """Start a fresh cluster, run every phase, stop the cluster."""
+    load_before = os.getloadavg()
     with (
         tempfile.TemporaryDirectory(prefix="qq-bench-") as tmp,
-        local_cluster(Path(tmp) / "D", 3, fsync=args.fsync) as cluster,
+        local_cluster(Path(tmp) / "D", 3, fsync=args.fsync, tls=args.tls) as cluster,
     ):
         leader = cluster.leader()
         results: dict[str, Any] = {}
@@ -323,7 +374,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results[name] = _guarded(phase)
             results["threaded_client_reads"] = client_reads(client)
         if args.threaded_only:
-            results["config"] = {"nodes": 3, "fsync": args.fsync, "threaded_only": True}
+            results["peak_rss_mib"] = peak_rss_mib(cluster)
+            results["loadavg"] = {"before": load_before, "after": os.getloadavg()}
             return results
         results["asyncio"] = _guarded(lambda: asyncio_phases(cluster, leader, args))
         results["asyncio_over_threaded"] = {
@@ -342,57 +394,318 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     cluster, client, current, args.messages * 2, args.repeat
                 )
 
-        results["publish_window_1000_interleaved"] = _guarded(interleaved)
-    results["config"] = {
-        "nodes": 3,
-        "body_bytes": len(BODY),
-        "fsync": args.fsync,
-        "client_on": "leader",
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-    }
-    results["targets"] = {
-        "publish_window_100_msg_per_s": 9500,
-        "publish_window_1000_msg_per_s": 26000,
-        "publish_p50_ms": 0.96,
-        "consume_msg_per_s": 15000,
-        "leader_kill_recovery_s": 2.0,
-    }
+        if args.repeat > 0:
+            results["publish_window_1000_interleaved"] = _guarded(interleaved)
+    results["loadavg"] = {"before": load_before, "after": os.getloadavg()}
     return results
+
+
+# --- figures and targets (issue 14: ratios to RabbitMQ measured in the same hour) ------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One benchmark target: `figure` compared (`<=` or `>=`) with `factor` x RabbitMQ's figure,
+    or with `factor` itself when `absolute`."""
+
+    figure: str
+    label: str
+    unit: str
+    compare: str  # "<=" or ">="
+    factor: float
+    absolute: bool = False
+
+    def goal(self) -> str:
+        """The target as text, e.g. '<= 0.7x RabbitMQ' or '<= 1.2 s'."""
+        if self.absolute:
+            return f"{self.compare} {self.factor:g} {self.unit}"
+        return f"{self.compare} {self.factor:g}x RabbitMQ"
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("publish_p50_ms", "one-at-a-time confirmed publish p50", "ms", "<=", 0.7),
+    Target("publish_p99_ms", "one-at-a-time confirmed publish p99", "ms", "<=", 1.0),
+    Target("publish_window_100_msg_per_s", "confirmed publish, window 100", "msg/s", ">=", 2.0),
+    Target("publish_window_1000_msg_per_s", "confirmed publish, window 1000", "msg/s", ">=", 2.0),
+    Target("consume_ack_msg_per_s", "consume + ack, prefetch 100", "msg/s", ">=", 2.0),
+    Target("peak_rss_mib", "peak RSS per node (the largest node)", "MiB", "<=", 0.3),
+    Target(
+        "leader_kill_recovery_s", "leader kill -> first confirmed publish", "s", "<=", 1.2, True
+    ),
+)
+
+Figures = dict[str, float | None]
+
+
+def _number(value: Any) -> float | None:
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if is_number else None
+
+
+def our_figures(results: dict[str, Any]) -> Figures:
+    """The figures the targets compare, from one run's results (None where a phase failed)."""
+
+    def get(phase: str, key: str) -> float | None:
+        section = results.get(phase)
+        return _number(section.get(key)) if isinstance(section, dict) else None
+
+    peaks = [_number(v) for v in (results.get("peak_rss_mib") or {}).values()]
+    known_peaks = [peak for peak in peaks if peak is not None]
+    return {
+        "publish_p50_ms": get("publish_latency", "p50_ms"),
+        "publish_p99_ms": get("publish_latency", "p99_ms"),
+        "publish_window_100_msg_per_s": get("publish_window_100", "msg_per_s"),
+        "publish_window_1000_msg_per_s": get("publish_window_1000", "msg_per_s"),
+        "consume_ack_msg_per_s": get("consume_ack_prefetch_100", "msg_per_s"),
+        "peak_rss_mib": max(known_peaks) if known_peaks else None,
+        "leader_kill_recovery_s": get("leader_kill", "recovery_s"),
+    }
+
+
+class PeerFileError(ValueError):
+    """Raised when a --peer file is not a bench_qq.py JSON result."""
+
+
+# (our figure, bench_qq.py run name, key in its summary): each summary value is a median over
+# the peer's repetitions
+PEER_FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("publish_p50_ms", "sync_publish", "p50_ms"),
+    ("publish_p99_ms", "sync_publish", "p99_ms"),
+    ("publish_window_100_msg_per_s", "stream_publish_window100", "msgs_per_s"),
+    ("publish_window_1000_msg_per_s", "stream_publish_window1000", "msgs_per_s"),
+    ("consume_ack_msg_per_s", "consume_prefetch100", "msgs_per_s"),
+)
+
+
+def peer_figures(peer: dict[str, Any]) -> Figures:
+    """RabbitMQ's figures from a `bench_qq.py --json` result: medians over its repetitions,
+    and the largest node's peak RSS (VmHWM at the end, kB) in MiB; None for what it did not
+    measure. PeerFileError if it holds none of them."""
+    runs = peer.get("runs")
+    if not isinstance(runs, dict):
+        raise PeerFileError("no 'runs' object: not the JSON of bench_qq.py --json")
+    figures: Figures = {}
+    for figure, run_name, key in PEER_FIGURES:
+        figures[figure] = _number(_dig(runs, run_name, "summary", key, "median"))
+    brokers = peer.get("broker_end")
+    peaks = [
+        _number(stats.get("VmHWM"))
+        for stats in (brokers.values() if isinstance(brokers, dict) else [])
+        if isinstance(stats, dict)
+    ]
+    known = [peak for peak in peaks if peak is not None]
+    figures["peak_rss_mib"] = round(max(known) / 1024, 1) if known else None
+    figures["leader_kill_recovery_s"] = None  # bench_qq.py does not measure it
+    if all(value is None for value in figures.values()):
+        raise PeerFileError("it holds none of the figures the targets need")
+    return figures
+
+
+def _dig(value: Any, *keys: str) -> Any:
+    """value[k1][k2]...; None as soon as one level is not a dict or lacks the key."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def load_peer(path: Path) -> dict[str, Any]:
+    """Read a --peer file; PeerFileError with the reason when it cannot be used."""
+    try:
+        peer = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PeerFileError(f"cannot read {path}: {err}") from err
+    if not isinstance(peer, dict):
+        raise PeerFileError(f"{path}: a JSON object expected")
+    peer_figures(peer)  # raises if unusable
+    return peer
+
+
+def evaluate_targets(ours: Figures, peer: Figures | None) -> list[dict[str, Any]]:
+    """One row per target: our figure, RabbitMQ's, the ratio, the target and whether it is met
+    (None when it cannot be told: a figure missing, or no --peer for a ratio target)."""
+    rows = []
+    for target in TARGETS:
+        mine = ours.get(target.figure)
+        theirs = None if peer is None else peer.get(target.figure)
+        exact = mine / theirs if mine is not None and theirs else None
+        ratio = round(exact, 3) if exact is not None else None
+        measured = mine if target.absolute else exact  # judged unrounded: 1.9999x is not 2x
+        met = None
+        if measured is not None:
+            met = measured <= target.factor if target.compare == "<=" else measured >= target.factor
+        row: dict[str, Any] = {
+            "measure": target.label,
+            "figure": target.figure,
+            "unit": target.unit,
+            "quorumq": mine,
+            "rabbitmq": theirs,
+            "ratio": ratio,
+            "target": target.goal(),
+            "met": met,
+        }
+        if met is None:
+            row["why_unknown"] = (
+                "our figure is missing (the phase failed or did not run)"
+                if mine is None
+                else "ratios need --peer FILE (bench_qq.py --json)"
+                if peer is None
+                else "not in the --peer file"
+            )
+        rows.append(row)
+    return rows
+
+
+def median_figures(runs: list[Figures]) -> dict[str, dict[str, Any]]:
+    """Per figure: the median over the runs that measured it, and every run's value."""
+    out: dict[str, dict[str, Any]] = {}
+    for target in TARGETS:
+        values = [run.get(target.figure) for run in runs]
+        known = [value for value in values if value is not None]
+        median = round(statistics.median(known), 3) if known else None
+        out[target.figure] = {"median": median, "values": values}
+    return out
+
+
+def targets_table(rows: list[dict[str, Any]]) -> str:
+    """The targets as an aligned text table."""
+
+    def cell(value: Any) -> str:
+        return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+    lines = [f"{'measure':42} {'quorumq':>10} {'RabbitMQ':>10} {'ratio':>7}  {'target':20} met"]
+    for row in rows:
+        met = {True: "met", False: "NOT MET", None: "?"}[row["met"]]
+        lines.append(
+            f"{row['measure']:42} {cell(row['quorumq']):>10} {cell(row['rabbitmq']):>10} "
+            f"{cell(row['ratio']):>7}  {row['target']:20} {met}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, peer: dict[str, Any] | None) -> dict[str, Any]:
+    """`args.runs` fresh clusters, one after the other; medians and targets over them."""
+    runs = []
+    for number in range(args.runs):
+        print(f"run {number + 1} of {args.runs}", file=sys.stderr)
+        runs.append(run_once(args))
+    medians = median_figures([our_figures(result) for result in runs])
+    ours = {figure: entry["median"] for figure, entry in medians.items()}
+    theirs = peer_figures(peer) if peer is not None else None
+    results: dict[str, Any] = {
+        "runs": runs,
+        "figures": medians,
+        "targets": evaluate_targets(ours, theirs),
+        "config": {
+            "nodes": 3,
+            "runs": args.runs,
+            "body_bytes": len(BODY),
+            "fsync": args.fsync,
+            "tls": args.tls,
+            "threaded_only": args.threaded_only,
+            "client_on": "leader",
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+    }
+    if peer is not None:
+        results["peer"] = {
+            "file": str(args.peer),
+            "started": peer.get("started"),
+            "finished": peer.get("finished"),
+            "reps": peer.get("reps"),
+            "loadavg_start": peer.get("loadavg_start"),
+            "loadavg_end": peer.get("loadavg_end"),
+        }
+    return results
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def main() -> None:
     """Parse flags, run, print and save the results."""
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", action="store_true", help="Print JSON only.")
-    parser.add_argument("--messages", type=int, default=20_000, help="Messages at window 100.")
-    parser.add_argument("--latency-messages", type=int, default=1000)
-    parser.add_argument("--backlog", type=int, default=20_000)
     parser.add_argument(
-        "--repeat", type=int, default=5, help="Alternating threaded/asyncio window-1000 runs."
+        "--runs",
+        type=_positive,
+        default=1,
+        help="Run the whole benchmark N times, each on a fresh cluster, and report medians "
+        "(issue 14 asks for medians of at least 3). Default 1.",
+    )
+    parser.add_argument(
+        "--peer",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="RabbitMQ's figures: the JSON of `bench_qq.py --json FILE`, measured on this "
+        "machine in the same hour. Without it, ratio targets are reported as unknown.",
+    )
+    parser.add_argument(
+        "--messages", type=_positive, default=20_000, help="Messages at window 100 (x2 at 1000)."
+    )
+    parser.add_argument(
+        "--latency-messages", type=_positive, default=1000, help="One-at-a-time publishes."
+    )
+    parser.add_argument(
+        "--backlog", type=_positive, default=20_000, help="Messages to consume and ack."
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="Alternating threaded/asyncio window-1000 runs (0: skip that phase).",
     )
     parser.add_argument("--fsync", choices=["always", "batch", "never"], default="batch")
     parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="Start the cluster with `tls = true` (mutual TLS on the peer traffic).",
+    )
+    parser.add_argument(
         "--threaded-only",
         action="store_true",
-        help="Only the threaded client's publish, latency and consume phases (a quick A/B run).",
+        help="Only the threaded client's publish, latency and consume phases (a quick A/B "
+        "run; no leader kill).",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="results file (default: in a fresh temp dir)"
     )
     args = parser.parse_args()
+    peer = None
+    if args.peer is not None:
+        try:
+            peer = load_peer(args.peer)
+        except PeerFileError as err:
+            parser.error(f"--peer: {err}")
     # client logs (reconnects during the leader kill) go to stderr, never into the JSON
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    results = run(args)
+    results = run(args, peer)
     out = args.out or Path(tempfile.mkdtemp(prefix="quorumq-bench-")) / "bench_cluster.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"written to {out}", file=sys.stderr)
     if args.json:
         print(json.dumps(results, indent=2))
-    else:
-        for name, value in results.items():
-            print(f"{name}: {value}")
+        return
+    for number, result in enumerate(results["runs"], 1):
+        print(f"run {number}:")
+        for name, value in result.items():
+            print(f"  {name}: {value}")
+    print(f"medians over {args.runs} run(s):")
+    for figure, entry in results["figures"].items():
+        print(f"  {figure}: {entry['median']} (runs: {entry['values']})")
+    print(targets_table(results["targets"]))
+    if peer is None:
+        print("ratios need --peer FILE (RabbitMQ's figures: bench_qq.py --json FILE)")
 
 
 if __name__ == "__main__":

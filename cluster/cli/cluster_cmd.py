@@ -87,6 +87,14 @@ def cluster_group() -> None:
     help="Prometheus metrics of a new cluster: node i serves 127.0.0.1:(base+i)/metrics "
     "(metrics_port in cluster.toml). Default: off.",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    default=False,
+    help="Encrypt a new cluster's peer (Raft) traffic with mutual TLS: writes tls = true to "
+    "cluster.toml and creates a cluster CA and one certificate per node in DATA_DIR/tls. "
+    "An existing cluster keeps its own setting (edit cluster.toml to change it).",
+)
 @wait_timeout_option("Seconds to wait for a leader.")
 @output_option
 @click.pass_context
@@ -99,17 +107,21 @@ def start(
     max_machine_version: int | None,
     fsync: str | None,
     metrics_base_port: int | None,
+    tls: bool,
     timeout_s: float,
 ) -> None:
     """Start the nodes of a cluster in the background and wait until a leader is elected.
 
     A new data dir gets cluster.toml, secret and client.key (both 0600); a stopped cluster's
-    data dir is restarted with its own config.
+    data dir is restarted with its own config. With tls = true in cluster.toml (--tls for a
+    new cluster), the first start creates DATA_DIR/tls: ca.crt, ca.key and NODE.crt/NODE.key
+    (keys 0600); later starts reuse them and refuse a set that is incomplete or does not match.
 
     \b
     Example:
       quorumq cluster start --nodes 3 --data-dir /tmp/qq
       quorumq cluster start --nodes 3 --data-dir /tmp/qq --metrics-base-port 9419
+      quorumq cluster start --nodes 3 --data-dir /tmp/qq-tls --tls
     """
     data_dir = resolve_data_dir(ctx, local_data_dir)
     cluster = start_cluster(
@@ -120,6 +132,7 @@ def start(
         fsync=cast(FsyncPolicy | None, fsync),
         timeout_s=timeout_s,
         metrics_base_port=metrics_base_port,
+        tls=tls,
     )
     config, leader = cluster.config, cluster.leader(timeout_s=timeout_s)
     rows = [
@@ -132,6 +145,8 @@ def start(
         endpoints = ",".join(n.client_address for n in config.nodes)
         click.echo(f"\nendpoints: {endpoints}")
         click.echo(f"credentials: {data_dir.resolve() / 'client.key'}")
+        if config.tls:
+            click.echo(f"peer TLS: on (CA and node certificates in {data_dir.resolve() / 'tls'})")
         bind = config.metrics_bind
         ports = [n.metrics_port for n in config.nodes if n.metrics_port]
         metrics = [f"http://{bind}:{port}/metrics" for port in ports]

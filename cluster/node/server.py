@@ -28,6 +28,7 @@ from cluster.node.logs import setup_logging
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
+from cluster.tls import PeerContexts, node_peer_contexts
 from fifo.commands import ConnectionDown, ConnectionId
 from fifo.replies import Error
 from raft import storage
@@ -67,6 +68,7 @@ class NodeServer:
         node_dir: Path,
         metrics_port: int | None = None,
         metrics_bind: str = "127.0.0.1",
+        peer_tls: PeerContexts | None = None,
     ) -> None:
         self.cluster = cluster
         self.node = node
@@ -99,6 +101,8 @@ class NodeServer:
             peer_dial={peer: dial for peer, dial in node.peer_addresses.items() if peer != node.id},
             compaction_min_entries=cluster.snapshot_every_entries,
             founders=tuple(cluster.founder_ids()),
+            tls_server_context=peer_tls.server if peer_tls else None,
+            tls_client_context=peer_tls.client if peer_tls else None,
         )
         self.replica: Replica
         self.timers: LeaderTimers
@@ -382,6 +386,7 @@ def run_node(
         cluster = config.load(data_dir)
         node = cluster.node(node_id)
         secret = config.read_secret(data_dir)
+        peer_tls = node_peer_contexts(data_dir, cluster, node_id)
         cap = max_machine_version if max_machine_version is not None else node.max_machine_version
         supported = supported_version(cap)
         if metrics_port is not None and not 1 <= metrics_port <= 65535:
@@ -412,6 +417,7 @@ def run_node(
             node_dir,
             metrics_port if metrics_port is not None else node.metrics_port,
             metrics_bind or cluster.metrics_bind,
+            peer_tls,
         )
     except MetricsUnavailable as err:
         pid_file.unlink(missing_ok=True)
