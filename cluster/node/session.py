@@ -21,7 +21,7 @@ from cluster.node.effects import EFFECT_BYTES_MAX
 from cluster.node.membership import handle_member_admin
 from cluster.node.queries import QueryError, run_query
 from fifo import limits as fifo_limits
-from fifo.codec import TAG_BASE
+from fifo.codec import TAG_BASE, constructor
 from fifo.commands import (
     Checkout,
     ConnectionDown,
@@ -95,6 +95,7 @@ _ENQUEUE_FIELDS_KNOWN = tuple(f.name for f in dataclasses.fields(Enqueue)) == (
     "connection",
     "ttl_ms",
 )
+_make_enqueue = constructor(Enqueue)  # == Enqueue(...) without the frozen __init__'s setattrs
 
 
 def bind_connection(command: Any, connection: ConnectionId) -> Any:
@@ -102,7 +103,7 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
     if type(command) is Enqueue and _ENQUEUE_FIELDS_KNOWN:  # hot path: no replace()
         if command.connection == connection:
             return command
-        return Enqueue(
+        return _make_enqueue(
             command.queue, command.body, command.enqueuer, command.seq, connection, command.ttl_ms
         )
     if isinstance(command, (Enqueue, RegisterEnqueuer)):
