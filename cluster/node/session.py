@@ -335,7 +335,7 @@ class ClientSession:
         except Exception as err:
             self.error(protocol.BAD_COMMAND, f"command does not decode: {err}", request_id)
             return
-        if not isinstance(command, CLIENT_COMMANDS):
+        if type(command) is not Enqueue and not isinstance(command, CLIENT_COMMANDS):
             name = type(command).__name__
             self.error(protocol.BAD_COMMAND, f"{name} is not a client command", request_id)
             return
