@@ -430,6 +430,7 @@ class ClientSession:
         if refusal is not None:
             self.error(protocol.REFUSED, refusal, request_id)
             return
+
         def sink(reply: Reply) -> None:
             if isinstance(reply, Error):
                 self.error(protocol.REFUSED, reply.message, request_id)
