@@ -146,8 +146,11 @@ def apply_metadata(meta: Metadata, change: Command | Hello | Switch, reply: Repl
         meta.effective_version = change.version
         meta.switches.append((change.index, change.version))
     if connection is not None and not isinstance(reply, Error):
-        key = (connection.incarnation, connection.number)
-        meta.connections.setdefault(connection.node, {})[key] = None
+        # once per command: no new dict for setdefault's default on every call
+        conns = meta.connections.get(connection.node)
+        if conns is None:
+            conns = meta.connections[connection.node] = {}
+        conns[(connection.incarnation, connection.number)] = None
     return OK
 
 

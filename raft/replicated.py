@@ -19,6 +19,7 @@ from typing import Any
 import cbor2
 
 import fifo
+from fifo.codec import constructor
 from fifo.commands import ConnectionDown, ConnectionId
 from fifo.effects import Effect
 from fifo.meta import Meta
@@ -34,6 +35,7 @@ from raft.metadata import INITIAL_MACHINE_VERSION, Hello, Metadata, Switch, appl
 __all__ = ["INITIAL_MACHINE_VERSION", "InternalFailure", "Metadata", "Outcome", "ReplicatedState"]
 
 SNAPSHOT_FORMAT = 1
+_make_meta = constructor(Meta)  # == Meta(...), without the frozen dataclass's __setattr__ calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,21 +108,26 @@ class ReplicatedState:
         self, index: int, term: int, now: int, commands: list[Any], outcome: Outcome
     ) -> None:
         version = self.meta.effective_version
+        first = command_index(index, 0)
+        state, replicated_meta = self.state, self.meta  # not replaced while commands apply
+        replies, effects_out = outcome.replies, outcome.effects
+        apply, make_meta = fifo.apply, _make_meta  # locals: this loop runs once per command
         for position, command in enumerate(commands):
-            if isinstance(command, Error):
-                outcome.replies.append(command)
+            if type(command) is Error:
+                replies.append(command)
                 continue
-            meta = Meta(command_index(index, position), term, now, version)
+            meta = make_meta(first + position, term, now, version)
             try:
-                reply, effects = fifo.apply(meta, command, self.state)
-                apply_metadata(self.meta, command, reply)
+                reply, effects = apply(meta, command, state)
+                apply_metadata(replicated_meta, command, reply)
             except Exception as err:  # the one place a bug in apply is contained (see module doc)
                 message = f"{type(command).__name__} at index {meta.index} raised {err!r}"
                 outcome.failures.append(message)
-                outcome.replies.append(InternalFailure(message))
+                replies.append(InternalFailure(message))
                 continue
-            outcome.replies.append(reply)
-            outcome.effects.extend(effects)
+            replies.append(reply)
+            if effects:
+                effects_out.extend(effects)
 
     def _apply_hello(self, index: int, term: int, now: int, entry: Entry, outcome: Outcome) -> None:
         hello = Hello(entry.node, entry.version, entry.incarnation)

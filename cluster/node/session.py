@@ -21,7 +21,7 @@ from cluster.node.effects import EFFECT_BYTES_MAX
 from cluster.node.membership import handle_member_admin
 from cluster.node.queries import QueryError, run_query
 from fifo import limits as fifo_limits
-from fifo.codec import TAG_BASE
+from fifo.codec import TAG_BASE, constructor
 from fifo.commands import (
     Checkout,
     ConnectionDown,
@@ -95,6 +95,7 @@ _ENQUEUE_FIELDS_KNOWN = tuple(f.name for f in dataclasses.fields(Enqueue)) == (
     "connection",
     "ttl_ms",
 )
+_make_enqueue = constructor(Enqueue)  # == Enqueue(...) without the frozen __init__'s setattrs
 
 
 def bind_connection(command: Any, connection: ConnectionId) -> Any:
@@ -102,7 +103,7 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
     if type(command) is Enqueue and _ENQUEUE_FIELDS_KNOWN:  # hot path: no replace()
         if command.connection == connection:
             return command
-        return Enqueue(
+        return _make_enqueue(
             command.queue, command.body, command.enqueuer, command.seq, connection, command.ttl_ms
         )
     if isinstance(command, (Enqueue, RegisterEnqueuer)):
@@ -334,7 +335,7 @@ class ClientSession:
         except Exception as err:
             self.error(protocol.BAD_COMMAND, f"command does not decode: {err}", request_id)
             return
-        if not isinstance(command, CLIENT_COMMANDS):
+        if type(command) is not Enqueue and not isinstance(command, CLIENT_COMMANDS):
             name = type(command).__name__
             self.error(protocol.BAD_COMMAND, f"{name} is not a client command", request_id)
             return
@@ -429,6 +430,7 @@ class ClientSession:
         if refusal is not None:
             self.error(protocol.REFUSED, refusal, request_id)
             return
+
         def sink(reply: Reply) -> None:
             if isinstance(reply, Error):
                 self.error(protocol.REFUSED, reply.message, request_id)
