@@ -32,6 +32,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError, ConfigMissing
+from raft.storage import fsync_dir
 
 TLS_DIR = "tls"
 CA_CERT_FILE = "ca.crt"
@@ -100,7 +101,7 @@ def ensure_certificates(data_dir: Path, config: ClusterConfig) -> None:
         now = datetime.datetime.now(datetime.UTC)
         for node in new_members:
             _issue(base, config.name, node, ca_cert, ca_key, now)
-        _fsync_dir(base)
+        fsync_dir(base)
     check_certificates(data_dir, config)
 
 
@@ -128,7 +129,7 @@ def _create_all(data_dir: Path, config: ClusterConfig) -> None:
     if tls_dir(data_dir).exists():
         tls_dir(data_dir).rmdir()  # empty (checked above)
     os.rename(staging, tls_dir(data_dir))
-    _fsync_dir(data_dir)
+    fsync_dir(data_dir)
 
 
 def _issue(
@@ -244,14 +245,6 @@ def _write(path: Path, data: bytes, mode: int) -> None:
     try:
         os.fchmod(fd, mode)
         os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
         os.fsync(fd)
     finally:
         os.close(fd)
