@@ -85,21 +85,28 @@ def publish_latency(client: Client, queue: str, count: int) -> dict[str, Any]:
     }
 
 
-def consume_rate(client: Client, queue: str, backlog: int, prefetch: int) -> dict[str, Any]:
-    """Consume and ack a backlog of `backlog` messages with `prefetch`."""
-    publish_rate(client, queue, backlog, 1000)
-    started = time.perf_counter()
+def consume_and_ack(client: Client, queue: str, count: int, prefetch: int) -> int:
+    """Consume up to `count` messages of `queue`, acking each; returns how many came (stops
+    early when none comes for 30 s) once every ack is settled."""
     consumer = client.consume(queue, prefetch=prefetch)
     received = 0
-    while received < backlog:
+    while received < count:
         message = consumer.get(timeout_s=30.0)
         if message is None:
             break
         consumer.ack([message])
         received += 1
     consumer.wait_settled(timeout_s=30.0)
-    seconds = time.perf_counter() - started
     consumer.cancel()
+    return received
+
+
+def consume_rate(client: Client, queue: str, backlog: int, prefetch: int) -> dict[str, Any]:
+    """Consume and ack a backlog of `backlog` messages with `prefetch`."""
+    publish_rate(client, queue, backlog, 1000)
+    started = time.perf_counter()
+    received = consume_and_ack(client, queue, backlog, prefetch)
+    seconds = time.perf_counter() - started
     return {
         "messages": received,
         "prefetch": prefetch,

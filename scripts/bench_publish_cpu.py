@@ -25,6 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cluster import consume_and_ack
+
 from cluster.client import AsyncClient
 from cluster.launcher import LocalCluster, local_cluster
 
@@ -93,18 +96,8 @@ def asyncio_run(cluster: LocalCluster, leader: str, queue: str, count: int, wind
 
 def threaded_consume(cluster: LocalCluster, leader: str, queue: str, count: int, _: int) -> int:
     """Consume and ack the `count` messages of `queue` with the threaded client."""
-    received = 0
     with cluster.client(leader) as client:
-        consumer = client.consume(queue, prefetch=100)
-        while received < count:
-            message = consumer.get(timeout_s=30.0)
-            if message is None:
-                break
-            consumer.ack([message])
-            received += 1
-        consumer.wait_settled(timeout_s=30.0)
-        consumer.cancel()
-    return received
+        return consume_and_ack(client, queue, count, 100)
 
 
 def asyncio_consume(cluster: LocalCluster, leader: str, queue: str, count: int, _: int) -> int:
