@@ -36,7 +36,7 @@ from typing import Any
 
 import structlog
 
-from cluster.client import AsyncClient, Client, ClusterError
+from cluster.client import AsyncClient, AsyncConsumer, Client, ClusterError, Consumer
 from cluster.launcher import LocalCluster, local_cluster
 
 BODY = b"x" * 100
@@ -85,10 +85,9 @@ def publish_latency(client: Client, queue: str, count: int) -> dict[str, Any]:
     }
 
 
-def consume_and_ack(client: Client, queue: str, count: int, prefetch: int) -> int:
-    """Consume up to `count` messages of `queue`, acking each; returns how many came (stops
-    early when none comes for 30 s) once every ack is settled."""
-    consumer = client.consume(queue, prefetch=prefetch)
+def drain(consumer: Consumer, count: int) -> int:
+    """Take up to `count` messages from `consumer`, acking each, until none comes for 30 s;
+    returns how many came, once every ack is settled."""
     received = 0
     while received < count:
         message = consumer.get(timeout_s=30.0)
@@ -97,7 +96,19 @@ def consume_and_ack(client: Client, queue: str, count: int, prefetch: int) -> in
         consumer.ack([message])
         received += 1
     consumer.wait_settled(timeout_s=30.0)
-    consumer.cancel()
+    return received
+
+
+async def async_drain(consumer: AsyncConsumer, count: int) -> int:
+    """`drain` with the asyncio client."""
+    received = 0
+    while received < count:
+        message = await consumer.get(timeout_s=30.0)
+        if message is None:
+            break
+        await consumer.ack([message])
+        received += 1
+    await consumer.wait_settled(timeout_s=30.0)
     return received
 
 
@@ -105,8 +116,10 @@ def consume_rate(client: Client, queue: str, backlog: int, prefetch: int) -> dic
     """Consume and ack a backlog of `backlog` messages with `prefetch`."""
     publish_rate(client, queue, backlog, 1000)
     started = time.perf_counter()
-    received = consume_and_ack(client, queue, backlog, prefetch)
+    consumer = client.consume(queue, prefetch=prefetch)
+    received = drain(consumer, backlog)
     seconds = time.perf_counter() - started
+    consumer.cancel()
     return {
         "messages": received,
         "prefetch": prefetch,
@@ -221,14 +234,7 @@ async def async_consume_rate(
     await async_publish_rate(client, queue, backlog, 1000)
     started = time.perf_counter()
     consumer = await client.consume(queue, prefetch=prefetch)
-    received = 0
-    while received < backlog:
-        message = await consumer.get(timeout_s=30.0)
-        if message is None:
-            break
-        await consumer.ack([message])
-        received += 1
-    await consumer.wait_settled(timeout_s=30.0)
+    received = await async_drain(consumer, backlog)
     seconds = time.perf_counter() - started
     await consumer.cancel()
     return {

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cluster import consume_and_ack
+from bench_cluster import async_drain, drain
 
 from cluster.client import AsyncClient
 from cluster.launcher import LocalCluster, local_cluster
@@ -97,7 +97,10 @@ def asyncio_run(cluster: LocalCluster, leader: str, queue: str, count: int, wind
 def threaded_consume(cluster: LocalCluster, leader: str, queue: str, count: int, _: int) -> int:
     """Consume and ack the `count` messages of `queue` with the threaded client."""
     with cluster.client(leader) as client:
-        return consume_and_ack(client, queue, count, 100)
+        consumer = client.consume(queue, prefetch=100)
+        received = drain(consumer, count)
+        consumer.cancel()
+    return received
 
 
 def asyncio_consume(cluster: LocalCluster, leader: str, queue: str, count: int, _: int) -> int:
@@ -105,16 +108,9 @@ def asyncio_consume(cluster: LocalCluster, leader: str, queue: str, count: int, 
     endpoint = cluster.endpoint(leader)
 
     async def run() -> int:
-        received = 0
         async with AsyncClient([endpoint], cluster.key, prefer_leader=False) as client:
             consumer = await client.consume(queue, prefetch=100)
-            while received < count:
-                message = await consumer.get(timeout_s=30.0)
-                if message is None:
-                    break
-                await consumer.ack([message])
-                received += 1
-            await consumer.wait_settled(timeout_s=30.0)
+            received = await async_drain(consumer, count)
             await consumer.cancel()
         return received
 

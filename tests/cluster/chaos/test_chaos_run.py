@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,15 @@ from cluster.chaos.workload import WorkloadParams
 from cluster.client import Client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def assert_nothing_lost(report: dict[str, Any]) -> None:
+    """Lost 0, unexpected 0, equal digests and every queue empty on every replica, valid."""
+    assert report["lost"] == 0, report["checker"]["lost"][:20]
+    assert report["unexpected"] == 0, report["checker"]["unexpected"][:20]
+    assert report["replicas"]["digests_equal"], report["replicas"]
+    assert report["replicas"]["queues_empty_on_every_replica"], report["replicas"]
+    assert report["valid"]
 
 
 @pytest.mark.timeout(240)
@@ -39,11 +49,7 @@ def test_kill_pause_partition_lose_nothing_and_replicas_agree_after_the_drain(
     assert report["peer_links"]["routed"], report["peer_links"]
     assert all(not fault["errors"] for fault in report["faults"]), report["faults"]
     assert report["operations"]["publish"]["ok"] > 100, report["operations"]
-    assert report["lost"] == 0, report["checker"]["lost"][:20]
-    assert report["unexpected"] == 0, report["checker"]["unexpected"][:20]
-    assert report["replicas"]["digests_equal"], report["replicas"]
-    assert report["replicas"]["queues_empty_on_every_replica"], report["replicas"]
-    assert report["valid"]
+    assert_nothing_lost(report)
     history = read_history(tmp_path / "history.jsonl")
     assert sum(1 for e in history if e.f == "fault" and e.type == "invoke") == len(report["faults"])
     assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
@@ -66,12 +72,8 @@ def test_the_seed5_schedule_with_snapshots_during_faults_loses_nothing(tmp_path:
         snapshot_every_entries=150,
     )
     report = run(params)
-    assert report["lost"] == 0, report["checker"]["lost"][:20]
-    assert report["unexpected"] == 0, report["checker"]["unexpected"][:20]
+    assert_nothing_lost(report)
     assert report["checker"]["redelivered_after_ack"] == [], report["checker"]
-    assert report["replicas"]["digests_equal"], report["replicas"]
-    assert report["replicas"]["queues_empty_on_every_replica"], report["replicas"]
-    assert report["valid"]
 
 
 @pytest.mark.timeout(300)
@@ -94,12 +96,8 @@ def test_leader_faults_and_power_losses_lose_nothing(tmp_path: Path) -> None:
     assert {f["kind"] for f in report["faults"]} == set(kinds), report["faults"]
     assert all(not fault["errors"] for fault in report["faults"]), report["faults"]
     assert report["operations"]["publish"]["ok"] > 100, report["operations"]
-    assert report["lost"] == 0, report["checker"]["lost"][:20]
-    assert report["unexpected"] == 0, report["checker"]["unexpected"][:20]
+    assert_nothing_lost(report)
     assert report["checker"]["redelivered_after_ack"] == [], report["checker"]
-    assert report["replicas"]["digests_equal"], report["replicas"]
-    assert report["replicas"]["queues_empty_on_every_replica"], report["replicas"]
-    assert report["valid"]
 
 
 @pytest.mark.timeout(240)
