@@ -2,34 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from cluster import config
-from cluster.chaos.linkproxy import ProxyMesh
-from cluster.launcher import LocalCluster, init_cluster, wait_until
+from cluster.launcher import wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.replies import Ok
+from tests.cluster.proxied import cluster_behind_proxies
 
 pytestmark = pytest.mark.cluster
 
 
 def test_an_isolated_leader_is_replaced_and_catches_up_after_healing(tmp_path: Path) -> None:
     """Blackhole every link of the leader: the majority elects a leader and goes on; heal: equal."""
-    data_dir = tmp_path / "D"
-    cfg = init_cluster(data_dir, 3)
-    mesh = ProxyMesh({n.id: n.raft_address for n in cfg.nodes})
-    nodes = tuple(
-        dataclasses.replace(n, peer_addresses=mesh.peer_addresses(n.id)) for n in cfg.nodes
-    )
-    cfg = dataclasses.replace(cfg, nodes=nodes)
-    config.write(data_dir, cfg)
-    cluster = LocalCluster(data_dir, cfg)
-    try:
-        for node in cfg.nodes:
-            cluster.start_node(node.id)
+    with cluster_behind_proxies(tmp_path / "D") as (cluster, mesh):
         old = cluster.leader()
         majority = [n for n in ("n1", "n2", "n3") if n != old]
         client = cluster.raw_client(majority[0])
@@ -49,6 +36,3 @@ def test_an_isolated_leader_is_replaced_and_catches_up_after_healing(tmp_path: P
         statuses = cluster.converged(20)
         assert len({s["digest"] for s in statuses.values() if s}) == 1
         client.close()
-    finally:
-        cluster.stop()
-        mesh.close()

@@ -9,7 +9,6 @@ until they time out. The client (and so the CLI) moves to a node of the majority
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 import time
@@ -17,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from cluster import config, protocol
-from cluster.chaos.linkproxy import ProxyMesh
+from cluster import protocol
 from cluster.errors import ProtocolError
-from cluster.launcher import LocalCluster, init_cluster, wait_until
+from cluster.launcher import wait_until
 from cluster.node.server import LEADERLESS_REFUSE_AFTER_S
 from cluster.rawclient import RawClient
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.replies import Ok
+from tests.cluster.proxied import cluster_behind_proxies
 
 pytestmark = pytest.mark.cluster
 
@@ -54,17 +53,7 @@ def test_a_cut_off_node_says_its_state_may_be_stale_and_the_cli_reads_the_majori
     tmp_path: Path,
 ) -> None:
     data_dir = tmp_path / "D"
-    cfg = init_cluster(data_dir, 3)
-    mesh = ProxyMesh({n.id: n.raft_address for n in cfg.nodes})
-    nodes = tuple(
-        dataclasses.replace(n, peer_addresses=mesh.peer_addresses(n.id)) for n in cfg.nodes
-    )
-    cfg = dataclasses.replace(cfg, nodes=nodes)
-    config.write(data_dir, cfg)
-    cluster = LocalCluster(data_dir, cfg)
-    try:
-        for node in cfg.nodes:
-            cluster.start_node(node.id)
+    with cluster_behind_proxies(data_dir) as (cluster, mesh):
         leader = cluster.leader()
         cut = next(n for n in ("n1", "n2", "n3") if n != leader)
         majority = cluster.raw_client(leader)
@@ -129,6 +118,3 @@ def test_a_cut_off_node_says_its_state_may_be_stale_and_the_cli_reads_the_majori
         wait_until(lambda: _total(isolated, "jobs") == 3, 20, "the healed node caught up")
         isolated.close()
         majority.close()
-    finally:
-        cluster.stop()
-        mesh.close()
