@@ -67,22 +67,7 @@ def test_fuzz_logs_replayed_per_group_reproduce_the_machine(seed: int) -> None:
     """Random fuzz logs (every command type, upgrades, downs, timers): the merged group states
     equal the machine's final state, no resync, and every message still queued has a row."""
     log, result = run_with_log(seed, 300, 1, upgrade_at="random")
-    entries: list[tuple[str, Any]] = []
-    groups = Groups()
-    for entry in log:
-        if isinstance(entry, FuzzUpgrade):
-            m = entry.meta
-            entries.append(("up", Upgrade(m.index, m.term, m.system_time_ms, m.machine_version)))
-            continue
-        meta, command = entry
-        blob = fifo.encode(command)
-        entries.append(("cmd", (meta.index, meta.term, meta.system_time_ms, meta.machine_version,
-                                blob)))  # fmt: skip
-        queue, _, _ = route(blob)
-        if queue is not None:
-            groups.find(queue)
-            for source, target in links_of(blob):
-                groups.link(source, target)
+    entries, groups = _grouped_entries(log)
     out, rows = replay_groups(entries, groups.members(), 1)
     assert merged_digest(out["parts"], 2) == result.digest
     assert out["stats"]["resyncs"] == 0
