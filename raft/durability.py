@@ -94,6 +94,9 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self.dirty = False
         self.syncs = 0
         self.disk_full_since: float | None = None
+        # the first damage found reading the journal back while running (a record that no
+        # longer verifies, a file cut short under us): the node stops on it (raft.node)
+        self.damage: StorageError | None = None
         self._next_probe = 0.0
         self._fault_flag = os.environ.get(FAULT_ENOSPC_ENV)
         self._track_synced = bool(os.environ.get(FAULT_POWER_LOSS_ENV))
@@ -229,7 +232,23 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
 
     def _read_range(self, lo: int, hi: int) -> list[Entry]:
         """Entries at positions lo..hi-1 from the file (one pread), each verified against its
-        checksums, its offset, and the index and term kept for it."""
+        checksums, its offset, and the index and term kept for it; damage raises StorageError
+        and is kept in `damage` (the first found)."""
+        try:
+            return self._read_verified(lo, hi)
+        except StorageError as err:
+            if self.damage is None:
+                self.damage = err
+                log.error(
+                    "journal_damaged",
+                    file=str(self.path),
+                    offset=err.offset,
+                    error=str(err),
+                    action="the node stops (exit 65)",
+                )
+            raise
+
+    def _read_verified(self, lo: int, hi: int) -> list[Entry]:
         count = len(self._offsets)
         start = self._offsets[lo]
         buf = self._pread(start, (self._offsets[hi] if hi < count else self._end) - start)

@@ -40,10 +40,9 @@ class SubmitError(RaftError):
 
 
 class StorageError(RaftError):
-    """Raised at start when a journal, meta or snapshot file is damaged beyond a torn tail.
-
-    The message names the file, the offset and the recovery command; the node refuses to start.
-    """
+    """Raised when a journal, meta or snapshot file is damaged beyond a torn tail: at start
+    (the node refuses to start), or when a journal record is read back while the node runs (it
+    stops). The message names the file, the offset and the recovery command."""
 
     def __init__(self, message: str, path: str, offset: int) -> None:
         super().__init__(message)

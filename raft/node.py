@@ -249,6 +249,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._ticker = LoopTicker(self.loop, self._tick, TICK_PERIOD_S)
         self._loop_poller = LoopPoller(self.loop, self._ticker.tick_now)
         self._loop_poller.on_tick_end = self._end_of_tick
+        self._loop_poller.on_failure = self._ticker.on_failure = self._stop_if_damaged
         self._destroyed = False
         transport_class = (
             _LoopQuorumTransport if transport_name() == "quorumq" else _LoopPysyncobjTransport
@@ -339,6 +340,21 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         finally:
             self._loop_poller.unsubscribe_all()
 
+    def storage_damage(self) -> StorageError | None:
+        """The damage found reading the journal back while running, if any: the node stopped
+        (no more ticks, peer connections closed) and its process should exit 65."""
+        journal = self._journal()
+        return journal.damage if isinstance(journal, DurableFileJournal) else None
+
+    def _stop_if_damaged(self) -> None:
+        """After a tick or a socket event raised: on journal damage, stop here and now (an
+        error on every tick after, and a leader the others cannot replace, would follow)."""
+        damage = self.storage_damage()
+        if damage is None or self._destroyed:
+            return
+        log.error("raft_stopped", reason="journal damaged", file=damage.path, offset=damage.offset)
+        self._destroy_now()
+
     def tick_thread_alive(self) -> bool:
         """Whether this node still ticks (pysyncobj's name; there is no tick thread)."""
         return not self._destroyed
@@ -411,9 +427,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         return self._SyncObj__raftLog
 
     def sync_journal(self) -> None:
-        """fsync the journal if it has unsynced records (no-op under `never`)."""
+        """fsync the journal if it has unsynced records (no-op under `never`, and once the
+        node is destroyed: its journal is closed)."""
         journal = self._journal()
-        if isinstance(journal, DurableFileJournal):
+        if isinstance(journal, DurableFileJournal) and not self._destroyed:
             started = time.perf_counter()
             if journal.sync() and self.observe_fsync is not None:
                 self.observe_fsync(time.perf_counter() - started)

@@ -29,7 +29,7 @@ from fifo.effects import Effect
 from fifo.state import State
 from raft.batcher import GroupCommitter, Reply, Sink
 from raft.entry import Entry, Origin
-from raft.errors import SubmitError
+from raft.errors import StorageError, SubmitError
 from raft.fastcodec import encode_command
 from raft.membership import MemberChange, Refusal
 from raft.node import RaftNode, RaftSettings
@@ -200,6 +200,10 @@ class Replica:
     def peer_connected(self, node_id: str) -> bool:
         """Whether this node has a live raft connection to `node_id`."""
         return self._node.peer_connected(node_id)
+
+    def storage_damage(self) -> StorageError | None:
+        """Damage found in the journal while running (replication stopped on it), or None."""
+        return self._node.storage_damage()
 
     def bound(self) -> bool:
         """Whether the raft port is bound."""

@@ -46,6 +46,7 @@ class LoopPoller:
         self.loop = loop
         self.on_event = on_event
         self.on_tick_end: Callable[[], None] | None = None
+        self.on_failure: Callable[[], None] | None = None  # after a callback raised (logged)
         self._subscribed: dict[int, tuple[int, Callable[[int, int], None]]] = {}
 
     def subscribe(self, descr: int, callback: Callable[[int, int], None], mask: int) -> None:
@@ -97,6 +98,8 @@ class LoopPoller:
             callback(descr, event)
         except Exception:  # as pysyncobj's tick thread: log it, keep going
             log.exception("raft_io_failed", fd=descr)
+            if self.on_failure is not None:
+                self.on_failure()
         self.on_event()
 
     def poll(self, _timeout: float) -> None:
@@ -119,6 +122,7 @@ class LoopTicker:
         self._stopped = False
         self._timer: asyncio.TimerHandle | None = None
         self.ticks = 0
+        self.on_failure: Callable[[], None] | None = None  # after a tick raised (logged)
 
     def start(self) -> None:
         """Tick once soon, then every period (call before the loop runs, or on it)."""
@@ -162,6 +166,7 @@ class LoopTicker:
             function()
         except Exception:
             log.exception("raft_tick_failed")
+            self._failed()
         finally:
             self._ticking = False
 
@@ -196,8 +201,13 @@ class LoopTicker:
             self._tick()
         except Exception:  # as pysyncobj's tick thread: log it, tick again later
             log.exception("raft_tick_failed")
+            self._failed()
         finally:
             self._ticking = False
+
+    def _failed(self) -> None:
+        if self.on_failure is not None:
+            self.on_failure()
 
 
 class LoopThread:

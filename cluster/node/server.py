@@ -265,6 +265,17 @@ class NodeServer:
         started = time.monotonic()
         while True:
             await asyncio.sleep(TIMER_PERIOD_S)
+            damage = self.replica.storage_damage()
+            if damage is not None:
+                # raft stopped on it; the node exits as a damaged start does (65), and the
+                # operator rebuilds it from its peers
+                log.error(
+                    "storage_damaged", file=damage.path, offset=damage.offset, error=str(damage)
+                )
+                print(f"error: {damage}", file=sys.stderr, flush=True)
+                self.exit_code = EX_DATAERR
+                stop.set()
+                return
             if not self.replica.bound() and time.monotonic() - started > RAFT_BIND_TIMEOUT_S:
                 log.error("raft_port_unavailable", raft=self.node.raft_address)
                 self.exit_code = EX_UNAVAILABLE  # pysyncobj would retry the bind forever

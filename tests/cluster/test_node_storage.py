@@ -43,6 +43,7 @@ pytestmark = pytest.mark.cluster
 
 QUORUMQ = [sys.executable, "-m", "cluster.cli"]
 MESSAGES = 120
+BIG_MESSAGES = 128
 
 
 def quorumq(*args: str) -> subprocess.CompletedProcess[str]:
@@ -185,6 +186,51 @@ def test_damage_is_refused_then_rebuilt_from_peers(cluster: LocalCluster) -> Non
         assert stat.S_IMODE(os.stat(node_dir).st_mode) == 0o700
         for name in ("raft.journal", "raft.journal.meta", "node.log", "stdout.log", "stderr.log"):
             assert stat.S_IMODE(os.stat(node_dir / name).st_mode) == 0o600, (node_id, name)
+
+
+def test_damage_found_while_running_stops_the_leader_with_65(tmp_path: Path) -> None:
+    """A journal record that goes bad under a running leader is found when a lagging follower
+    needs it read back: the leader stops at once with exit 65, naming the file and the recovery
+    command (before, it logged a failed tick 50 times a second and stayed leader, the follower
+    never caught up); another node leads, nothing confirmed is lost, `node recover` rebuilds it."""
+    cluster = start_cluster(tmp_path / "D", 3)  # keeps the node processes: their exit codes
+    try:
+        leader = cluster.leader()
+        lagging, other = cluster.followers()
+        stop_node(cluster.config.node(lagging), grace_s=5)
+        journal = cluster.config.node(leader).data_dir / "raft.journal"
+        missed_from = len(storage.scan_journal(journal, journal.read_bytes()).offsets)
+        # 8 MiB of entries: more than the leader keeps in memory (durability.TAIL_CACHE_BYTES),
+        # so the first ones the lagging follower misses are read back from the file
+        body = b"x" * (64 * 1024)
+        with cluster.client(leader) as client:
+            client.declare_queue("big")
+            with client.publisher("big", window=20) as publisher:
+                for _ in range(BIG_MESSAGES):
+                    publisher.publish(body)
+                publisher.wait_for_confirms(60)
+        offsets = storage.scan_journal(journal, journal.read_bytes()).offsets
+        assert len(offsets) - missed_from > 4
+        with open(journal, "r+b") as f:  # in place: the running leader's file, one byte
+            f.seek(offsets[missed_from + 1] + 40)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x20]))
+
+        cluster.start_node(lagging)  # the leader reads the damaged record to send it
+        assert cluster.procs[leader].wait(30) == 65
+        message = (cluster.config.node(leader).data_dir / "stderr.log").read_text()
+        assert str(journal) in message and "offset" in message, message
+        assert f"quorumq node recover {leader}" in message, message
+        node_log = (cluster.config.node(leader).data_dir / "node.log").read_text()
+        assert node_log.count('"journal_damaged"') == 1, node_log[-2000:]
+
+        new_leader = cluster.leader()
+        assert new_leader in (lagging, other)
+        _recover(cluster, leader)
+        _converged(cluster, {"big": BIG_MESSAGES})
+    finally:
+        cluster.stop()
 
 
 def test_a_torn_tail_heals_by_itself_and_recover_needs_a_healthy_majority(

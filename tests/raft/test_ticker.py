@@ -95,6 +95,48 @@ def test_a_tick_requested_inside_a_tick_runs_after_it() -> None:
         loop.close()
 
 
+def test_a_failing_tick_or_socket_callback_calls_on_failure_and_goes_on() -> None:
+    """A tick or a socket callback that raises is logged and reported to `on_failure` (the node
+    stops there on journal damage); the loop and later ticks carry on."""
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    failures: list[str] = []
+    ticks: list[int] = []
+
+    def tick() -> None:
+        ticks.append(1)
+        if len(ticks) == 1:
+            raise OSError("the first tick fails")
+
+    def on_io(descr: int, event: int) -> None:
+        ours.recv(100)
+        raise ValueError("a bad frame")
+
+    ticker = LoopTicker(loop, tick, period=10.0)
+    ticker.on_failure = lambda: failures.append("tick")
+    poller = LoopPoller(loop, ticker.tick_now)
+    poller.on_failure = lambda: failures.append("io")
+
+    async def settle() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    try:
+        ticker.tick_now()
+        assert failures == ["tick"] and len(ticks) == 1
+        poller.subscribe(ours.fileno(), on_io, READ | ERROR)
+        theirs.send(b"x")
+        loop.run_until_complete(settle())
+        assert failures == ["tick", "io"] and len(ticks) == 2  # the event still ticks
+    finally:
+        poller.unsubscribe_all()
+        ticker.stop()
+        ours.close()
+        theirs.close()
+        loop.close()
+
+
 @pytest.mark.slow
 def test_a_replica_runs_on_its_loop_without_a_thread_of_its_own(tmp_path: Path) -> None:
     """No tick thread: a Replica adds no thread, and its replies come on the loop thread."""
