@@ -21,6 +21,10 @@ Ordering obligations (as etcd's `Ready` documents them):
   never come, and entries already applied may be applied again: the listener must drop whatever
   it promised its clients;
 - nothing raised inside apply reaches pysyncobj, except the deliberate version stop;
+- elections go through pre-vote (raft.prevote): pysyncobj's election deadline stays parked
+  until a majority said it would vote for this node;
+- a journal record found damaged on read-back stops the node (no more ticks, peer connections
+  closed; the server exits 65);
 - membership (pysyncobj's dynamic membership, `raft.membership`): the leader checks a change
   before it appends it (one at a time, a quorum left, no duplicate); every node switches its
   peers when the entry reaches its log (pysyncobj), and when it applies the entry switches the
@@ -46,7 +50,7 @@ import structlog
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.node import TCPNode
-from pysyncobj.syncobj import _COMMAND_TYPE, FAIL_REASON, SyncObjExceptionWrongVer
+from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE, FAIL_REASON, SyncObjExceptionWrongVer
 from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
@@ -56,6 +60,7 @@ from raft.entry import Entry, decode_entry, encode_entry
 from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldError
 from raft.membership import MemberChange, MemberSet, MembershipError, Refusal
 from raft.metadata import member_change_refusal
+from raft.prevote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
 from raft.replicated import InternalFailure, Outcome, ReplicatedState
 from raft.ticker import LoopPoller, LoopThread, LoopTicker
 from raft.transport import PeerConnection, QuorumTransport
@@ -69,6 +74,8 @@ APPEND_ENTRIES_BYTES_MAX = 64 * 1024 * 1024
 COMMIT_SEND_DELAY_S = 0.002
 # Raft's timers (heartbeats, elections, connection retries) are looked at this often
 TICK_PERIOD_S = 0.02
+# where pysyncobj's own election deadline is parked while pre-vote (raft.prevote) owns it
+PRE_VOTE_PARK_S = 3600.0
 # the peer transport: "quorumq" (raft/transport.py, the default) or "pysyncobj" (its pickle +
 # zlib + Fernet transport, kept selectable only to measure against; every node must agree)
 TRANSPORT_ENV = "QUORUMQ_RAFT_TRANSPORT"
@@ -184,7 +191,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     (tests and tools driving a node in-process); `destroy_synchronous()` stops it.
     """
 
-    _SyncObj__raftCommitIndex: int  # pysyncobj's, set in its __init__ (typed for our guard)
+    # pysyncobj's, set in its __init__ (typed for our guard and pre-vote)
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__raftLeader: Any
 
     @property
     def _poller(self) -> LoopPoller:
@@ -241,6 +250,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._address_to_id.update({addr: nid for nid, addr in peers.items()})
         self._address_to_id[settings.address] = settings.node_id
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
+        self._pre_vote = PreVote(conf.raftMinTimeout)
         peer_nodes = [self._tcp_node(node_id, address) for node_id, address in peers.items()]
         # the loop drives pysyncobj: its sockets are the loop's readers/writers, its ticks run
         # after socket events, after proposals and on a timer (raft/ticker.py)
@@ -263,6 +273,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # pysyncobj compares Node objects, not address strings
         self._peer_nodes = {self._address_to_id[node.id]: node for node in self.otherNodes}
         self.addOnTickCallback(self._guard_leadership)
+        self.addOnTickCallback(self._pre_vote_gate)  # after the guard: it may park the deadline
         self.addOnTickCallback(self._probe_disk)
         self.addOnTickCallback(self._expire_stuck_handshakes)
         self._ticker.start()
@@ -595,6 +606,96 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if self._isLeader():
             self.transferLeadership()
 
+    # --- pre-vote (raft.prevote) ---------------------------------------------------------------
+
+    def _pre_vote_gate(self) -> None:
+        """End of every tick: own the election deadline. pysyncobj stands when its deadline
+        has passed; it is kept parked far away, and whatever pysyncobj set it to meanwhile (a
+        leader heard from, a vote given, an election started, the guard) becomes the time of
+        the next pre-vote round. A round won sets it to 0: pysyncobj stands at the next tick."""
+        pre_vote = self._pre_vote
+        if self._SyncObj__raftState == _RAFT_STATE.LEADER or self._SyncObj__selfNode is None:
+            pre_vote.end_round()
+            pre_vote.parked = None
+            return
+        deadline = self._SyncObj__raftElectionDeadline
+        if deadline != pre_vote.parked:
+            pre_vote.deadline = deadline
+            pre_vote.end_round()
+        if self._SyncObj__transferInProgress:
+            return  # the leader asked this node to take over (timeout_now): no round
+        now = monotonic_time()
+        if now >= pre_vote.deadline and self._SyncObj__connectedToAnyone():
+            self_node = self._SyncObj__selfNode
+            term = self._SyncObj__raftCurrentTerm + 1
+            if self._SyncObj__raftLeader is not None:
+                # as a candidate would (etcd's pre-candidate too): no leader to count on, so
+                # forwarded commands fail over and stale reads are refused meanwhile
+                self._SyncObj__raftLeader = None
+                self._SyncObj__onLeaderChanged()
+            pre_vote.start_round(term, self_node, now, self._SyncObj__generateRaftTimeout())
+            if pre_vote.count(term, self_node, len(self._SyncObj__otherNodes) + 1):
+                self._stand_now()  # no other voter
+                return
+            request = {
+                "type": PRE_VOTE,
+                "term": term,
+                "last_log_index": self._SyncObj__getCurrentLogIndex(),
+                "last_log_term": self._SyncObj__getCurrentLogTerm(),
+            }
+            for node in self._SyncObj__otherNodes:
+                self._SyncObj__transport.send(node, request)
+        pre_vote.parked = now + PRE_VOTE_PARK_S
+        self._SyncObj__raftElectionDeadline = pre_vote.parked
+
+    def _stand_now(self) -> None:
+        """A pre-vote round was won: pysyncobj starts the election at its next tick."""
+        log.info("pre_vote_won", term=self._SyncObj__raftCurrentTerm + 1)
+        self._SyncObj__raftElectionDeadline = 0
+        self._pre_vote.parked = None
+        self._ticker.request()
+
+    def _answer_pre_vote(self, node: Any, message: dict[str, Any]) -> None:
+        """Would this node vote for the sender in the term it proposes? Nothing changes here."""
+        try:
+            proposed = _int(message["term"])
+            last_log = (_int(message["last_log_term"]), _int(message["last_log_index"]))
+        except (KeyError, TypeError):
+            log.warning("pre_vote_malformed", peer=self.node_id_of(node.id))
+            return
+        granted = self._pre_vote.grants(
+            monotonic_time(),
+            leading=self._SyncObj__raftState == _RAFT_STATE.LEADER,
+            current_term=self._SyncObj__raftCurrentTerm,
+            last_log=(self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex()),
+            proposed_term=proposed,
+            candidate_last_log=last_log,
+        )
+        self._SyncObj__transport.send(
+            node,
+            {
+                "type": PRE_VOTE_RESPONSE,
+                "term": proposed,
+                "current_term": self._SyncObj__raftCurrentTerm,
+                "granted": granted,
+            },
+        )
+
+    def _count_pre_vote(self, node: Any, message: dict[str, Any]) -> None:
+        """A peer's answer to this node's round: stand on a majority of yes; a no from a later
+        term moves this node to that term (as any message of a later term does in Raft)."""
+        if self._SyncObj__raftState == _RAFT_STATE.LEADER:
+            return
+        term, current = message.get("term"), message.get("current_term")
+        if message.get("granted") is True and type(term) is int:
+            others = self._SyncObj__otherNodes
+            if node in others and self._pre_vote.count(term, node, len(others) + 1):
+                self._stand_now()
+        elif type(current) is int and current > self._SyncObj__raftCurrentTerm:
+            self._pre_vote.end_round()
+            self._SyncObj__setCurrentTerm(current, None)
+            self._SyncObj__setState(_RAFT_STATE.FOLLOWER)
+
     def _checkCommandsToApply(self) -> None:
         # the leader appends submitted commands here: on ENOSPC the journal undid the write and
         # logged it; the command is not in the log and its submitter times out (the batcher
@@ -605,6 +706,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         # a follower appends the leader's entries here: on ENOSPC it does not ack them, and the
         # leader sends them again (after the conflicting tail is cut) until space returns
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == PRE_VOTE:
+            self._answer_pre_vote(node, message)
+            return
+        if kind == PRE_VOTE_RESPONSE:
+            self._count_pre_vote(node, message)
+            return
+        if kind == "append_entries" and _int_or(message.get("term"), -1) >= (
+            self._SyncObj__raftCurrentTerm
+        ):
+            self._pre_vote.heard_from_leader(monotonic_time())
         snapshot_chunk = (
             isinstance(message, dict)
             and message.get("type") == "append_entries"
@@ -1039,6 +1151,17 @@ def _syncobj_conf(
         commandsWaitLeader=True,
         dynamicMembershipChange=True,  # through raft.membership's entries only
     )
+
+
+def _int(value: Any) -> int:
+    """`value` if it is an int (not a bool), else TypeError."""
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _int_or(value: Any, default: int) -> int:
+    return value if type(value) is int else default
 
 
 _INVALID_NODE = TCPNode("invalid:0")  # the node of a malformed change (never dialed)
