@@ -140,11 +140,22 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
             }
             mesh.close()
         recorder.close()
+        _keep_node_logs(data_dir, out_dir / "nodes")
         if not params.keep_data:
             shutil.rmtree(data_dir, ignore_errors=True)
     report = _report(params, kinds, recorder, nemesis, replicas, stage, workload_end_s, data_dir)
     _write_json(out_dir / "report.json", report)
     return report
+
+
+def _keep_node_logs(data_dir: Path, into: Path) -> None:
+    """Copy every node's `node.log` and `stderr.log` (a few KiB each) into `into/<node>/`: a
+    failed run can be read after its data dir is gone."""
+    for log_file in sorted(data_dir.glob("*/*.log")):
+        if log_file.name in ("node.log", "stderr.log"):
+            target = into / log_file.parent.name
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log_file, target / log_file.name)
 
 
 def _make_mesh(data_dir: Path, kinds: list[str], stage: _Stage) -> ProxyMesh | None:
@@ -456,6 +467,7 @@ def _report(
             "timeline": str(png),
             "report": str(params.out_dir / "report.json"),
             "data_dir": str(data_dir) if params.keep_data else None,
+            "node_logs": str(params.out_dir / "nodes"),
         },
     }
 
