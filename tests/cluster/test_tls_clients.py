@@ -137,8 +137,8 @@ def test_the_asyncio_client_publishes_and_consumes_through_a_follower(
 def test_the_cli_publishes_consumes_and_reports_status_over_tls(
     tls_cluster: LocalCluster,
 ) -> None:
-    """With --data-dir the CLI finds D/tls/ca.crt itself; with --endpoints (a follower only) it
-    takes --tls-ca FILE."""
+    """With --data-dir the CLI finds D/tls/ca.crt itself (publish, consume, status, member
+    list); with --endpoints (a follower only) it takes --tls-ca FILE."""
     data_dir, follower = str(tls_cluster.data_dir), _follower(tls_cluster)[0]
     remote = [
         "--endpoints", tls_cluster.endpoint(follower),
@@ -159,6 +159,9 @@ def test_the_cli_publishes_consumes_and_reports_status_over_tls(
     by_endpoint = _cli(*remote, "-o", "json", "cluster", "status")
     assert by_endpoint.returncode == 0, by_endpoint.stderr
     assert json.loads(by_endpoint.stdout)[0]["role"] == "follower"
+    members = _cli("--data-dir", data_dir, "-o", "json", "member", "list")
+    assert members.returncode == 0, members.stderr
+    assert all(row["committed"] for row in json.loads(members.stdout))
 
 
 def test_raw_client_and_cluster_helpers_speak_tls(tls_cluster: LocalCluster) -> None:
