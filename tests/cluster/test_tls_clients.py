@@ -186,13 +186,11 @@ def test_tls_data_left_in_the_ssl_buffer_is_not_lost(
     monkeypatch.setattr(threaded_shell, "RECV_BYTES", 64)
     with tls_cluster.client(tls_cluster.leader(), only=True) as client:
         for _ in range(5):
-            answers: list[threading.Event] = [threading.Event(), threading.Event()]
-            client.submit(
-                [protocol.query(0, "status"), protocol.query(0, "status")],
-                [lambda _a, _e, done=done: done.set() for done in answers],
-            )
-            assert client._wait_until(answers[0].is_set, time.monotonic() + 10.0)
-            assert client._wait_until(answers[1].is_set, time.monotonic() + 3.0)
+            answers = [threaded_shell._Waiter(), threaded_shell._Waiter()]
+            client.submit([protocol.query(0, "status"), protocol.query(0, "status")], answers)
+            assert client._wait_until(answers[0].event.is_set, time.monotonic() + 10.0)
+            assert client._wait_until(answers[1].event.is_set, time.monotonic() + 3.0)
+            assert answers[1].error is None
 
 
 # --- mismatches fail at once, with what to do ----------------------------------------------------
@@ -292,6 +290,16 @@ def test_a_missing_ca_file_is_a_config_error_before_any_dial(tmp_path: Path) -> 
     assert "nope.crt" in refused.stderr and "Traceback" not in refused.stderr
 
 
+def test_the_client_finds_the_ca_where_cluster_start_writes_it(tmp_path: Path) -> None:
+    """cluster.client.tls (no cryptography import) names the same CA file as cluster.tls."""
+    from cluster.client.tls import data_dir_ca
+
+    assert data_dir_ca(tmp_path, True) == tls.node_files(tmp_path, "n1").ca_cert
+    assert data_dir_ca(tmp_path, False) is None
+    with pytest.raises(TypeError, match="tls= takes"):
+        client_context(b"ca.crt")  # type: ignore[arg-type]
+
+
 # --- strangers, and the wire ------------------------------------------------------------------
 
 
@@ -318,7 +326,8 @@ def test_garbage_and_stalled_handshakes_do_not_stop_the_node(tls_cluster: LocalC
             with client.publisher("after-strangers", window=20) as publisher:
                 publisher.publish_many(b"%d" % i for i in range(50))
                 publisher.wait_for_confirms(timeout_s=30.0)
-            assert client.overview("after-strangers").ready == 50
+            overview = client.overview("after-strangers")
+            assert overview is not None and overview.ready == 50
     finally:
         for sock in stalled:
             sock.close()
@@ -406,5 +415,6 @@ def test_clients_follow_a_new_leader_over_tls(tls_cluster: LocalCluster) -> None
             publisher.wait_for_confirms(timeout_s=30.0)
         assert client.node != old
         assert client.reconnects >= 1
-        assert client.overview("tls-failover").ready == 100
+        overview = client.overview("tls-failover")
+        assert overview is not None and overview.ready == 100
     tls_cluster.restart(old)
