@@ -53,8 +53,9 @@ class TlsClientListener:
             )
         )
         self._listeners: list[socket.socket] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._pending = 0
+        self._tasks: set[asyncio.Task[None]] = set()  # accept loops, connections in handshake
+        self._sessions: set[asyncio.Task[None]] = set()  # left running by close(), like
+        self._pending = 0  # asyncio.Server's: the node closes its sessions itself
 
     async def start(self, host: str, port: int) -> None:
         """Bind and listen on every address of `host` (OSError when the port is taken)."""
@@ -77,7 +78,8 @@ class TlsClientListener:
             self._spawn(self._accept_loop(sock))
 
     def close(self) -> None:
-        """Stop listening and drop the connections still before or in their TLS handshake."""
+        """Stop listening and drop the connections still before or in their TLS handshake
+        (sessions already handed to `on_client` go on until the node closes them)."""
         for task in list(self._tasks):
             task.cancel()
         for sock in self._listeners:
@@ -111,8 +113,14 @@ class TlsClientListener:
             opened = await self._handshake(sock, peer)
         finally:
             self._pending -= 1
-        if opened is not None:
-            await self._on_client(*opened)
+        if opened is None:
+            return
+        task = asyncio.current_task()
+        if task is not None:  # from now on a session: close() must not cancel it
+            self._tasks.discard(task)
+            self._sessions.add(task)
+            task.add_done_callback(self._sessions.discard)
+        await self._on_client(*opened)
 
     async def _handshake(
         self, sock: socket.socket, peer: str

@@ -397,6 +397,24 @@ def test_no_body_crosses_the_wire_in_the_clear(
     assert (marker in proxy.seen) is (kind == "plaintext")
 
 
+def test_a_node_stops_cleanly_with_tls_sessions_open(tls_cluster: LocalCluster) -> None:
+    """SIGTERM with a TLS client connected: the node ends the session (logged with its
+    connection number) and stops (`node_stopped`); it serves again after a restart."""
+    node = _follower(tls_cluster)[0]
+    stopped_before = len(_log_events(tls_cluster, node, "node_stopped"))
+    client = tls_cluster.client(node, only=True)
+    try:
+        assert client.status()["id"] == node
+        number = client.connection_id.number
+        tls_cluster.terminate(node)
+        _wait_for_log(tls_cluster, node, "node_stopped", stopped_before + 1)
+        events = _log_events(tls_cluster, node, "client_disconnected")
+        assert number in [event["connection"] for event in events]
+    finally:
+        client.close()
+        tls_cluster.restart(node)
+
+
 # --- reconnects ------------------------------------------------------------------------------
 
 
