@@ -11,7 +11,7 @@ from typing import Any
 import cbor2
 
 from cluster import protocol
-from cluster.client.tls import tls_required
+from cluster.client.errors import TlsError
 from cluster.errors import AuthError, ProtocolError
 from fifo.codec import decode, encode, schema
 from fifo.commands import GROUP_KEY_DEFAULT as GROUP_KEY
@@ -104,7 +104,8 @@ class Handshake:
 
     def _on_challenge(self, frame: AnyFrame) -> None:
         if frame.get("op") == protocol.ERROR and frame.get("code") == protocol.TLS_REQUIRED:
-            raise tls_required(self.address, str(frame.get("message", "")))
+            # the node's message names it and says what to pass (tls=, --tls-ca)
+            raise TlsError(str(frame.get("message") or f"{self.address} speaks TLS"))
         nonce = frame.get("nonce")
         if frame.get("op") != protocol.CHALLENGE or not isinstance(nonce, bytes):
             raise ProtocolError(protocol.BAD_FRAME, f"expected a challenge, got {frame!r}")

@@ -81,8 +81,3 @@ def handshake_failed(address: str, err: ssl.SSLError | OSError) -> TlsError:
         f"the TLS handshake with {address} failed: {err}. If that cluster runs without "
         "tls = true, connect without tls= (--tls-ca)"
     )
-
-
-def tls_required(address: str, message: str) -> TlsError:
-    """The error for a plaintext connection that a TLS node refused (its message says why)."""
-    return TlsError(message or f"{address} speaks TLS: connect with tls=<the cluster CA>")
