@@ -14,6 +14,7 @@ import dataclasses
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from cluster import config as cluster_config
 from cluster import tls as cluster_tls
 from cluster.client.client import Client
 from cluster.client.errors import ClusterError, Unavailable
+from cluster.client.tls import TlsOption, client_context, data_dir_ca
 from cluster.config import ClusterConfig, FsyncPolicy, NodeConfig
 from cluster.errors import ProtocolError
 from cluster.rawclient import RawClient
@@ -260,8 +262,11 @@ def _signal(pid: int, sig: int) -> None:
 # --- status --------------------------------------------------------------------------------
 
 
-def node_status(node: NodeConfig, key: bytes, timeout_s: float = 2.0) -> dict[str, Any] | None:
-    """The status map of one node, or None if it cannot be reached."""
+def node_status(
+    node: NodeConfig, key: bytes, timeout_s: float = 2.0, tls: TlsOption = None
+) -> dict[str, Any] | None:
+    """The status map of one node, or None if it cannot be reached (`tls` as for `Client`;
+    a TLS mismatch raises TlsError: the node is there, the setting is wrong)."""
     try:
         with Client(
             [node.client_address],
@@ -272,6 +277,7 @@ def node_status(node: NodeConfig, key: bytes, timeout_s: float = 2.0) -> dict[st
             connect_retry_s=0.0,
             request_timeout_s=timeout_s,
             name="quorumq-status",
+            tls=tls,
         ) as client:
             status = client.status()
     except (Unavailable, OSError):
@@ -280,12 +286,13 @@ def node_status(node: NodeConfig, key: bytes, timeout_s: float = 2.0) -> dict[st
 
 
 def cluster_status(
-    config: ClusterConfig, key: bytes, timeout_s: float = 2.0
+    config: ClusterConfig, key: bytes, timeout_s: float = 2.0, tls: TlsOption = None
 ) -> list[dict[str, Any]]:
     """One row per node; unreachable nodes are `role: down` (with the pid if one is running)."""
     rows: list[dict[str, Any]] = []
+    tls = client_context(tls)  # (the CA file read once)
     for node in config.nodes:
-        status = node_status(node, key, timeout_s)
+        status = node_status(node, key, timeout_s, tls)
         if status is None:
             status = {
                 "id": node.id,
@@ -304,14 +311,16 @@ def wait_for_leader(
     key: bytes,
     timeout_s: float = LEADER_TIMEOUT_S,
     exclude: str | None = None,
+    tls: TlsOption = None,
 ) -> str:
     """Wait until a majority of reachable nodes agree on a leader; returns its id."""
     deadline = time.monotonic() + timeout_s
     majority = len(config.nodes) // 2 + 1
+    tls = client_context(tls)
     while True:
         votes: dict[str, int] = {}
         for node in config.nodes:
-            status = node_status(node, key, timeout_s=1.0)
+            status = node_status(node, key, timeout_s=1.0, tls=tls)
             leader = status.get("leader") if status else None
             if isinstance(leader, str) and leader != exclude:
                 votes[leader] = votes.get(leader, 0) + 1
@@ -384,7 +393,7 @@ def start_cluster(
         for node in config.nodes:
             cluster.start_node(node.id, max_machine_version)
         if wait_leader:
-            wait_for_leader(config, cluster.key, timeout_s)
+            wait_for_leader(config, cluster.key, timeout_s, tls=cluster.tls)
             cluster.leader(timeout_s=timeout_s)
     except BaseException:
         cluster.stop()
@@ -439,6 +448,15 @@ class LocalCluster:
         self.config = config if config is not None else cluster_config.load(self.data_dir)
         self.key = client_key(self.data_dir)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    @property
+    def tls(self) -> ssl.SSLContext | None:
+        """The client TLS context of a `tls = true` cluster (trusting D/tls/ca.crt), else None;
+        every client this object makes uses it."""
+        if self._tls is None and self.config.tls:
+            self._tls = client_context(data_dir_ca(self.data_dir, True))
+        return self._tls
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -490,7 +508,7 @@ class LocalCluster:
         stop_node(node, grace_s=2.0)
         self.start_node(node_id, max_machine_version)
         deadline = time.monotonic() + LEADER_TIMEOUT_S
-        while node_status(node, self.key, timeout_s=1.0) is None:
+        while node_status(node, self.key, timeout_s=1.0, tls=self.tls) is None:
             if time.monotonic() > deadline:
                 raise NoLeader(f"{node_id} did not answer after its restart")
             time.sleep(0.1)
@@ -520,7 +538,7 @@ class LocalCluster:
 
     def client(self, node_id: str | None = None, *, only: bool = False, **kwargs: Any) -> Client:
         """A library client that connects to `node_id` first (`only`: to it alone, no
-        reconnect)."""
+        reconnect); over TLS on a `tls = true` cluster."""
         endpoints = list(self.config.endpoints().values())
         if node_id is not None:
             kwargs.setdefault("prefer_leader", False)  # the caller chose this node
@@ -528,24 +546,25 @@ class LocalCluster:
             endpoints = [first] if only else [first] + [e for e in endpoints if e != first]
         if only:
             kwargs.setdefault("reconnect", False)
+        kwargs.setdefault("tls", self.tls)
         return Client(endpoints, self.key, **kwargs)
 
     def raw_client(self, node_id: str, name: str = "test") -> RawClient:
         """A protocol-level RawClient connected to `node_id` (retries while the node starts)."""
         address = self.endpoint(node_id)
-        return wait_until(lambda: _try_raw(address, self.key, name), 10, address)
+        return wait_until(lambda: _try_raw(address, self.key, name, tls=self.tls), 10, address)
 
     # --- status ------------------------------------------------------------------------------
 
     def status(self) -> list[dict[str, Any]]:
         """`cluster status` rows."""
-        return cluster_status(self.config, self.key)
+        return cluster_status(self.config, self.key, tls=self.tls)
 
     def statuses(self) -> dict[str, dict[str, Any] | None]:
         """Each node's status map, or None for a node that does not answer."""
         out: dict[str, dict[str, Any] | None] = {}
         for node in self.config.nodes:
-            client = _try_raw(node.client_address, self.key, "status", timeout_s=2)
+            client = _try_raw(node.client_address, self.key, "status", timeout_s=2, tls=self.tls)
             if client is None:
                 out[node.id] = None
                 continue
@@ -592,8 +611,10 @@ class LocalCluster:
         return wait_until(same, timeout_s, "equal digests")
 
 
-def _try_raw(address: str, key: bytes, name: str, timeout_s: float = 5) -> RawClient | None:
+def _try_raw(
+    address: str, key: bytes, name: str, timeout_s: float = 5, tls: TlsOption = None
+) -> RawClient | None:
     try:
-        return RawClient(address, key, name, timeout_s)
+        return RawClient(address, key, name, timeout_s, tls)
     except (OSError, ProtocolError):
         return None

@@ -82,6 +82,7 @@ INTERNAL: Final = "internal"
 REFUSED: Final = "refused"
 REPLY_TOO_LARGE: Final = "reply_too_large"  # a query result over the frame limit
 DISK_FULL: Final = "disk_full"  # journal write hit ENOSPC: no commands until space returns
+TLS_REQUIRED: Final = "tls_required"  # sent in the clear by a TLS client port, then closed
 # errors after which the server closes the connection
 FATAL_CODES: Final = frozenset({FRAME_TOO_LARGE, AUTH_FAILED, NOT_AUTHENTICATED})
 

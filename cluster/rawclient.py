@@ -1,7 +1,8 @@
 """A blocking protocol client (tests and debugging only; the real client is `cluster.client`).
 
 `RawClient` speaks `cluster.protocol` with blocking sockets: the handshake, then one request at
-a time, with the effects pushed in between collected on the side.
+a time, with the effects pushed in between collected on the side. `tls=` as for `Client` (the
+cluster CA's path or an `ssl.SSLContext`, for a cluster with `tls = true`).
 """
 
 from __future__ import annotations
@@ -9,24 +10,43 @@ from __future__ import annotations
 import contextlib
 import itertools
 import socket
+import ssl
 import time
 from typing import Any
 
 import fifo
 from cluster import protocol
+from cluster.client.tls import TlsOption, client_context, handshake_failed, server_hostname
 from cluster.errors import ProtocolError
 
 
 class RawClient:
     """A blocking protocol client: handshake, commands, queries, admin, collected effects."""
 
-    def __init__(self, address: str, client_key: bytes, name: str = "raw", timeout_s: float = 10):
-        host, port = address.rsplit(":", 1)
+    def __init__(
+        self,
+        address: str,
+        client_key: bytes,
+        name: str = "raw",
+        timeout_s: float = 10,
+        tls: TlsOption = None,
+    ):
+        host, port = server_hostname(address), address.rsplit(":", 1)[1]
+        context = client_context(tls)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        if context is not None:
+            try:
+                self.sock = context.wrap_socket(self.sock, server_hostname=host)
+            except ssl.SSLError as err:
+                self.sock.close()
+                raise handshake_failed(address, err) from err
         self.ids = itertools.count(1)
         self.effects: list[Any] = []
         self.welcome: dict[str, Any] = {}
         challenge = protocol.recv_frame(self.sock)
+        if challenge.get("op") == protocol.ERROR:
+            self.sock.close()
+            raise ProtocolError(challenge.get("code", "bad_frame"), challenge.get("message", ""))
         protocol.send_frame(self.sock, protocol.hello(client_key, challenge["nonce"], name))
         answer = protocol.recv_frame(self.sock)
         if answer["op"] != protocol.WELCOME:

@@ -1,4 +1,4 @@
-"""TLS for the peer (Raft) traffic: the cluster CA, one certificate per node, SSL contexts.
+"""TLS for the peer (Raft) and client traffic: the cluster CA, a certificate per node, contexts.
 
 With `tls = true` in cluster.toml, `quorumq cluster start` creates `D/tls/` (0700) holding
 `ca.crt`, `ca.key` (the cluster CA, EC P-256, self-signed) and `<node>.crt` / `<node>.key` for
@@ -11,6 +11,10 @@ The contexts are mutual TLS 1.3: each side presents its node certificate and req
 signed by the cluster CA. They are passed down to raft/ as plain `ssl.SSLContext` objects.
 TLS gives confidentiality on the wire; peers still authenticate with the cluster secret
 (the HMAC challenge-response of raft/transport.py) inside the TLS session.
+
+The client port uses the same node certificate as a plain TLS server (1.2 at least, no client
+certificate): clients verify it against `ca.crt` and authenticate with their client key inside
+TLS (cluster/client/tls.py, cluster/node/client_tls.py).
 """
 
 from __future__ import annotations
@@ -384,3 +388,26 @@ def node_peer_contexts(data_dir: Path, config: ClusterConfig, node_id: str) -> P
     if not config.tls:
         return None
     return peer_contexts(check_node_files(data_dir, config.node(node_id)))
+
+
+def client_port_context(files: NodeTlsFiles) -> ssl.SSLContext:
+    """The server context of a node's client port: its certificate (the same pair as its peer
+    port), TLS 1.2 at least (1.3 when the client has it), no client certificate asked for
+    (clients authenticate with their client key inside TLS)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(files.cert, files.key)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"cannot load the TLS files {files}: {err}") from err
+    return context
+
+
+def node_client_port_context(
+    data_dir: Path, config: ClusterConfig, node_id: str
+) -> ssl.SSLContext | None:
+    """The client port's context of `node_id` when the cluster has `tls = true` (None
+    otherwise), after checking its TLS files."""
+    if not config.tls:
+        return None
+    return client_port_context(check_node_files(data_dir, config.node(node_id)))

@@ -252,7 +252,9 @@ def asyncio_phases(cluster: LocalCluster, leader: str, args: argparse.Namespace)
 
     async def run_all() -> dict[str, Any]:
         results: dict[str, Any] = {}
-        async with AsyncClient(endpoints, cluster.key, prefer_leader=False) as client:
+        async with AsyncClient(
+            endpoints, cluster.key, prefer_leader=False, tls=cluster.tls
+        ) as client:
             phases: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
                 "publish_window_100": lambda: async_publish_rate(
                     client, "aio-w100", args.messages, 100
@@ -291,7 +293,9 @@ def interleaved_window_1000(
     endpoints = [first] + [e for e in cluster.config.endpoints().values() if e != first]
 
     async def in_asyncio(queue: str) -> dict[str, Any]:
-        async with AsyncClient(endpoints, cluster.key, prefer_leader=False) as aclient:
+        async with AsyncClient(
+            endpoints, cluster.key, prefer_leader=False, tls=cluster.tls
+        ) as aclient:
             figures = await async_publish_rate(aclient, queue, count, 1000)
             await aclient.purge_queue(queue)
             return figures
@@ -681,7 +685,8 @@ def main() -> None:
     parser.add_argument(
         "--tls",
         action="store_true",
-        help="Start the cluster with `tls = true` (mutual TLS on the peer traffic).",
+        help="Start the cluster with `tls = true`: mutual TLS on the peer traffic, TLS on the "
+        "client ports (every benchmark client verifies the nodes with D/tls/ca.crt).",
     )
     parser.add_argument(
         "--threaded-only",

@@ -18,6 +18,7 @@ from cluster.cli.common import (
     output_format,
     output_option,
     resolve_data_dir,
+    tls_context,
     translate_errors,
     wait_timeout_option,
 )
@@ -91,7 +92,9 @@ def cluster_group() -> None:
     "--tls",
     is_flag=True,
     default=False,
-    help="Encrypt a new cluster's peer (Raft) traffic with mutual TLS: writes tls = true to "
+    help="Encrypt a new cluster's traffic with TLS: the peer (Raft) traffic with mutual TLS, "
+    "the client ports with each node's certificate (clients verify it with DATA_DIR/tls/ca.crt: "
+    "found by --data-dir, given by --tls-ca FILE with --endpoints). Writes tls = true to "
     "cluster.toml and creates a cluster CA and one certificate per node in DATA_DIR/tls. "
     "An existing cluster keeps its own setting (edit cluster.toml to change it).",
 )
@@ -146,7 +149,11 @@ def start(
         click.echo(f"\nendpoints: {endpoints}")
         click.echo(f"credentials: {data_dir.resolve() / 'client.key'}")
         if config.tls:
-            click.echo(f"peer TLS: on (CA and node certificates in {data_dir.resolve() / 'tls'})")
+            tls_dir = data_dir.resolve() / "tls"
+            click.echo(
+                f"TLS: on for peer and client traffic (CA and node certificates in {tls_dir}; "
+                f"clients verify the nodes with {tls_dir / 'ca.crt'}: --tls-ca with --endpoints)"
+            )
         bind = config.metrics_bind
         ports = [n.metrics_port for n in config.nodes if n.metrics_port]
         metrics = [f"http://{bind}:{port}/metrics" for port in ports]
@@ -201,7 +208,8 @@ def status(ctx: click.Context, local_data_dir: Path | None, full_digest: bool) -
         rows = _status_by_endpoints(ctx)
     else:
         data_dir = resolve_data_dir(ctx, local_data_dir)
-        rows = cluster_status(load_config(data_dir), client_key(data_dir))
+        config = load_config(data_dir)
+        rows = cluster_status(config, client_key(data_dir), tls=tls_context(ctx, data_dir, config))
     divergence = digest_divergence(rows)
     if output_format(ctx) == "table" and not full_digest:
         rows = [_short_digest(row) for row in rows]
@@ -237,11 +245,12 @@ def digest_divergence(rows: list[dict[str, Any]]) -> str | None:
 
 def _status_by_endpoints(ctx: click.Context) -> list[dict[str, Any]]:
     endpoints, key = connection_args(ctx)
+    tls = tls_context(ctx)
     rows = []
     for number, endpoint in enumerate(endpoints, start=1):
         host, _, port = endpoint.rpartition(":")
         probe = NodeConfig(f"endpoint{number}", host, 1, int(port), Path("."))
-        row = node_status(probe, key) or {"address": endpoint, "role": "down"}
+        row = node_status(probe, key, tls=tls) or {"address": endpoint, "role": "down"}
         rows.append({"id": "?", "address": endpoint, **row})
     return rows
 

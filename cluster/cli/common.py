@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import ssl
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,8 +34,10 @@ from cluster.client.errors import (
     CommandRefused,
     ConfigError,
     RequestTimeout,
+    TlsError,
     Unavailable,
 )
+from cluster.client.tls import client_context, data_dir_ca
 from cluster.config import ClusterConfig
 from cluster.errors import ConfigMissing
 from cluster.launcher import DataDirTaken, LauncherError, LaunchRefused, NoLeader
@@ -47,6 +50,7 @@ R = TypeVar("R")
 # Looked up along the exception's MRO, so a subclass listed here wins over its base class.
 EXIT_CODES: dict[type[BaseException], tuple[int, str]] = {
     AuthError: (NO_PERMISSION, "authentication failed: "),
+    TlsError: (CONFIG, "TLS: "),
     RequestTimeout: (TEMPORARY, "timed out: "),
     Unavailable: (UNAVAILABLE, "cluster unavailable: "),
     CommandRefused: (DATA, ""),
@@ -98,6 +102,7 @@ class Options(Protocol):
     data_dir: Path | None
     endpoints: str | None
     credentials: str | None
+    tls_ca: str | None
 
 
 def cli_context(ctx: click.Context) -> Options:
@@ -155,7 +160,16 @@ def output_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def connection_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """`-o`, `--data-dir`, `--endpoints`, `--credentials` after the command name too."""
+    """`-o`, `--data-dir`, `--endpoints`, `--credentials`, `--tls-ca` after the command name
+    too."""
+    func = click.option(
+        "--tls-ca",
+        default=None,
+        metavar="FILE",
+        expose_value=False,
+        callback=_override("tls_ca"),
+        help="Cluster CA file of a tls = true cluster (same as the global option).",
+    )(func)
     func = click.option(
         "--credentials",
         default=None,
@@ -271,13 +285,34 @@ def connection_args(ctx: click.Context) -> tuple[list[str], bytes]:
     return list(config.endpoints().values()), key
 
 
+def tls_context(
+    ctx: click.Context, data_dir: Path | None = None, config: ClusterConfig | None = None
+) -> ssl.SSLContext | None:
+    """The client TLS context: --tls-ca FILE; else, for a data dir (`data_dir`, or the global
+    one without --endpoints) whose cluster.toml says tls = true, its D/tls/ca.crt; else None
+    (plaintext). A CA file that cannot be read is a config error (exit 78), before any dial."""
+    options = cli_context(ctx)
+    path: Path | None = Path(options.tls_ca) if options.tls_ca else None
+    if path is None:
+        if data_dir is None and not options.endpoints:
+            data_dir = options.data_dir
+        if data_dir is not None:
+            config = config if config is not None else load_config(data_dir)
+            path = data_dir_ca(data_dir, config.tls)
+    try:
+        return client_context(path)
+    except ConfigError as err:
+        raise cli_error(err) from err
+
+
 def connect(ctx: click.Context, **kwargs: Any) -> Client:
     """A client for the cluster named by the global options (validated before connecting)."""
     endpoints, key = connection_args(ctx)
+    tls = tls_context(ctx)
     if not structlog.is_configured():  # client logs must never mix into stdout (-o jsonl)
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     kwargs.setdefault("connect_timeout_s", 5.0)
-    return Client(endpoints, key, name="quorumq-cli", **kwargs)
+    return Client(endpoints, key, name="quorumq-cli", tls=tls, **kwargs)
 
 
 # --- output --------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def demo(ctx: click.Context, local_data_dir: Path | None, keep: bool, messages: 
             _run_traffic(client, messages)
             _step(5, "cluster status (every node applied the same log: equal digests)")
             time.sleep(0.5)  # let followers apply the last entries before we compare
-            rows = cluster_status(config, client_key(data_dir))
+            rows = cluster_status(config, client_key(data_dir), tls=cluster.tls)
             click.echo(table([_short(row) for row in rows], STATUS_COLUMNS))
             click.echo("\nqueue overview:")
             overview = untyped(plain(client.query("overview", {"queue": DEMO_QUEUE})) or {})

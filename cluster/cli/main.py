@@ -22,6 +22,7 @@ class CliContext:
     data_dir: Path | None
     endpoints: str | None
     credentials: str | None
+    tls_ca: str | None = None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -49,6 +50,14 @@ class CliContext:
     envvar="QUORUMQ_CREDENTIALS",
     help="Path of a client key file (with --endpoints).",
 )
+@click.option(
+    "--tls-ca",
+    envvar="QUORUMQ_TLS_CA",
+    metavar="FILE",
+    help="The cluster CA (D/tls/ca.crt) of a cluster with tls = true: connect over TLS and "
+    "verify the nodes' certificates with it. Needed with --endpoints; with --data-dir it is "
+    "found in D/tls when cluster.toml says tls = true.",
+)
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -56,6 +65,7 @@ def cli(
     data_dir: Path | None,
     endpoints: str | None,
     credentials: str | None,
+    tls_ca: str | None,
 ) -> None:
     """quorumq: a replicated work queue with RabbitMQ quorum-queue semantics.
 
@@ -65,8 +75,9 @@ def cli(
       quorumq --data-dir /tmp/qq queue declare jobs
       quorumq --data-dir /tmp/qq publish jobs --count 1000
       quorumq --data-dir /tmp/qq consume jobs --count 10 -o jsonl
+      quorumq --endpoints 10.0.0.1:5701 --credentials client.key --tls-ca ca.crt queue list
     """
-    ctx.obj = CliContext(output, data_dir, endpoints, credentials)
+    ctx.obj = CliContext(output, data_dir, endpoints, credentials, tls_ca)
 
 
 def main() -> None:

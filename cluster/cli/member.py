@@ -15,6 +15,7 @@ from cluster.cli.common import (
     emit,
     load_config,
     output_format,
+    tls_context,
     translate_errors,
 )
 from cluster.cli.exits import DATA, UNAVAILABLE, USAGE, CliError
@@ -56,7 +57,8 @@ def list_members(ctx: click.Context) -> None:
     data_dir = ctx.find_root().obj.data_dir
     if data_dir is not None:
         config = load_config(Path(data_dir))
-        rows = cluster_status(config, client_key(Path(data_dir)))
+        tls = tls_context(ctx, Path(data_dir), config)
+        rows = cluster_status(config, client_key(Path(data_dir)), tls=tls)
         by_id = {node.id: node for node in config.nodes}
         committed = _committed(rows)
         emit(
@@ -154,8 +156,9 @@ def _admin_on_leader(
             return _changed(client.admin(action, args, timeout_s=ADMIN_TIMEOUT_S))
     config = load_config(Path(data_dir))
     key = client_key(Path(data_dir))
+    tls = tls_context(ctx, Path(data_dir), config)
     try:
-        leader = wait_for_leader(config, key, timeout_s=LEADER_WAIT_S)
+        leader = wait_for_leader(config, key, timeout_s=LEADER_WAIT_S, tls=tls)
     except NoLeader as err:
         raise CliError(f"cluster unavailable: {err}; nothing was changed", UNAVAILABLE) from err
     for _attempt in range(2):  # once more if leadership moved meanwhile
@@ -166,6 +169,7 @@ def _admin_on_leader(
             reconnect=False,
             prefer_leader=False,
             connect_timeout_s=5.0,
+            tls=tls,
         ) as client:
             result = client.admin(action, args, timeout_s=ADMIN_TIMEOUT_S)
         moved = result.get("leader")

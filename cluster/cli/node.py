@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from cluster.cli.common import (
     wait_timeout_option,
 )
 from cluster.cli.exits import CONFIG, TEMPORARY, UNAVAILABLE, USAGE, CliError
+from cluster.client.tls import client_context, data_dir_ca
 from cluster.config import ClusterConfig, read_secret
 from cluster.errors import ConfigError
 from cluster.launcher import (
@@ -182,10 +184,10 @@ def _check_startable(data_dir: Path, node_id: str, cap: int | None = None) -> No
 
 def _wait_answering(data_dir: Path, node_id: str, timeout_s: float) -> dict[str, object]:
     config = load_config(data_dir)
-    node, key = config.node(node_id), client_key(data_dir)
+    node, key, tls = config.node(node_id), client_key(data_dir), _tls(data_dir, config)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        status = node_status(node, key, timeout_s=1.0)
+        status = node_status(node, key, timeout_s=1.0, tls=tls)
         if status is not None:
             return status
         if node_pid(node) is None:
@@ -236,7 +238,7 @@ def recover(
         raise CliError(f"no node {node_id!r} (have {config.node_ids()})", USAGE)
     node, key = config.node(node_id), client_key(data_dir)
     needed = len(config.nodes) // 2 + 1
-    healthy, why_not, target = _healthy_peers(config, node_id, key)
+    healthy, why_not, target = _healthy_peers(config, node_id, key, _tls(data_dir, config))
     if len(healthy) < needed:
         raise CliError(
             f"refusing to recover {node_id}: {len(healthy)} of the other members are healthy "
@@ -269,8 +271,13 @@ def recover(
         emit(ctx, row)
 
 
+def _tls(data_dir: Path, config: ClusterConfig) -> ssl.SSLContext | None:
+    """The client TLS context for a local cluster with tls = true (its D/tls/ca.crt)."""
+    return client_context(data_dir_ca(data_dir, config.tls))
+
+
 def _healthy_peers(
-    config: ClusterConfig, node_id: str, key: bytes
+    config: ClusterConfig, node_id: str, key: bytes, tls: ssl.SSLContext | None
 ) -> tuple[list[str], list[str], int]:
     """(healthy other members, why each other one is not, the highest commit index seen)."""
     healthy: list[str] = []
@@ -279,7 +286,7 @@ def _healthy_peers(
     for other in config.nodes:
         if other.id == node_id:
             continue
-        status = node_status(other, key, timeout_s=2.0)
+        status = node_status(other, key, timeout_s=2.0, tls=tls)
         if status is None:
             why_not.append(f"{other.id} does not answer")
         elif status.get("role") not in ("leader", "follower") or not status.get("has_quorum"):
@@ -316,11 +323,11 @@ def _wait_caught_up(
     data_dir: Path, node_id: str, target: int, timeout_s: float
 ) -> dict[str, object]:
     config = load_config(data_dir)
-    node, key = config.node(node_id), client_key(data_dir)
+    node, key, tls = config.node(node_id), client_key(data_dir), _tls(data_dir, config)
     deadline = time.monotonic() + timeout_s
     status: dict[str, object] = {}
     while time.monotonic() < deadline:
-        status = node_status(node, key, timeout_s=1.0) or {}
+        status = node_status(node, key, timeout_s=1.0, tls=tls) or {}
         applied = status.get("raft_last_applied")
         if isinstance(applied, int) and applied >= target:
             return status

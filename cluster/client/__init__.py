@@ -17,6 +17,9 @@ Example:
         async for message in client.consume("jobs", prefetch=100):
             await message.ack()
 
+    # a cluster with tls = true: verify the nodes with its CA (from_data_dir finds it itself)
+    client = Client(["10.0.0.1:5701"], key, tls="/etc/quorumq/ca.crt")
+
     # in order per key, in parallel across keys (docs/workpool.md)
     processing = client.consume("jobs", prefetch=200).process(handle, workers=16)
 """
@@ -35,6 +38,7 @@ from cluster.client.errors import (
     ConfigError,
     ProtocolError,
     RequestTimeout,
+    TlsError,
     Unavailable,
 )
 from cluster.client.publisher import Publisher
@@ -66,5 +70,6 @@ __all__ = [
     "ProtocolError",
     "Publisher",
     "RequestTimeout",
+    "TlsError",
     "Unavailable",
 ]

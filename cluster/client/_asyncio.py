@@ -7,6 +7,7 @@ Waiters wait on a future that the next event resolves, then re-check their condi
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -18,6 +19,7 @@ from cluster.client.errors import (
     ClusterError,
     CommandRefused,
     RequestTimeout,
+    TlsError,
     Unavailable,
 )
 from cluster.client.sansio import (
@@ -29,6 +31,7 @@ from cluster.client.sansio import (
     ReconnectNeeded,
     explain_timeout,
 )
+from cluster.client.tls import TlsOption, client_context, handshake_failed, server_hostname
 from fifo.codec import decode
 from fifo.commands import ConnectionId
 from fifo.replies import Error, Reply
@@ -110,7 +113,9 @@ class AsyncShell:
         silence_timeout_s: float = 5.0,
         connect_retry_s: float | None = None,
         prefer_leader: bool = True,
+        tls: TlsOption = None,
     ) -> None:
+        self._tls = client_context(tls)
         self._core = ClientProtocol(
             endpoints, name=name, reconnect=reconnect, silence_timeout_s=silence_timeout_s
         )
@@ -191,13 +196,24 @@ class AsyncShell:
 
     async def _open(self, address: str) -> _Link:
         loop = asyncio.get_running_loop()
-        host, _, port = address.rpartition(":")
+        host, port = server_hostname(address), address.rpartition(":")[2]
         handshake = Handshake(address, self._client_key, self.name)
         link: _Link | None = None
+        tls = self._tls
 
         async def connect() -> _Link:
             nonlocal link
-            _, link = await loop.create_connection(lambda: _Link(self, handshake), host, int(port))
+            try:
+                _, link = await loop.create_connection(
+                    lambda: _Link(self, handshake),
+                    host,
+                    int(port),
+                    ssl=tls,
+                    server_hostname=host if tls is not None else None,
+                    ssl_handshake_timeout=self.connect_timeout_s if tls is not None else None,
+                )
+            except ssl.SSLError as err:
+                raise handshake_failed(address, err) from err
             await link.ready
             return link
 
@@ -216,7 +232,7 @@ class AsyncShell:
             for address in endpoints:
                 try:
                     return await self._open(address)
-                except AuthError:
+                except (AuthError, TlsError):
                     raise
                 except (OSError, ClusterError, ValueError, TimeoutError) as err:
                     errors.append(f"{address}: {err!r}")

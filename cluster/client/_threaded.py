@@ -13,6 +13,13 @@ now is left in `_unsent` for the owner, which waits for the socket to be writabl
 (so no thread ever blocks on a full socket while nobody reads). Callers wait on one condition
 that every event and every release of the socket wakes; the reader thread waits on its own.
 Needs `select.poll` (Linux, macOS, the BSDs).
+
+With TLS (`tls=`) the socket is an `ssl.SSLSocket`, also non-blocking: a TLS read or write that
+cannot proceed raises SSLWantRead/WriteError (handled as "nothing now"; a write is retried with
+the same bytes first, as OpenSSL requires); bytes TLS already decrypted sit in the SSL object,
+where poll cannot see them, so every read drains `pending()` at once; and one SSL object must
+never be read and written by two threads at once, so TLS sends (and closes) also hold the lock
+that reads hold.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -33,6 +41,7 @@ from cluster.client.errors import (
     ClientClosed,
     ClusterError,
     RequestTimeout,
+    TlsError,
     Unavailable,
 )
 from cluster.client.sansio import (
@@ -44,6 +53,7 @@ from cluster.client.sansio import (
     ReconnectNeeded,
     explain_timeout,
 )
+from cluster.client.tls import handshake_failed, server_hostname
 
 log = structlog.get_logger("quorumq.client")
 
@@ -56,14 +66,27 @@ READER_LINGER_S = 0.005
 PROBE_TIMEOUT_S = 1.0  # the status probe that explains a timeout
 _READABLE = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP | select.POLLNVAL
 _Opened = tuple[socket.socket, Welcome, bytes]
+_TLS_WAIT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
-def open_socket(address: str, client_key: bytes, name: str, timeout_s: float) -> _Opened:
-    """Connect and pass the handshake; the socket, the node's welcome and any early bytes."""
-    host, _, port = address.rpartition(":")
+def open_socket(
+    address: str,
+    client_key: bytes,
+    name: str,
+    timeout_s: float,
+    tls: ssl.SSLContext | None = None,
+) -> _Opened:
+    """Connect (with `tls`: and pass the TLS handshake, verifying the node's certificate) and
+    pass the handshake; the socket, the node's welcome and any early bytes."""
+    host, port = server_hostname(address), address.rpartition(":")[2]
     sock = socket.create_connection((host, int(port)), timeout=timeout_s)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+            except ssl.SSLError as err:
+                raise handshake_failed(address, err) from err
         handshake = Handshake(address, client_key, name)
         welcome: Welcome | None = None
         while welcome is None:
@@ -76,10 +99,19 @@ def open_socket(address: str, client_key: bytes, name: str, timeout_s: float) ->
             welcome = handshake.receive_data(chunk)
             sock.sendall(handshake.data_to_send())
         sock.setblocking(False)
+        leftover = handshake.leftover + _pending_tls(sock)
     except BaseException:
         sock.close()
         raise
-    return sock, welcome, handshake.leftover
+    return sock, welcome, leftover
+
+
+def _pending_tls(sock: socket.socket) -> bytes:
+    """The bytes TLS has decrypted but not yet returned (poll never reports them)."""
+    chunks = []
+    while isinstance(sock, ssl.SSLSocket) and sock.pending():
+        chunks.append(sock.recv(sock.pending()))
+    return b"".join(chunks)
 
 
 class _Waiter:
@@ -113,7 +145,9 @@ class ThreadedShell:
         silence_timeout_s: float,
         connect_retry_s: float | None,
         prefer_leader: bool,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        self._tls = tls
         self._core = ClientProtocol(
             endpoints,
             name=name,
@@ -169,8 +203,8 @@ class ThreadedShell:
                 raise ClientClosed("the client was closed")
             for address in endpoints:
                 try:
-                    return open_socket(address, self._client_key, self.name, self.connect_timeout_s)
-                except AuthError:
+                    return self._open(address)
+                except (AuthError, TlsError):
                     raise
                 except (OSError, ClusterError, ValueError) as err:
                     errors.append(f"{address}: {err}")
@@ -178,6 +212,9 @@ class ThreadedShell:
                 tried = "; ".join(errors[-len(endpoints) :])
                 raise Unavailable(f"no quorumq node reachable ({tried})")
             time.sleep(0.1)
+
+    def _open(self, address: str) -> _Opened:
+        return open_socket(address, self._client_key, self.name, self.connect_timeout_s, self._tls)
 
     def _leader_instead(self, opened: _Opened) -> _Opened:
         """A connection to the leader the node named, if it differs and answers; else `opened`.
@@ -189,7 +226,7 @@ class ThreadedShell:
         if address is None:
             return opened
         try:
-            leader = open_socket(address, self._client_key, self.name, self.connect_timeout_s)
+            leader = self._open(address)
         except (OSError, ClusterError, ValueError):
             return opened
         _shut(opened[0])
@@ -371,7 +408,9 @@ class ThreadedShell:
                 return False
             try:
                 chunk = sock.recv(RECV_BYTES)
-            except (BlockingIOError, InterruptedError):
+                if chunk and isinstance(sock, ssl.SSLSocket):
+                    chunk += _pending_tls(sock)
+            except (BlockingIOError, InterruptedError, *_TLS_WAIT):
                 return None
             except OSError as err:
                 error = err
@@ -454,17 +493,17 @@ class ThreadedShell:
                 unsent = self._unsent if self._unsent_sock is sock else b""
                 data = unsent + self._core.data_to_send() if unsent else self._core.data_to_send()
                 self._unsent, self._unsent_sock = b"", sock
-            if not data or sock is None:
-                return False  # bytes of a lost connection are dropped (the reconnect resends)
-            try:
-                sent = sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                _shut(sock)  # the reading thread reports it; the reconnect resends
-                return False
+                if not data or sock is None:
+                    return False  # bytes of a lost connection are dropped (the reconnect resends)
+                tls = isinstance(sock, ssl.SSLSocket)
+                if tls:  # one SSL object is never read and written at once
+                    sent = _send_some(sock, data)
+            if not tls:
+                sent = _send_some(sock, data)
+            if sent < 0:
+                return False  # the reading thread reports the loss; the reconnect resends
             if sent < len(data):
-                self._unsent = data[sent:]
+                self._unsent = data[sent:]  # TLS: the retry starts with these same bytes
                 return True
 
     def _handle(self, events: list[Event]) -> None:
@@ -576,8 +615,8 @@ class ThreadedShell:
             sock, self._sock = self._sock, None
             self._changed.notify_all()
             self._reader_wake.notify_all()
-        if sock is not None:
-            _shut(sock)
+            if sock is not None:
+                _shut(sock)  # (under the lock: a TLS read may be using the socket)
         self._handle(events)
         self._wake()  # a thread polling the socket returns and sees the client closed
         self._close_wake()
@@ -613,6 +652,17 @@ class _Poller:
             else:
                 woken = True
         return readable, writable, woken
+
+
+def _send_some(sock: socket.socket, data: bytes) -> int:
+    """Send what the socket takes now: the count, or -1 after an error (the socket is shut)."""
+    try:
+        return sock.send(data)
+    except (BlockingIOError, InterruptedError, *_TLS_WAIT):
+        return 0
+    except OSError:
+        _shut(sock)
+        return -1
 
 
 def _shut(sock: socket.socket) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import cbor2
 
 from cluster import protocol
+from cluster.client.errors import TlsError
 from cluster.errors import AuthError, ProtocolError
 from fifo.codec import decode, encode, schema
 from fifo.commands import GROUP_KEY_DEFAULT as GROUP_KEY
@@ -56,7 +57,8 @@ class Handshake:
 
     Feed it bytes with `receive_data` until it returns the `Welcome`; send what `data_to_send`
     returns; bytes that followed the welcome are in `leftover`. Raises `AuthError` when the node
-    refuses the key and `ProtocolError` for anything else unexpected.
+    refuses the key, `TlsError` when a TLS node says it was dialed without TLS, and
+    `ProtocolError` for anything else unexpected.
     """
 
     def __init__(
@@ -101,6 +103,9 @@ class Handshake:
         return ProtocolError(protocol.BAD_FRAME, f"{self.address} closed before the challenge")
 
     def _on_challenge(self, frame: AnyFrame) -> None:
+        if frame.get("op") == protocol.ERROR and frame.get("code") == protocol.TLS_REQUIRED:
+            # the node's message names it and says what to pass (tls=, --tls-ca)
+            raise TlsError(str(frame.get("message") or f"{self.address} speaks TLS"))
         nonce = frame.get("nonce")
         if frame.get("op") != protocol.CHALLENGE or not isinstance(nonce, bytes):
             raise ProtocolError(protocol.BAD_FRAME, f"expected a challenge, got {frame!r}")

@@ -29,6 +29,7 @@ from cluster.client.aio_groups import declare_partitioned_queue as _declare_part
 from cluster.client.aio_groups import join_group as _join_group
 from cluster.client.aio_publisher import AsyncPublisher
 from cluster.client.errors import CommandRefused
+from cluster.client.tls import TlsOption, data_dir_ca
 from fifo.codec import encode
 from fifo.commands import (
     Checkout,
@@ -57,7 +58,8 @@ QueryArgs = dict[str, str | int]
 class AsyncClient(AsyncShell):
     """An asyncio connection to a quorumq cluster; `async with AsyncClient(...) as client`.
 
-    The options are those of `Client`. Nothing connects until `connect()` (or `async with`).
+    The options are those of `Client` (`tls=`: the cluster CA's path or an `ssl.SSLContext`
+    for a cluster with `tls = true`). Nothing connects until `connect()` (or `async with`).
     """
 
     @classmethod
@@ -73,8 +75,10 @@ class AsyncClient(AsyncShell):
         silence_timeout_s: float = 5.0,
         connect_retry_s: float | None = None,
         prefer_leader: bool = True,
+        tls: TlsOption = None,
     ) -> AsyncClient:
-        """A client for the endpoints of `D/cluster.toml` and the key in `D/client.key`."""
+        """A client for the endpoints of `D/cluster.toml` and the key in `D/client.key`; over
+        TLS with `D/tls/ca.crt` when cluster.toml says `tls = true` (`tls` overrides it)."""
         config = cluster_config.load(Path(data_dir))
         key = cluster_config.read_client_key(Path(data_dir) / cluster_config.CLIENT_KEY_FILE)
         return cls(
@@ -88,6 +92,7 @@ class AsyncClient(AsyncShell):
             silence_timeout_s=silence_timeout_s,
             connect_retry_s=connect_retry_s,
             prefer_leader=prefer_leader,
+            tls=tls if tls is not None else data_dir_ca(Path(data_dir), config.tls),
         )
 
     # --- lifecycle -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import ClientClosed, CommandRefused
 from cluster.client.publisher import Publisher
 from cluster.client.sansio import ClientProtocol
+from cluster.client.tls import TlsOption, client_context, data_dir_ca
 from fifo.codec import decode, encode
 from fifo.commands import (
     Checkout,
@@ -57,7 +58,14 @@ class Client(ThreadedShell):
     may stay silent while requests wait before the client moves to another one. With
     `prefer_leader`, the first connection moves to the leader the node names (saving a hop).
 
-    Example: `with Client.from_data_dir(Path("D")) as client: client.declare_queue("jobs")`.
+    `tls`: for a cluster with `tls = true`, the path of its CA file (`D/tls/ca.crt`) or an
+    `ssl.SSLContext`; every connection (reconnects and moves to the leader too) is TLS and
+    checks the node's certificate against it and the host dialed (None: plaintext). A mismatch
+    (a TLS port dialed without it, a plaintext port with it, another cluster's CA) raises
+    `TlsError` at once, saying what to pass instead (cluster/client/tls.py).
+
+    Example: `with Client.from_data_dir(Path("D")) as client: client.declare_queue("jobs")`,
+    or `Client(["10.0.0.1:5701"], key, tls="/etc/quorumq/ca.crt")`.
     """
 
     def __init__(
@@ -73,6 +81,7 @@ class Client(ThreadedShell):
         silence_timeout_s: float = 5.0,
         connect_retry_s: float | None = None,
         prefer_leader: bool = True,
+        tls: TlsOption = None,
     ) -> None:
         super().__init__(
             endpoints,
@@ -85,6 +94,7 @@ class Client(ThreadedShell):
             silence_timeout_s=silence_timeout_s,
             connect_retry_s=connect_retry_s,
             prefer_leader=prefer_leader,
+            tls=client_context(tls),
         )
 
     @classmethod
@@ -100,8 +110,10 @@ class Client(ThreadedShell):
         silence_timeout_s: float = 5.0,
         connect_retry_s: float | None = None,
         prefer_leader: bool = True,
+        tls: TlsOption = None,
     ) -> Client:
-        """Connect with the endpoints of `D/cluster.toml` and the key in `D/client.key`."""
+        """Connect with the endpoints of `D/cluster.toml` and the key in `D/client.key`; over
+        TLS with `D/tls/ca.crt` when cluster.toml says `tls = true` (`tls` overrides it)."""
         config = cluster_config.load(Path(data_dir))
         key = cluster_config.read_client_key(Path(data_dir) / cluster_config.CLIENT_KEY_FILE)
         return cls(
@@ -115,6 +127,7 @@ class Client(ThreadedShell):
             silence_timeout_s=silence_timeout_s,
             connect_retry_s=connect_retry_s,
             prefer_leader=prefer_leader,
+            tls=tls if tls is not None else data_dir_ca(Path(data_dir), config.tls),
         )
 
     # --- lifecycle -------------------------------------------------------------------------

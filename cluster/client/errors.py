@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "ProtocolError",
     "RequestTimeout",
+    "TlsError",
     "Unavailable",
 ]
 
@@ -43,3 +44,10 @@ class CommandRefused(ClusterError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class TlsError(ClusterError):
+    """Raised when the client's TLS setting does not match the node's: a plaintext client on a
+    TLS port, a TLS client on a plaintext port, or a node certificate that does not verify
+    against the CA given as `tls=` (or not for the host dialed). Not retried on other nodes:
+    it is a configuration to fix, and the message says how."""

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import signal
+import ssl
 import sys
 import time
 from functools import partial
@@ -24,12 +25,13 @@ import fifo
 from cluster import config, protocol
 from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
+from cluster.node.client_tls import TlsClientListener
 from cluster.node.effects import EffectRouter
 from cluster.node.logs import setup_logging
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
-from cluster.tls import PeerContexts, node_peer_contexts
+from cluster.tls import PeerContexts, node_client_port_context, node_peer_contexts
 from fifo.commands import ConnectionDown, ConnectionId
 from fifo.replies import Error
 from raft import storage
@@ -75,8 +77,10 @@ class NodeServer:
         metrics_port: int | None = None,
         metrics_bind: str = "127.0.0.1",
         peer_tls: PeerContexts | None = None,
+        client_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.cluster = cluster
+        self.client_tls = client_tls  # the client port's server context (tls = true)
         self.node = node
         self.node_id = node.id
         self.node_dir = node_dir
@@ -216,9 +220,7 @@ class NodeServer:
         )
         self.timers = LeaderTimers(self.replica)
         try:
-            server = await asyncio.start_server(
-                self._on_client, host=self.cluster.bind, port=self.node.client_port
-            )
+            server = await self._listen()
             self.metrics.start()
         except (OSError, MetricsUnavailable):
             self.replica.destroy()
@@ -226,6 +228,7 @@ class NodeServer:
         log.info(
             "node_started",
             client=self.node.client_address,
+            client_tls=self.client_tls is not None,
             raft=self.node.raft_address,
             incarnation=self.incarnation,
             supported=self.settings.supported_version,
@@ -251,6 +254,18 @@ class NodeServer:
         self.replica.destroy()
         self.metrics.stop()
         log.info("node_stopped")
+
+    async def _listen(self) -> asyncio.Server | TlsClientListener:
+        """Serve the client port: plaintext, or TLS when the cluster has `tls = true`."""
+        if self.client_tls is None:
+            return await asyncio.start_server(
+                self._on_client, host=self.cluster.bind, port=self.node.client_port
+            )
+        listener = TlsClientListener(
+            self.client_tls, self.node_id, self.node.client_address, self._on_client
+        )
+        await listener.start(self.cluster.bind, self.node.client_port)
+        return listener
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = ClientSession(self, reader, writer)
@@ -404,6 +419,7 @@ def run_node(
         node = cluster.node(node_id)
         secret = config.read_secret(data_dir)
         peer_tls = node_peer_contexts(data_dir, cluster, node_id)
+        client_tls = node_client_port_context(data_dir, cluster, node_id)
         cap = max_machine_version if max_machine_version is not None else node.max_machine_version
         supported = supported_version(cap)
         if metrics_port is not None and not 1 <= metrics_port <= 65535:
@@ -435,6 +451,7 @@ def run_node(
             metrics_port if metrics_port is not None else node.metrics_port,
             metrics_bind or cluster.metrics_bind,
             peer_tls,
+            client_tls,
         )
     except MetricsUnavailable as err:
         pid_file.unlink(missing_ok=True)

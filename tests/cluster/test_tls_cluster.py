@@ -40,7 +40,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClust
     data_dir = tmp_path_factory.mktemp("tls") / "D"
     started = _cli("cluster", "start", "--nodes", "3", "--data-dir", str(data_dir), "--tls")
     assert started.returncode == 0, started.stderr
-    assert "peer TLS: on" in started.stdout
+    assert "TLS: on for peer and client traffic" in started.stdout
     try:
         yield LocalCluster(data_dir)
     finally:
