@@ -7,7 +7,9 @@ app needs two lines (see docs/celery.md):
     app.conf.broker_url = "quorumq://127.0.0.1:5701,127.0.0.1:5702/?credentials=/D/client.key"
 
 `credentials` is the path of the cluster's `client.key` (`data_dir=D` reads `D/cluster.toml` and
-`D/client.key` instead). Mapping onto quorumq:
+`D/client.key` instead, and the cluster CA `D/tls/ca.crt` when cluster.toml says `tls = true`).
+Against a `tls = true` cluster given by endpoints, `tls_ca=PATH` names the cluster CA file.
+Mapping onto quorumq:
 
 - a kombu queue is a quorumq queue, declared on first use (declare, publish or get) with what
   the queue arguments can express: `x-dead-letter-routing-key` (or the one queue bound to
@@ -64,6 +66,7 @@ from cluster.client import (
     Unavailable,
 )
 from cluster.client import Message as Delivered
+from cluster.client.tls import data_dir_ca
 from cluster.errors import ConfigError
 from fifo import limits as fifo_limits
 from fifo.commands import QueueConfig
@@ -546,6 +549,11 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         for option in ("connect_timeout_s", "request_timeout_s", "reconnect_timeout_s"):
             if option in options:
                 kwargs[option] = float(options[option])
+        if options.get("tls_ca"):
+            kwargs["tls"] = str(options["tls_ca"])
+        elif data_dir:
+            cluster = cluster_config.load(Path(data_dir))
+            kwargs["tls"] = data_dir_ca(Path(data_dir), cluster.tls)
         return endpoints, key, kwargs
 
     def establish_connection(self) -> Any:

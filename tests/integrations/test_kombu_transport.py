@@ -18,7 +18,7 @@ pytest.importorskip("kombu")
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.exceptions import ChannelError
 
-from cluster.client import AuthError, Client
+from cluster.client import AuthError, Client, TlsError
 from cluster.errors import ConfigError
 from cluster.integrations import kombu_transport
 from cluster.launcher import LocalCluster, start_cluster, wait_until
@@ -326,3 +326,32 @@ def test_plain_quorumq_messages_reach_kombu_as_bytes(cluster: LocalCluster) -> N
         assert message.decode() == b"\xffraw bytes"
         message.ack()
         assert channel.basic_get("k-plain") is None
+
+
+def test_a_tls_cluster_through_tls_ca_or_data_dir(tmp_path: Path) -> None:
+    """`?tls_ca=PATH` (endpoints given) or `?data_dir=D` (the CA found from cluster.toml) reach
+    a `tls = true` cluster; without either the transport fails at once, saying TLS."""
+    tls_cluster = start_cluster(tmp_path / "D", nodes=3, tls=True)
+    try:
+        endpoints = ",".join(node.client_address for node in tls_cluster.config.nodes)
+        key = tls_cluster.data_dir / "client.key"
+        ca = tls_cluster.data_dir / "tls" / "ca.crt"
+        urls = (
+            f"quorumq://{endpoints}/?credentials={key}&tls_ca={ca}",
+            f"quorumq:///?data_dir={tls_cluster.data_dir}",
+        )
+        for number, url in enumerate(urls):
+            with Connection(url) as connection:
+                queue = connection.SimpleQueue(f"k-tls-{number}")
+                queue.put({"n": number})
+                message = queue.get(timeout=10)
+                assert message.payload == {"n": number}
+                message.ack()
+                queue.close()
+        with (
+            Connection(f"quorumq://{endpoints}/?credentials={key}") as connection,
+            pytest.raises(TlsError, match="speaks TLS"),
+        ):
+            connection.connect()
+    finally:
+        tls_cluster.stop()
