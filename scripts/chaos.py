@@ -99,6 +99,11 @@ def _quiet_logs(verbose: bool) -> None:
     help="Compact the Raft log every N entries (small: lagging nodes catch up by snapshot).",
 )
 @click.option("--keep-data", is_flag=True, help="Keep the cluster data dir under /tmp.")
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="tls = true: peer and client traffic over TLS (the certificates made in the data dir).",
+)
 @click.option("--verbose", is_flag=True, help="Log fault and client events to stderr.")
 def main(
     duration_s: float,
@@ -116,6 +121,7 @@ def main(
     fsync: str | None,
     snapshot_every: int,
     keep_data: bool,
+    tls: bool,
     verbose: bool,
 ) -> None:
     """Run one chaos experiment and check it.
@@ -151,6 +157,7 @@ def main(
             rate_per_s=rate,
         ),
         keep_data=keep_data,
+        tls=tls,
         snapshot_every_entries=snapshot_every,
         groups=groups,
     )

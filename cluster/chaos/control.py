@@ -60,6 +60,8 @@ class LauncherCluster:
         self.data_dir = self.local.data_dir
         self.config: ClusterConfig = self.local.config
         self.key = self.local.key
+        # the client TLS context of a `tls = true` cluster (its CA), else None
+        self.tls = self.local.tls
         self.starts: dict[str, int] = dict.fromkeys(self.config.node_ids(), 0)
 
     def node_ids(self) -> list[str]:
@@ -78,7 +80,7 @@ class LauncherCluster:
         """The leader a majority of reachable nodes report, or None."""
         votes: dict[str, int] = {}
         for node in self.config.nodes:
-            status = launcher.node_status(node, self.key, timeout_s=STATUS_TIMEOUT_S)
+            status = launcher.node_status(node, self.key, STATUS_TIMEOUT_S, self.tls)
             leader = status.get("leader") if status else None
             if isinstance(leader, str):
                 votes[leader] = votes.get(leader, 0) + 1
@@ -187,6 +189,7 @@ class LauncherCluster:
                     [self.node(leader).client_address],
                     self.key,
                     name="chaos-membership",
+                    tls=self.tls,
                     reconnect=False,
                     prefer_leader=False,
                     connect_timeout_s=2.0,
@@ -206,13 +209,13 @@ class LauncherCluster:
 
     def _leader_commit(self) -> int:
         leader = self.leader()
-        status = launcher.node_status(self.node(leader), self.key) if leader else None
+        status = launcher.node_status(self.node(leader), self.key, tls=self.tls) if leader else None
         return int((status or {}).get("commit_index") or 0)
 
     def _wait_applied(self, node_id: str, target: int) -> None:
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         while time.monotonic() < deadline:
-            status = launcher.node_status(self.node(node_id), self.key, timeout_s=STATUS_TIMEOUT_S)
+            status = launcher.node_status(self.node(node_id), self.key, STATUS_TIMEOUT_S, self.tls)
             if status is not None and int(status.get("raft_last_applied") or 0) >= target:
                 return
             time.sleep(0.2)

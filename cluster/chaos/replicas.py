@@ -9,6 +9,7 @@ digests of that moment.
 
 from __future__ import annotations
 
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,9 +25,11 @@ APPLIED_KEYS = ("applied_index", "last_applied", "applied", "raft_last_applied")
 
 
 class Replicas(Protocol):
-    """What the check needs: node ids, their client endpoints and the client key."""
+    """What the check needs: node ids, their client endpoints, the client key and the client
+    TLS context (None: plaintext)."""
 
     key: bytes
+    tls: ssl.SSLContext | None
 
     def endpoints(self) -> dict[str, str]:
         """Client endpoints by node id."""
@@ -114,6 +117,7 @@ def _snapshot(
                 [endpoint],
                 cluster.key,
                 name=f"chaos-check-{node_id}",
+                tls=cluster.tls,
                 reconnect=False,
                 prefer_leader=False,
                 request_timeout_s=5.0,

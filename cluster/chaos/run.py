@@ -22,6 +22,7 @@ import structlog
 
 from cluster import config as cluster_config
 from cluster import launcher
+from cluster import tls as cluster_tls
 from cluster.chaos import availability, group_workload
 from cluster.chaos.availability import FaultWindow
 from cluster.chaos.checker import check
@@ -69,6 +70,7 @@ class RunParams:
     drain_timeout_s: float = 60.0
     gap_s: float = 1.0  # a pause between publish confirms longer than this is unavailability
     keep_data: bool = False
+    tls: bool = False  # `tls = true`: peer and client traffic over TLS (certificates in D/tls)
     # compact the log this often: small values make lagging nodes catch up by snapshot
     snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES_DEFAULT
     # the consumer-group workload (issue 10): producers publish to the partitioned queue's base
@@ -106,12 +108,11 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
         os.environ[durability.FAULT_POWER_LOSS_ENV] = "1"
     stage = _Stage()
     every = params.snapshot_every_entries
-    if params.fsync is None:  # the cluster's default fsync policy
-        launcher.init_cluster(data_dir, params.nodes, snapshot_every_entries=every)
-    else:
-        launcher.init_cluster(
-            data_dir, params.nodes, fsync=params.fsync, snapshot_every_entries=every
-        )
+    fsync: dict[str, Any] = {} if params.fsync is None else {"fsync": params.fsync}
+    config = launcher.init_cluster(
+        data_dir, params.nodes, snapshot_every_entries=every, tls=params.tls, **fsync
+    )
+    cluster_tls.ensure_certificates(data_dir, config)
     mesh = _make_mesh(data_dir, kinds, stage)
     if mesh is None:
         kinds = [k for k in kinds if not k.startswith("partition")]
@@ -121,7 +122,9 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     replicas: ReplicaCheck | None = None
     try:
         cluster.start_all()
-        launcher.wait_for_leader(cluster.config, cluster.key, params.leader_timeout_s)
+        launcher.wait_for_leader(
+            cluster.config, cluster.key, params.leader_timeout_s, tls=cluster.tls
+        )
         _declare_queues(cluster, params.workload.queues, params.groups)
         schedule = make_schedule(kinds, params.duration_s, params.seed, params.schedule)
         if during is not None:
@@ -177,7 +180,8 @@ def _make_mesh(data_dir: Path, kinds: list[str], stage: _Stage) -> ProxyMesh | N
 def _declare_queues(
     cluster: LauncherCluster, queues: tuple[str, ...], groups: GroupParams | None
 ) -> None:
-    with Client(list(cluster.endpoints().values()), cluster.key, name="chaos-setup") as client:
+    endpoints = list(cluster.endpoints().values())
+    with Client(endpoints, cluster.key, name="chaos-setup", tls=cluster.tls) as client:
         if groups is not None:
             group_workload.declare(client, groups)
             return
@@ -207,6 +211,7 @@ def _client_factory(cluster: LauncherCluster, params: WorkloadParams) -> Callabl
             request_timeout_s=params.confirm_timeout_s,
             reconnect_timeout_s=10.0,
             prefer_leader=number % 2 == 0,
+            tls=cluster.tls,
         )
 
     return make
@@ -292,7 +297,7 @@ def _recover(
     """Heal everything, then wait for a leader; the wait is reported."""
     nemesis.heal_everything()
     healed = recorder.now_ns() / 1e9
-    launcher.wait_for_leader(cluster.config, cluster.key, params.leader_timeout_s)
+    launcher.wait_for_leader(cluster.config, cluster.key, params.leader_timeout_s, tls=cluster.tls)
     stage.timings["leader_after_heal_s"] = round(recorder.now_ns() / 1e9 - healed, 3)
 
 
@@ -335,6 +340,7 @@ def _drain_through(
             name=f"chaos-drain-{node_id}",
             reconnect=False,
             request_timeout_s=10.0,
+            tls=cluster.tls,
         ) as client:
             if params.groups is not None:
                 got = _drain_group(params.groups, drainer, client, node_id, params, deadline)
@@ -385,6 +391,7 @@ def _queues_empty(cluster: LauncherCluster, queues: tuple[str, ...]) -> bool:
             cluster.key,
             name="chaos-drain-check",
             request_timeout_s=5.0,
+            tls=cluster.tls,
         ) as client:
             return all(
                 queue_total(client.query("overview", {"queue": queue})) == 0 for queue in queues

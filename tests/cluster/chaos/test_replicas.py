@@ -11,6 +11,7 @@ class _Nodes:
 
     def __init__(self, cluster: LocalCluster) -> None:
         self.key = cluster.key
+        self.tls = cluster.tls
         self._cluster = cluster
 
     def endpoints(self) -> dict[str, str]:
