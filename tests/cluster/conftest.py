@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,3 +41,26 @@ def shells(request: pytest.FixtureRequest) -> Iterator[Shells]:
         yield opened
     finally:
         opened.close()
+
+
+def quorumq_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the `quorumq` CLI in a subprocess (text output captured, 120 s at most)."""
+    return subprocess.run(
+        [sys.executable, "-m", "cluster.cli", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """3 nodes started by `quorumq cluster start --tls`, stopped by `cluster stop` (one per
+    test module)."""
+    data_dir = tmp_path_factory.mktemp("tls") / "D"
+    started = quorumq_cli("cluster", "start", "--nodes", "3", "--data-dir", str(data_dir), "--tls")
+    assert started.returncode == 0, started.stderr
+    assert "TLS: on for peer and client traffic" in started.stdout
+    try:
+        yield LocalCluster(data_dir)
+    finally:
+        stopped = quorumq_cli("cluster", "stop", "--data-dir", str(data_dir))
+        assert stopped.returncode == 0, stopped.stderr

@@ -12,11 +12,8 @@ import contextlib
 import json
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,31 +27,11 @@ from cluster.client.tls import client_context
 from cluster.errors import ProtocolError
 from cluster.launcher import LocalCluster, init_cluster
 from cluster.rawclient import RawClient
+from tests.cluster.conftest import quorumq_cli
 
 pytestmark = pytest.mark.cluster
 
 MESSAGES = 200
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cluster.cli", *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """3 nodes started by `quorumq cluster start --tls`, stopped by `cluster stop`."""
-    data_dir = tmp_path_factory.mktemp("tls-clients") / "D"
-    started = _cli("cluster", "start", "--nodes", "3", "--data-dir", str(data_dir), "--tls")
-    assert started.returncode == 0, started.stderr
-    assert "TLS: on for peer and client traffic" in started.stdout
-    try:
-        yield LocalCluster(data_dir)
-    finally:
-        stopped = _cli("cluster", "stop", "--data-dir", str(data_dir))
-        assert stopped.returncode == 0, stopped.stderr
 
 
 def _ca(cluster: LocalCluster) -> Path:
@@ -145,21 +122,23 @@ def test_the_cli_publishes_consumes_and_reports_status_over_tls(
         "--credentials", str(tls_cluster.data_dir / "client.key"),
         "--tls-ca", str(_ca(tls_cluster)),
     ]  # fmt: skip
-    declared = _cli("--data-dir", data_dir, "queue", "declare", "tls-cli")
+    declared = quorumq_cli("--data-dir", data_dir, "queue", "declare", "tls-cli")
     assert declared.returncode == 0, declared.stderr
-    published = _cli(*remote, "publish", "tls-cli", "--count", "20", "--body", "cli-body")
+    published = quorumq_cli(*remote, "publish", "tls-cli", "--count", "20", "--body", "cli-body")
     assert published.returncode == 0, published.stderr
     assert "confirmed 20" in published.stdout
-    consumed = _cli("--data-dir", data_dir, "-o", "jsonl", "consume", "tls-cli", "--count", "20")
+    consumed = quorumq_cli(
+        "--data-dir", data_dir, "-o", "jsonl", "consume", "tls-cli", "--count", "20"
+    )
     assert consumed.returncode == 0, consumed.stderr
     assert [json.loads(line)["body"] for line in consumed.stdout.splitlines()] == ["cli-body"] * 20
-    status = _cli("--data-dir", data_dir, "-o", "json", "cluster", "status")
+    status = quorumq_cli("--data-dir", data_dir, "-o", "json", "cluster", "status")
     assert status.returncode == 0, status.stderr
     assert {row["role"] for row in json.loads(status.stdout)} == {"leader", "follower"}
-    by_endpoint = _cli(*remote, "-o", "json", "cluster", "status")
+    by_endpoint = quorumq_cli(*remote, "-o", "json", "cluster", "status")
     assert by_endpoint.returncode == 0, by_endpoint.stderr
     assert json.loads(by_endpoint.stdout)[0]["role"] == "follower"
-    members = _cli("--data-dir", data_dir, "-o", "json", "member", "list")
+    members = quorumq_cli("--data-dir", data_dir, "-o", "json", "member", "list")
     assert members.returncode == 0, members.stderr
     assert all(row["committed"] for row in json.loads(members.stdout))
 
@@ -223,7 +202,7 @@ def test_a_plaintext_client_on_a_tls_port_is_told_to_use_tls(tls_cluster: LocalC
 
 def test_the_cli_without_the_ca_names_the_fix(tls_cluster: LocalCluster) -> None:
     """--endpoints to a TLS cluster without --tls-ca: exit 78 and the node's own words."""
-    refused = _cli(
+    refused = quorumq_cli(
         "--endpoints", tls_cluster.endpoint("n1"),
         "--credentials", str(tls_cluster.data_dir / "client.key"),
         "queue", "list",
@@ -282,7 +261,7 @@ def test_a_missing_ca_file_is_a_config_error_before_any_dial(tmp_path: Path) -> 
     key = tmp_path / "client.key"
     key.write_text("0" * 64)
     key.chmod(0o600)
-    refused = _cli(
+    refused = quorumq_cli(
         "--endpoints", "127.0.0.1:1", "--credentials", str(key),
         "--tls-ca", str(tmp_path / "nope.crt"), "queue", "list",
     )  # fmt: skip

@@ -9,10 +9,7 @@ import json
 import socket
 import ssl
 import stat
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +20,9 @@ from cluster.launcher import LocalCluster, init_cluster
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.replies import Ok
 from raft.transport import HELLO_HEAD, MAGIC, VERSION
+from tests.cluster.conftest import quorumq_cli
 
 pytestmark = pytest.mark.cluster
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cluster.cli", *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """3 nodes started by `quorumq cluster start --tls`, stopped by `cluster stop`."""
-    data_dir = tmp_path_factory.mktemp("tls") / "D"
-    started = _cli("cluster", "start", "--nodes", "3", "--data-dir", str(data_dir), "--tls")
-    assert started.returncode == 0, started.stderr
-    assert "TLS: on for peer and client traffic" in started.stdout
-    try:
-        yield LocalCluster(data_dir)
-    finally:
-        stopped = _cli("cluster", "stop", "--data-dir", str(data_dir))
-        assert stopped.returncode == 0, stopped.stderr
 
 
 def _refusals(log_file: Path, reason: str) -> list[dict[str, Any]]:
@@ -176,10 +153,10 @@ def test_a_tls_cluster_with_a_missing_key_is_refused_before_any_node_starts(
     config = init_cluster(data_dir, 3, tls=True)
     tls.ensure_certificates(data_dir, config)
     (data_dir / "tls" / "n2.key").unlink()
-    refused = _cli("cluster", "start", "--data-dir", str(data_dir))
+    refused = quorumq_cli("cluster", "start", "--data-dir", str(data_dir))
     assert refused.returncode == 66, refused.stderr
     assert "n2.key" in refused.stderr
     assert not list(data_dir.glob("n*/node.pid"))
-    by_hand = _cli("node", "start", "--data-dir", str(data_dir), "--node-id", "n2")
+    by_hand = quorumq_cli("node", "start", "--data-dir", str(data_dir), "--node-id", "n2")
     assert by_hand.returncode == 78, by_hand.stderr
     assert "n2.key" in by_hand.stderr
