@@ -29,6 +29,9 @@ log = structlog.get_logger(__name__)
 PEER_ADDRESSES_FIELD = "peer_addresses"
 STATUS_TIMEOUT_S = 1.0
 REAP_TIMEOUT_S = 5.0
+# a (re)started node that exits within this long is a fault error (its exit code and stderr)
+START_CHECK_S = 3.0
+STDERR_TAIL_BYTES = 2000
 CHANGE_RETRY_S = 30.0  # a membership change refused as unavailable is retried this long
 CATCH_UP_TIMEOUT_S = 60.0  # a new member must apply what the leader had when it was added
 
@@ -91,11 +94,25 @@ class LauncherCluster:
         return None
 
     def start(self, node: str) -> None:
-        """Start one node from its journal and dump (no-op if it is running)."""
+        """Start one node from its journal and dump (no-op if it is running); a node that exits
+        within START_CHECK_S raises LauncherError with its exit code and the end of its stderr
+        (a nemesis records it as the fault's error, instead of a node silently down)."""
         if launcher.node_pid(self.node(node)) is not None:
             return
         self.local.start_node(node)
         self.starts[node] += 1
+        process = self.local.procs[node]
+        deadline = time.monotonic() + START_CHECK_S
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                stderr = self.node(node).data_dir / "stderr.log"
+                tail = stderr.read_bytes()[-STDERR_TAIL_BYTES:].decode(errors="replace")
+                raise launcher.LauncherError(
+                    f"{node} exited {process.returncode} right after it was started: {tail}"
+                )
+            if launcher.node_status(self.node(node), self.key, STATUS_TIMEOUT_S, self.tls):
+                return
+            time.sleep(0.05)
 
     def start_all(self) -> None:
         """Start every node that is not running."""
