@@ -262,11 +262,20 @@ def _signal(pid: int, sig: int) -> None:
 # --- status --------------------------------------------------------------------------------
 
 
+# a status with a forced digest encodes the whole state (about 2 us per message held)
+DIGEST_TIMEOUT_S = 120.0
+
+
 def node_status(
-    node: NodeConfig, key: bytes, timeout_s: float = 2.0, tls: TlsOption = None
+    node: NodeConfig,
+    key: bytes,
+    timeout_s: float = 2.0,
+    tls: TlsOption = None,
+    digest: bool = False,
 ) -> dict[str, Any] | None:
     """The status map of one node, or None if it cannot be reached (`tls` as for `Client`;
-    a TLS mismatch raises TlsError: the node is there, the setting is wrong)."""
+    a TLS mismatch raises TlsError: the node is there, the setting is wrong; `digest` as for
+    `Client.status`: it may take a while, the answer is waited for DIGEST_TIMEOUT_S)."""
     try:
         with Client(
             [node.client_address],
@@ -279,20 +288,24 @@ def node_status(
             name="quorumq-status",
             tls=tls,
         ) as client:
-            status = client.status()
+            status = client.status(digest, DIGEST_TIMEOUT_S if digest else None)
     except (Unavailable, OSError):
         return None
     return dict(status) if isinstance(status, dict) else None
 
 
 def cluster_status(
-    config: ClusterConfig, key: bytes, timeout_s: float = 2.0, tls: TlsOption = None
+    config: ClusterConfig,
+    key: bytes,
+    timeout_s: float = 2.0,
+    tls: TlsOption = None,
+    digest: bool = False,
 ) -> list[dict[str, Any]]:
     """One row per node; unreachable nodes are `role: down` (with the pid if one is running)."""
     rows: list[dict[str, Any]] = []
     tls = client_context(tls)  # (the CA file read once)
     for node in config.nodes:
-        status = node_status(node, key, timeout_s, tls)
+        status = node_status(node, key, timeout_s, tls, digest)
         if status is None:
             status = {
                 "id": node.id,

@@ -32,7 +32,7 @@ from raft.entry import Entry, Origin
 from raft.errors import StorageError, SubmitError
 from raft.fastcodec import encode_command
 from raft.membership import MemberChange, Refusal
-from raft.node import RaftNode, RaftSettings
+from raft.node import DIGEST_MESSAGES_MAX, RaftNode, RaftSettings
 from raft.replicated import Metadata, Outcome, ReplicatedState
 
 T = TypeVar("T")
@@ -180,9 +180,10 @@ class Replica:
         with self._node.lock:
             return function(ReplicaView(self._node.replicated_state))
 
-    def status(self, with_digest: bool = True) -> dict[str, Any]:
-        """This node's status map (role, term, indexes, versions, digest, leader, ...)."""
-        return self._node.status(with_digest)
+    def status(self, with_digest: bool = True, bounded: bool = True) -> dict[str, Any]:
+        """This node's status map (role, term, indexes, versions, digest, leader, ...); the
+        digest is left out above `raft.node.DIGEST_MESSAGES_MAX` messages unless not `bounded`."""
+        return self._node.status(with_digest, DIGEST_MESSAGES_MAX if bounded else None)
 
     @property
     def stopped_reason(self) -> str | None:

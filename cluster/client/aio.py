@@ -296,9 +296,12 @@ class AsyncClient(AsyncShell):
         """Up to `limit` messages of `queue` (ids, sizes, delivery counts; not the bodies)."""
         return results.messages(await self.query("messages", {"queue": queue, "limit": limit}))
 
-    async def status(self) -> dict[str, object]:
-        """The status map of the connected node (role, term, indexes, digest, versions, pid)."""
-        return results.mapping(await self.query("status"), "status")
+    async def status(self, digest: bool = False) -> dict[str, object]:
+        """The status map of the connected node (role, term, indexes, digest, versions, pid);
+        `digest` as for `Client.status`."""
+        return results.mapping(
+            await self.query("status", {"digest": True} if digest else None), "status"
+        )
 
     async def machine(self) -> dict[str, object]:
         """The machine-version status (effective version, per-node support, past switches)."""

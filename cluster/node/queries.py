@@ -48,7 +48,9 @@ def _limit_arg(args: dict[str, Any], default: int, maximum: int) -> int:
 def run_query(replica: Replica, name: str, args: dict[str, Any], extra: dict[str, Any]) -> Any:
     """Answer query `name`; `extra` is merged into the status map (address, pid, ...)."""
     if name == "status":
-        return {**extra, **replica.status(), "pid": os.getpid()}
+        # `digest`: true computes the digest whatever the state's size (it stalls the node)
+        bounded = args.get("digest") is not True
+        return {**extra, **replica.status(bounded=bounded), "pid": os.getpid()}
     supported = replica.settings.supported_version
     return replica.read(lambda view: _answer(view, name, args, supported))
 
