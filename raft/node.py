@@ -1093,9 +1093,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         raw = self._raw_status()
         with self.lock:
             meta = self.replicated_state.meta
-            held = sum(q.messages_total for q in self.replicated_state.state.queues.values())
             skipped = None
-            if with_digest and digest_messages_max is not None and held > digest_messages_max:
+            held = self._messages_held() if with_digest and digest_messages_max is not None else 0
+            if digest_messages_max is not None and held > digest_messages_max:
                 with_digest = False
                 skipped = (
                     f"{held} messages held (more than {digest_messages_max}): computing the "
@@ -1124,6 +1124,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if self.stopped_reason is not None:
             status["reason"] = self.stopped_reason
         return status
+
+    def _messages_held(self) -> int:
+        return sum(q.messages_total for q in self.replicated_state.state.queues.values())
 
     def _raw_status(self) -> dict[str, Any]:
         # getStatus iterates pysyncobj dicts a tick may resize (when read from another thread:
