@@ -533,8 +533,9 @@ class Transport(virtual.Transport):  # type: ignore[misc]
                 e if ":" in e or port is None else f"{e}:{port}" for e in hostname.split(",") if e
             ]
         data_dir = options.get("data_dir")
-        if data_dir and not endpoints:
-            endpoints = list(cluster_config.load(Path(data_dir)).endpoints().values())
+        cluster = cluster_config.load(Path(data_dir)) if data_dir else None
+        if cluster is not None and not endpoints:
+            endpoints = list(cluster.endpoints().values())
         if not endpoints:
             raise ConfigError(f"{SCHEME}:// needs at least one host:port endpoint")
         if options.get("credentials"):
@@ -551,9 +552,8 @@ class Transport(virtual.Transport):  # type: ignore[misc]
                 kwargs[option] = float(options[option])
         if options.get("tls_ca"):
             kwargs["tls"] = str(options["tls_ca"])
-        elif data_dir:
-            cluster = cluster_config.load(Path(data_dir))
-            kwargs["tls"] = data_dir_ca(Path(data_dir), cluster.tls)
+        elif cluster is not None:
+            kwargs["tls"] = data_dir_ca(Path(str(data_dir)), cluster.tls)
         return endpoints, key, kwargs
 
     def establish_connection(self) -> Any:
