@@ -25,6 +25,11 @@ CONFIG_FILE = "cluster.toml"
 SNAPSHOT_EVERY_ENTRIES_DEFAULT = 5000
 SNAPSHOT_EVERY_ENTRIES_MIN = 10
 SNAPSHOT_EVERY_ENTRIES_MAX = 10_000_000
+# client connections one node serves at once, and of them from one source address (host);
+# a node also caps the first by its open-file limit (cluster/node/limits.py)
+CONNECTIONS_MAX_DEFAULT = 4096
+CONNECTIONS_PER_SOURCE_MAX_DEFAULT = 1024
+CONNECTIONS_MAX_LIMIT = 1_000_000
 SECRET_FILE = "secret"
 CLIENT_KEY_FILE = "client.key"
 CLIENT_KEY_LABEL = b"quorumq client v1"
@@ -74,6 +79,8 @@ class ClusterConfig:
     founders: tuple[str, ...] = ()
     # mutual TLS on the peer (Raft) connections, with the certificates in D/tls (cluster.tls)
     tls: bool = False
+    connections_max: int = CONNECTIONS_MAX_DEFAULT
+    connections_per_source_max: int = CONNECTIONS_PER_SOURCE_MAX_DEFAULT
 
     def founder_ids(self) -> list[str]:
         """The members the cluster was created with."""
@@ -142,7 +149,18 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         snapshot_every_entries=every,
         metrics_bind=_typed(section, "metrics_bind", str, path, "127.0.0.1"),
         tls=_typed(section, "tls", bool, path, False),
+        connections_max=_bounded(section, "connections_max", CONNECTIONS_MAX_DEFAULT, path),
+        connections_per_source_max=_bounded(
+            section, "connections_per_source_max", CONNECTIONS_PER_SOURCE_MAX_DEFAULT, path
+        ),
     )
+
+
+def _bounded(section: dict[str, Any], key: str, default: int, path: Path) -> int:
+    value: int = _typed(section, key, int, path, default)
+    if not 1 <= value <= CONNECTIONS_MAX_LIMIT:
+        raise ConfigError(f"{path}: {key} must be within [1, {CONNECTIONS_MAX_LIMIT}], got {value}")
+    return value
 
 
 def _parse_node(item: Any, path: Path) -> NodeConfig:
@@ -199,6 +217,10 @@ def dumps(config: ClusterConfig) -> str:
         lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
     if config.tls:
         lines.append("tls = true")
+    if config.connections_max != CONNECTIONS_MAX_DEFAULT:
+        lines.append(f"connections_max = {config.connections_max}")
+    if config.connections_per_source_max != CONNECTIONS_PER_SOURCE_MAX_DEFAULT:
+        lines.append(f"connections_per_source_max = {config.connections_per_source_max}")
     if config.founders:
         lines.append(f"founders = [{', '.join(_toml_str(f) for f in config.founders)}]")
     for node in config.nodes:

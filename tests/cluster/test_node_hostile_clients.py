@@ -5,16 +5,28 @@ a clear, retryable error while the node keeps serving (and keeps its own files w
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import ssl
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from cluster import protocol
 from cluster.client.errors import TlsError, Unavailable
 from cluster.client.tls import handshake_failed
-from cluster.launcher import LocalCluster
+from cluster.config import CONFIG_FILE
+from cluster.errors import ProtocolError
+from cluster.launcher import LocalCluster, init_cluster, start_cluster
+from cluster.node.limits import (
+    FD_RESERVE,
+    OPEN_FILES_WANTED,
+    ConnectionCaps,
+    effective_connections_max,
+)
+from cluster.rawclient import RawClient
 
 pytestmark = pytest.mark.cluster
 
@@ -60,3 +72,81 @@ def test_a_handshake_cut_short_is_retryable_and_says_so() -> None:
     assert "cut short by the node" in str(error) and "without tls" not in str(error)
     error = handshake_failed("n1:5000", ConnectionResetError(104, "Connection reset by peer"))
     assert isinstance(error, Unavailable)
+
+
+# --- connection caps ---------------------------------------------------------------------------
+
+CONNECTIONS_MAX = 30
+
+
+@pytest.fixture
+def capped_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """3 nodes whose cluster.toml caps client connections at CONNECTIONS_MAX per node."""
+    data_dir = tmp_path / "D"
+    init_cluster(data_dir, nodes=3)
+    toml = data_dir / CONFIG_FILE
+    toml.write_text(
+        toml.read_text().replace("[cluster]\n", f"[cluster]\nconnections_max = {CONNECTIONS_MAX}\n")
+    )
+    cluster = start_cluster(data_dir, nodes=3)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_connections_past_the_cap_are_refused_clearly_and_the_node_keeps_serving(
+    capped_cluster: LocalCluster,
+) -> None:
+    """A client holding a node's every connection slot: the next connections to that node are
+    told why (`connection_limit`, naming the cap) and closed, logged once with their count; a
+    library client dialing that node first goes on to another; once the slots free up the node
+    serves again; and the node raised its open-file limit at start (1,024 is too few)."""
+    node = capped_cluster.leader()
+    held = [capped_cluster.raw_client(node, name=f"hog{i}") for i in range(CONNECTIONS_MAX)]
+    try:
+        for _ in range(50):
+            with pytest.raises(ProtocolError) as refused:
+                RawClient(capped_cluster.endpoint(node), capped_cluster.key, tls=capped_cluster.tls)
+            assert refused.value.code == protocol.CONNECTION_LIMIT
+            assert "connections_max" in str(refused.value)
+        with capped_cluster.client(node) as client:  # n1 first, then the others
+            client.declare_queue("capped")
+            client.publish("capped", b"x")
+    finally:
+        for raw in held:
+            raw.close()
+    with capped_cluster.client(node, only=True) as client:
+        overview = client.overview("capped")
+        assert overview is not None and overview.ready == 1
+    log = [json.loads(line) for line in (capped_cluster.data_dir / node / "node.log").open()]
+    refusals = [line for line in log if line.get("event") == "client_connections_refused"]
+    assert len(refusals) == 1 and refusals[0]["refused"] == 1  # the rest wait for the interval
+    pid = int((capped_cluster.data_dir / node / "node.pid").read_text())
+    soft, hard = _open_files_limit(pid)
+    assert soft >= min(hard, OPEN_FILES_WANTED)
+
+
+def _open_files_limit(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError(f"no open-files line in /proc/{pid}/limits")
+
+
+def test_the_caps_count_per_node_and_per_source_address() -> None:
+    """Past either cap a connection is refused with the cap's name, nothing counted; a closed
+    connection frees its slot; refusals are logged once per source per interval."""
+    now = [0.0]
+    caps = ConnectionCaps(total_max=3, per_source_max=2, clock=lambda: now[0])
+    assert caps.admit("10.0.0.1") is None and caps.admit("10.0.0.1") is None
+    refused = caps.admit("10.0.0.1")
+    assert refused is not None and "connections_per_source_max" in refused
+    assert caps.admit("10.0.0.2") is None
+    refused = caps.admit("10.0.0.3")
+    assert refused is not None and "connections_max" in refused
+    caps.release("10.0.0.1")
+    assert caps.admit("10.0.0.3") is None
+    assert caps.total == 3 and caps.by_source == {"10.0.0.1": 1, "10.0.0.2": 1, "10.0.0.3": 1}
+    assert effective_connections_max(4096, 1024) == 1024 - FD_RESERVE
