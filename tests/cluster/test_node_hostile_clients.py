@@ -27,6 +27,7 @@ from cluster.node.limits import (
     effective_connections_max,
 )
 from cluster.rawclient import RawClient
+from raft import durability
 
 pytestmark = pytest.mark.cluster
 
@@ -150,3 +151,33 @@ def test_the_caps_count_per_node_and_per_source_address() -> None:
     assert caps.admit("10.0.0.3") is None
     assert caps.total == 3 and caps.by_source == {"10.0.0.1": 1, "10.0.0.2": 1, "10.0.0.3": 1}
     assert effective_connections_max(4096, 1024) == 1024 - FD_RESERVE
+
+
+# --- a node whose disk is full -----------------------------------------------------------------
+
+
+def test_a_client_of_a_node_whose_disk_is_full_moves_to_another_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC on one node's journal (the test-only hook) while the other two are healthy: a
+    library client connected to that node does not give up with `disk_full` (exit 65 for the
+    CLI) but retries on another node, and every publish is confirmed."""
+    monkeypatch.setenv(durability.FAULT_ENOSPC_ENV, "enospc.flag")  # relative: the node's dir
+    cluster = start_cluster(tmp_path / "D", nodes=3)
+    try:
+        full = cluster.leader()
+        with cluster.client() as client:
+            client.declare_queue("spill")
+        (cluster.config.node(full).data_dir / "enospc.flag").touch()
+        with cluster.client(full) as client:  # its first failed write moves leadership away
+            client.publish("spill", b"first", timeout_s=30.0)
+        cluster.leader(exclude=full)
+        with cluster.client(full, connect_timeout_s=30.0) as client:  # the full node first
+            assert client.node == full
+            for i in range(20):
+                client.publish("spill", b"%d" % i, timeout_s=30.0)
+            overview = client.overview("spill")
+            assert overview is not None and overview.ready == 21
+            assert client.node != full
+    finally:
+        cluster.stop()
