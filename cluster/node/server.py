@@ -455,7 +455,9 @@ def run_node(
     node_dir = node.data_dir if node.data_dir.is_absolute() else data_dir / node.data_dir
     os.umask(0o077)  # journal, snapshot, meta and logs are for the node's owner only (0600)
     storage.private_dir(node_dir)
-    setup_logging(node_dir / "node.log", node_id)
+    setup_logging(
+        node_dir / "node.log", node_id, cluster.log_file_bytes_max, cluster.log_files_kept
+    )
     # raft ticks on the loop thread; the metrics thread (if any) must not hold the GIL 5 ms
     # (the default switch interval) while the loop returns from an fsync or a poll
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
