@@ -11,6 +11,7 @@ their count, never once each.
 
 from __future__ import annotations
 
+import asyncio
 import resource
 import time
 from collections.abc import Callable
@@ -23,6 +24,13 @@ log = structlog.get_logger("cluster.limits")
 OPEN_FILES_WANTED = 65536
 FD_RESERVE = 256  # descriptors no client connection may take
 REFUSAL_LOG_INTERVAL_S = 10.0
+REFUSAL_SOURCES_TRACKED_MAX = 10_000
+
+
+def source_address(writer: asyncio.StreamWriter) -> str:
+    """The address (host, without the port) a client connection comes from."""
+    peer = writer.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) else str(peer)
 
 
 def raise_open_files_limit() -> tuple[int, int]:
@@ -45,16 +53,39 @@ def effective_connections_max(configured: int, open_files_soft: int) -> int:
 
 
 @dataclass
+class RefusalLog:
+    """Logs a refusal of a stranger (an unauthenticated client, one past a cap) once per
+    event and source per REFUSAL_LOG_INTERVAL_S, with how many it stands for: an attacker
+    must not be able to fill the disk with our log lines."""
+
+    clock: Callable[[], float] = time.monotonic
+    _counts: dict[tuple[str, str], int] = field(default_factory=dict)  # since the last line
+    _logged_at: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def note(self, event: str, source: str, **context: object) -> None:
+        """Count one refusal of `source`; log it (with the count) if that is due."""
+        key = (event, source)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        now = self.clock()
+        if now - self._logged_at.get(key, -REFUSAL_LOG_INTERVAL_S) < REFUSAL_LOG_INTERVAL_S:
+            return
+        log.warning(event, source=source, refused=self._counts.pop(key), **context)
+        self._logged_at[key] = now
+        if len(self._logged_at) > REFUSAL_SOURCES_TRACKED_MAX:  # forget the oldest sources
+            for stale in list(self._logged_at)[: REFUSAL_SOURCES_TRACKED_MAX // 2]:
+                del self._logged_at[stale]
+                self._counts.pop(stale, None)
+
+
+@dataclass
 class ConnectionCaps:
     """Counts the client connections a node serves, in all and per source address."""
 
     total_max: int
     per_source_max: int
-    clock: Callable[[], float] = time.monotonic
+    refusals: RefusalLog = field(default_factory=RefusalLog)
     total: int = 0
     by_source: dict[str, int] = field(default_factory=dict)
-    _refused: dict[str, int] = field(default_factory=dict)  # since that source's last log line
-    _logged_at: dict[str, float] = field(default_factory=dict)
 
     def admit(self, source: str) -> str | None:
         """Count a new connection from `source`; or, past a cap, the reason it is refused
@@ -68,7 +99,7 @@ class ConnectionCaps:
                 "source address (connections_per_source_max)"
             )
         if reason is not None:
-            self._log_refusal(source, reason)
+            self.refusals.note("client_connections_refused", source, reason=reason)
             return reason
         self.total += 1
         self.by_source[source] = self.by_source.get(source, 0) + 1
@@ -82,14 +113,3 @@ class ConnectionCaps:
             self.by_source[source] = left
         else:
             del self.by_source[source]
-
-    def _log_refusal(self, source: str, reason: str) -> None:
-        self._refused[source] = self._refused.get(source, 0) + 1
-        now = self.clock()
-        if now - self._logged_at.get(source, -REFUSAL_LOG_INTERVAL_S) < REFUSAL_LOG_INTERVAL_S:
-            return
-        log.warning(
-            "client_connections_refused", source=source, refused=self._refused.pop(source),
-            reason=reason,
-        )  # fmt: skip
-        self._logged_at[source] = now

@@ -28,7 +28,13 @@ from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.client_tls import TlsClientListener
 from cluster.node.effects import EffectRouter
-from cluster.node.limits import ConnectionCaps, effective_connections_max, raise_open_files_limit
+from cluster.node.limits import (
+    ConnectionCaps,
+    RefusalLog,
+    effective_connections_max,
+    raise_open_files_limit,
+    source_address,
+)
 from cluster.node.logs import setup_logging
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
@@ -99,9 +105,11 @@ class NodeServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: set[ClientSession] = set()
         self.open_files = raise_open_files_limit()  # (soft, hard) RLIMIT_NOFILE
+        self.refusals = RefusalLog()  # of unauthenticated or over-the-cap clients
         self.connection_caps = ConnectionCaps(
             effective_connections_max(cluster.connections_max, self.open_files[0]),
             cluster.connections_per_source_max,
+            self.refusals,
         )
         self._leaderless_since: float | None = time.monotonic()  # None while a leader is reachable
         self._had_leader = False  # this incarnation has seen a reachable leader
@@ -278,8 +286,7 @@ class NodeServer:
         return listener
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        source = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        source = source_address(writer)
         refused = self.connection_caps.admit(source)
         if refused is not None:
             await self._refuse_connection(writer, refused)

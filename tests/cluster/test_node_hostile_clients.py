@@ -13,17 +13,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from cluster import protocol
 from cluster.client.errors import TlsError, Unavailable
 from cluster.client.tls import handshake_failed
 from cluster.config import CONFIG_FILE
-from cluster.errors import ProtocolError
+from cluster.errors import ClusterError, ProtocolError
 from cluster.launcher import LocalCluster, init_cluster, start_cluster
 from cluster.node.limits import (
     FD_RESERVE,
     OPEN_FILES_WANTED,
+    REFUSAL_LOG_INTERVAL_S,
     ConnectionCaps,
+    RefusalLog,
     effective_connections_max,
 )
 from cluster.rawclient import RawClient
@@ -139,8 +142,7 @@ def _open_files_limit(pid: int) -> tuple[int, int]:
 def test_the_caps_count_per_node_and_per_source_address() -> None:
     """Past either cap a connection is refused with the cap's name, nothing counted; a closed
     connection frees its slot; refusals are logged once per source per interval."""
-    now = [0.0]
-    caps = ConnectionCaps(total_max=3, per_source_max=2, clock=lambda: now[0])
+    caps = ConnectionCaps(total_max=3, per_source_max=2)
     assert caps.admit("10.0.0.1") is None and caps.admit("10.0.0.1") is None
     refused = caps.admit("10.0.0.1")
     assert refused is not None and "connections_per_source_max" in refused
@@ -181,3 +183,30 @@ def test_a_client_of_a_node_whose_disk_is_full_moves_to_another_node(
             assert client.node != full
     finally:
         cluster.stop()
+
+
+def test_refusals_of_strangers_are_logged_once_per_source_and_interval() -> None:
+    """Each (event, source) gets one line per interval, carrying how many refusals it stands
+    for; another source or event is logged on its own."""
+    now = [0.0]
+    refusals = RefusalLog(clock=lambda: now[0])
+    with structlog.testing.capture_logs() as lines:
+        for _ in range(50):
+            refusals.note("auth_failed", "10.0.0.1")
+        refusals.note("auth_failed", "10.0.0.2")
+        now[0] += REFUSAL_LOG_INTERVAL_S
+        refusals.note("auth_failed", "10.0.0.1")
+    counts = [(line["source"], line["refused"]) for line in lines]
+    assert counts == [("10.0.0.1", 1), ("10.0.0.2", 1), ("10.0.0.1", 50)]
+
+
+def test_a_flood_of_wrong_credentials_logs_one_line(tls_cluster: LocalCluster) -> None:
+    """50 connections with a wrong client key, each refused: one `auth_failed` line."""
+    node = tls_cluster.leader()
+    path = tls_cluster.data_dir / node / "node.log"
+    before = path.read_text().count('"auth_failed"')
+    for _ in range(50):
+        with pytest.raises(ClusterError):
+            RawClient(tls_cluster.endpoint(node), b"0" * 64, tls=tls_cluster.tls)
+    # (the node writes its line before it answers: every line is in the file by now)
+    assert path.read_text().count('"auth_failed"') == before + 1
