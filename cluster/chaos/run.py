@@ -45,6 +45,7 @@ from cluster.client import Client
 from cluster.client.errors import ClusterError
 from cluster.client.groups import join_group
 from cluster.config import SNAPSHOT_EVERY_ENTRIES_DEFAULT, FsyncPolicy
+from fifo.commands import QueueConfig
 from raft import durability
 
 log = structlog.get_logger(__name__)
@@ -77,6 +78,9 @@ class RunParams:
     # name (keyed, or round robin), members of one group consume instead of queue consumers;
     # workload.queues are then the partition queues (drained and compared)
     groups: GroupParams | None = None
+    # the queues' disconnected timeout (None: the machine's default); short ones return a
+    # paused or cut-off node's consumers' messages while that node still has them to deliver
+    queue_disconnected_timeout_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -125,7 +129,9 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
         launcher.wait_for_leader(
             cluster.config, cluster.key, params.leader_timeout_s, tls=cluster.tls
         )
-        _declare_queues(cluster, params.workload.queues, params.groups)
+        _declare_queues(
+            cluster, params.workload.queues, params.groups, params.queue_disconnected_timeout_ms
+        )
         schedule = make_schedule(kinds, params.duration_s, params.seed, params.schedule)
         if during is not None:
             threading.Thread(target=during, args=(cluster, recorder), daemon=True).start()
@@ -178,15 +184,21 @@ def _make_mesh(data_dir: Path, kinds: list[str], stage: _Stage) -> ProxyMesh | N
 
 
 def _declare_queues(
-    cluster: LauncherCluster, queues: tuple[str, ...], groups: GroupParams | None
+    cluster: LauncherCluster,
+    queues: tuple[str, ...],
+    groups: GroupParams | None,
+    disconnected_timeout_ms: int | None = None,
 ) -> None:
     endpoints = list(cluster.endpoints().values())
     with Client(endpoints, cluster.key, name="chaos-setup", tls=cluster.tls) as client:
         if groups is not None:
-            group_workload.declare(client, groups)
+            group_workload.declare(client, groups, disconnected_timeout_ms=disconnected_timeout_ms)
             return
+        config = QueueConfig()
+        if disconnected_timeout_ms is not None:
+            config = QueueConfig(disconnected_timeout_ms=disconnected_timeout_ms)
         for queue in queues:
-            client.declare_queue(queue)
+            client.declare_queue(queue, config)
 
 
 def _client_factory(cluster: LauncherCluster, params: WorkloadParams) -> Callable[[str], Client]:
@@ -462,6 +474,8 @@ def _report(
         "unexpected": len(verdict.unexpected),
         "duplicated": len(verdict.duplicated),
         "recovered": len(verdict.recovered),
+        # issue 24: deliveries after an ack of the same message completed ok (any flag)
+        "late_deliveries": len(verdict.delivered_after_ack),
         "checker": verdict.to_dict(),
         "availability": _availability(windows, fault_windows, params.gap_s),
         "replicas": replica_dict,
