@@ -19,7 +19,7 @@ from cluster import config as cluster_config
 from cluster import launcher
 from cluster.chaos.linkproxy import ProxyMesh
 from cluster.client import Client
-from cluster.client.errors import ClusterError
+from cluster.client.errors import AuthError, ClusterError
 from cluster.config import ClusterConfig, NodeConfig
 from raft import storage
 
@@ -83,7 +83,7 @@ class LauncherCluster:
         """The leader a majority of reachable nodes report, or None."""
         votes: dict[str, int] = {}
         for node in self.config.nodes:
-            status = launcher.node_status(node, self.key, STATUS_TIMEOUT_S, self.tls)
+            status = self._status(node)
             leader = status.get("leader") if status else None
             if isinstance(leader, str):
                 votes[leader] = votes.get(leader, 0) + 1
@@ -110,9 +110,19 @@ class LauncherCluster:
                 raise launcher.LauncherError(
                     f"{node} exited {process.returncode} right after it was started: {tail}"
                 )
-            if launcher.node_status(self.node(node), self.key, STATUS_TIMEOUT_S, self.tls):
+            if self._status(self.node(node)):
                 return
             time.sleep(0.05)
+
+    def _status(self, node: NodeConfig) -> dict[str, Any] | None:
+        """The node's status map, or None while it cannot answer: unreachable, or a handshake
+        refused while it starts (a transient AuthError, not a fault error; a wrong key fails
+        every check the same way and shows as a node that never answers)."""
+        try:
+            return launcher.node_status(node, self.key, STATUS_TIMEOUT_S, self.tls)
+        except AuthError as err:
+            log.info("status_auth_refused", node=node.id, error=str(err))
+            return None
 
     def start_all(self) -> None:
         """Start every node that is not running."""
@@ -226,13 +236,13 @@ class LauncherCluster:
 
     def _leader_commit(self) -> int:
         leader = self.leader()
-        status = launcher.node_status(self.node(leader), self.key, tls=self.tls) if leader else None
+        status = self._status(self.node(leader)) if leader else None
         return int((status or {}).get("commit_index") or 0)
 
     def _wait_applied(self, node_id: str, target: int) -> None:
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         while time.monotonic() < deadline:
-            status = launcher.node_status(self.node(node_id), self.key, STATUS_TIMEOUT_S, self.tls)
+            status = self._status(self.node(node_id))
             if status is not None and int(status.get("raft_last_applied") or 0) >= target:
                 return
             time.sleep(0.2)
