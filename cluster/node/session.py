@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,12 @@ PUBLISH_BODY_BYTES_MAX = EFFECT_BYTES_MAX
 # queries always answered: "status" says itself whether this node has a leader
 FRESH_QUERIES = frozenset({"status"})
 WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
+# an effect frame (a delivery) queued longer than this before its write means this node was
+# stopped or starved meanwhile: long enough, near the peers' connection timeout, for the leader
+# to mark the node down and hand its consumers' messages to others; the frame may describe state
+# that no longer holds (issue 24), so the session is closed instead (its consumers' messages
+# come back through the log, as after a snapshot)
+EFFECTS_STALE_S = 1.0
 READ_BYTES = 256 * 1024
 OK_BYTES = fifo.encode(Ok())  # the most frequent reply, encoded once
 CLIENT_COMMANDS = (
@@ -160,6 +167,7 @@ class ClientSession:
         self._flush_scheduled = False
         self._conn_blob: bytes | None = None  # this connection's encoded ConnectionId
         self._oks: list[int] | None = None  # OKS_FEATURE: ids answered Ok, not yet framed
+        self._effects_since: float | None = None  # when the oldest unwritten effect was queued
 
     def send(self, message: dict[str, Any]) -> None:
         """Queue a frame to the client (loop thread); frames queued in one loop iteration go
@@ -169,6 +177,8 @@ class ClientSession:
         if self._oks:
             self._out.append(protocol.encode_frame(protocol.oks(self._oks)))
             self._oks = []
+        if self._effects_since is None and message.get("op") == protocol.EFFECT:
+            self._effects_since = time.monotonic()
         try:
             self._out.append(protocol.encode_frame(message, self.server.frame_bytes_max))
         except ProtocolError as err:
@@ -208,11 +218,24 @@ class ClientSession:
             self._oks = []
         if self.closed or not self._out:
             return
+        since, self._effects_since = self._effects_since, None
+        if since is not None and time.monotonic() - since > EFFECTS_STALE_S:
+            self._drop_stale(time.monotonic() - since)
+            return
         data, self._out = b"".join(self._out), []
         self.writer.write(data)
         if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
             log.warning("client_too_slow", connection=repr(self.connection))
             self.close()
+
+    def _drop_stale(self, waited_s: float) -> None:
+        """Close without sending what is queued: its effects waited `waited_s` (the node was
+        stopped or starved) and may no longer match the state (issue 24)."""
+        log.warning("session_closed_stale_effects", connection=repr(self.connection),
+                    waited_s=round(waited_s, 3))  # fmt: skip
+        self._out = []
+        self.closed = True
+        self.writer.close()
 
     def is_closed(self) -> bool:
         """Whether the session was closed (a method, so checks are not narrowed away)."""
