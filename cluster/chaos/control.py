@@ -136,10 +136,11 @@ class LauncherCluster:
         self.local.reap(node, wait_s=REAP_TIMEOUT_S)
 
     def lose_power(self, node: str, seed: int) -> str:
-        """SIGKILL the node, then drop its journal writes that were not fsynced (seeded)."""
+        """SIGKILL the node, then drop every journal write since its last fsync (all of them,
+        every time: a surviving prefix made most power losses drop nothing)."""
         self.kill(node)
         node_dir = self.node(node).data_dir
-        lost = storage.power_loss(node_dir / "raft.journal", seed)
+        lost = storage.power_loss(node_dir / "raft.journal", seed, keep_prefix=False)
         kept, size, synced = lost["kept"], lost["size"], lost["synced"]
         return f"{node}: kept {kept} of {size} journal bytes ({synced} synced)"
 
