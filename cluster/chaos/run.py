@@ -121,6 +121,7 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     if mesh is None:
         kinds = [k for k in kinds if not k.startswith("partition")]
     cluster = LauncherCluster(data_dir)
+    cluster.mesh = mesh  # a member added by a membership fault gets proxied links too
     recorder = Recorder(out_dir / "history.jsonl")
     nemesis = Nemesis(cluster, recorder, mesh)
     replicas: ReplicaCheck | None = None
