@@ -208,12 +208,14 @@ def _client_factory(cluster: LauncherCluster, params: WorkloadParams) -> Callabl
     Every other client keeps the library default and moves to the leader; the rest stay on the
     node they dialed, so follower faults and command forwarding are exercised too (with only
     leader-bound clients, every client stalls together when the leader is cut off).
+    The members are read at each call: after a membership fault replaced every original node,
+    a new client must know the new ones (its nodes' welcomes list only what they started with).
     """
-    endpoints = list(cluster.endpoints().values())
     turn = itertools.count()
 
     def make(name: str) -> Client:
         number = next(turn)
+        endpoints = list(cluster.endpoints().values())
         first = number % len(endpoints)
         ordered = endpoints[first:] + endpoints[:first]
         return Client(

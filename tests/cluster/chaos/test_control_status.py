@@ -1,4 +1,5 @@
-"""LauncherCluster's status checks: a handshake refused while a node starts is not an error."""
+"""Harness gaps of issue 24: status checks of a starting node, power loss, clients after a
+replacement."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 import pytest
 
 from cluster import launcher
+from cluster.chaos import run as run_module
 from cluster.chaos.control import LauncherCluster
+from cluster.chaos.workload import WorkloadParams
 from cluster.client.errors import AuthError
 from cluster.config import NodeConfig
 
@@ -48,3 +51,22 @@ def test_power_loss_drops_everything_written_since_the_last_fsync_every_time(
         journal.with_name("raft.journal.synced").write_text("600\n")
         assert cluster.lose_power("n1", seed) == "n1: kept 600 of 1000 journal bytes (600 synced)"
         assert journal.stat().st_size == 600
+
+
+def test_workload_clients_made_after_a_replacement_know_the_new_members(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24's harness gap: the client factory read the endpoints once, so once every
+    original node was replaced no new client could reach the cluster."""
+    launcher.init_cluster(tmp_path / "D", 3)
+    cluster = LauncherCluster(tmp_path / "D")
+    made: list[list[str]] = []
+    monkeypatch.setattr(run_module, "Client", lambda endpoints, *_a, **_k: made.append(endpoints))
+    make = run_module._client_factory(cluster, WorkloadParams())
+    make("before")
+    replaced = {**cluster.endpoints(), "n4": "127.0.0.1:1"}
+    del replaced["n1"]
+    monkeypatch.setattr(cluster, "endpoints", lambda: replaced)
+    make("after")
+    assert "127.0.0.1:1" not in made[0]
+    assert sorted(made[1]) == sorted(replaced.values())
