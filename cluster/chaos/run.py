@@ -52,6 +52,8 @@ log = structlog.get_logger(__name__)
 
 CONSUMER_TAIL_S = 3.0  # consumers keep going this long after producers stop
 JOIN_TIMEOUT_S = 20.0
+# how long the workload may run past --duration for faults a slow heal pushed back
+LATE_FAULTS_S_MAX = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +285,9 @@ def _run_workload(
         worker.start()
     nemesis_thread.start()
     time.sleep(max(0.0, params.duration_s - recorder.now_ns() / 1e9))
+    # slow fault actions shift the schedule (nemesis.run): every scheduled fault is played at
+    # its full length, so the workload runs on until the last one is healed (bounded)
+    nemesis_thread.join(LATE_FAULTS_S_MAX)
     nemesis_stop.set()
     nemesis_thread.join(JOIN_TIMEOUT_S)
     produce_stop.set()
