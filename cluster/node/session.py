@@ -41,6 +41,7 @@ from fifo.commands import (
     UpdateConfig,
 )
 from fifo.replies import Error, Ok
+from fifo.state import Message
 from fifo.wire import field_splicer
 from raft.errors import SubmitError
 from raft.fastcodec import decode_command, encode_command
@@ -123,6 +124,28 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
         consumer = dataclasses.replace(command.consumer, connection=connection)
         return dataclasses.replace(command, consumer=consumer)
     return command
+
+
+def _held_now(view: ReplicaView, settle: Settle) -> list[tuple[Message, int] | None]:
+    """Per id the settle names: the message its consumer holds now and how often it was taken
+    back so far, or None when the consumer does not hold it."""
+    queue = view.state.queues.get(settle.queue)
+    consumer = queue.consumers.get(settle.consumer_key) if queue is not None else None
+    held = consumer.checked_out if consumer is not None else {}
+    out: list[tuple[Message, int] | None] = []
+    for mid in settle.msg_ids:
+        message = held.get(mid)
+        out.append(None if message is None else (message, message.acquired_count))
+    return out
+
+
+def _not_held_message(settle: Settle, lost: list[int]) -> str:
+    shown = ", ".join(str(mid) for mid in lost[:20])
+    return (
+        f"not settled: message ids {shown} of consumer {settle.consumer_key} on {settle.queue} "
+        "were taken back before the settle applied (a timeout, or its node was marked down); "
+        "they are delivered again"
+    )
 
 
 def _fifo_tag(tag: int) -> bool:
@@ -377,8 +400,34 @@ class ClientSession:
         if bound is not command:  # re-encode only what changed (the codec is the hot path)
             blob = self._rebound_blob(blob, command, bound)
         self.used = True
-        sink = self.server.metrics.count(bound, self._reply_sink(request_id))
+        reply_sink = self._reply_sink(request_id)
+        if type(bound) is Settle:
+            reply_sink = self._settle_sink(bound, reply_sink)
+        sink = self.server.metrics.count(bound, reply_sink)
         self.server.replica.propose(bound, sink, blob)
+
+    def _settle_sink(
+        self, settle: Settle, sink: Callable[[Reply], None]
+    ) -> Callable[[Reply], None]:
+        """`sink`, but an `Ok` becomes a refusal when a named message was not held by its
+        consumer when the settle applied (issue 24): the machines answer `ok` to a settle of
+        ids their consumer no longer holds, and a message taken back meanwhile (consumer or
+        disconnected timeout, node down) and delivered to another consumer would then seem
+        acked twice. Each message is noted as held now (the object and how often it was taken
+        back); not held now, or taken back by the time the settle applied, means not settled.
+        A resent settle whose first attempt applied gets the refusal too: the client flags
+        an error to a resend as uncertain."""
+        held = self.server.replica.read(lambda view: _held_now(view, settle))
+
+        def checked(reply: Reply) -> None:
+            if type(reply) is Ok:
+                lost = [mid for mid, was in zip(settle.msg_ids, held, strict=True)
+                        if was is None or was[0].acquired_count != was[1]]  # fmt: skip
+                if lost:
+                    reply = Error("fenced", _not_held_message(settle, lost))
+            sink(reply)
+
+        return checked
 
     def _rebound_blob(self, blob: bytes, command: Any, bound: Any) -> bytes:
         # a publish arrives without its connection: splicing ours in is far cheaper than

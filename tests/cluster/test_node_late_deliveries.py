@@ -18,9 +18,10 @@ import pytest
 
 from cluster.client import Client
 from cluster.client.consumer import Consumer, Message
+from cluster.client.errors import CommandRefused
 from cluster.client.groups import declare_partitioned_queue, join_group, partition_of
 from cluster.launcher import LocalCluster, start_cluster, wait_until
-from fifo.commands import QueueConfig
+from fifo.commands import QueueConfig, Settle
 from tests.cluster.proxied import cluster_behind_proxies
 
 pytestmark = pytest.mark.cluster
@@ -258,3 +259,25 @@ def _ack_all(member: object, acked: set[str], stop: threading.Event) -> None:
             message.ack()
             message.consumer.flush_acks()
             acked.add(message.body.decode())
+
+
+def test_a_settle_of_a_message_taken_back_and_acked_elsewhere_is_not_answered_ok(
+    cluster3: LocalCluster,
+) -> None:
+    """The ack side: a message taken back from a consumer (its consumer timeout) and acked by
+    another; the first consumer's settle of it settles nothing, so it is refused, not `ok`."""
+    leader = cluster3.leader()
+    with client_on(cluster3, leader, "slow") as slow, \
+            client_on(cluster3, leader, "fast") as fast:  # fmt: skip
+        slow.declare_queue("late")
+        slow_consumer = slow.consume("late", prefetch=1, timeout_ms=3000)
+        publish_all(fast, "late", ["m0"])
+        taken = slow_consumer.get(timeout_s=WAIT_S)
+        assert taken is not None and taken.consumer_key is not None
+        wait_until(lambda: taken.msg_id in slow_consumer.released, WAIT_S, "taken back")
+        acker = Acker(fast.consume("late", prefetch=1))
+        acker.start()
+        wait_until(lambda: acker.has_acked({"m0"}), WAIT_S, "acked by the other consumer")
+        with pytest.raises(CommandRefused) as refused:  # answered Ok before: nothing settled
+            slow.command(Settle("late", taken.consumer_key, (taken.msg_id,)))
+        assert refused.value.code == "fenced" and "not settled" in str(refused.value)
