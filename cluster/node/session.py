@@ -126,17 +126,24 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
     return command
 
 
-def _held_now(view: ReplicaView, settle: Settle) -> list[tuple[Message, int] | None]:
-    """Per id the settle names: the message its consumer holds now and how often it was taken
-    back so far, or None when the consumer does not hold it."""
+def _held_now(
+    view: ReplicaView, settle: Settle
+) -> tuple[list[tuple[int, Message, int]], list[int]]:
+    """(id, message, times taken back so far) of each named message its consumer holds now,
+    and the named ids it neither holds nor lost to its own consumer timeout."""
     queue = view.state.queues.get(settle.queue)
     consumer = queue.consumers.get(settle.consumer_key) if queue is not None else None
-    held = consumer.checked_out if consumer is not None else {}
-    out: list[tuple[Message, int] | None] = []
+    if consumer is None:
+        return [], []  # the machine refuses it (unknown consumer) or it is a queue-level id
+    held: list[tuple[int, Message, int]] = []
+    missing: list[int] = []
     for mid in settle.msg_ids:
-        message = held.get(mid)
-        out.append(None if message is None else (message, message.acquired_count))
-    return out
+        message = consumer.checked_out.get(mid)
+        if message is not None:
+            held.append((mid, message, message.acquired_count))
+        elif mid not in consumer.timed_out:
+            missing.append(mid)
+    return held, missing
 
 
 def _not_held_message(settle: Settle, lost: list[int]) -> str:
@@ -411,20 +418,21 @@ class ClientSession:
     ) -> Callable[[Reply], None]:
         """`sink`, but an `Ok` becomes a refusal when a named message was not held by its
         consumer when the settle applied (issue 24): the machines answer `ok` to a settle of
-        ids their consumer no longer holds, and a message taken back meanwhile (consumer or
-        disconnected timeout, node down) and delivered to another consumer would then seem
-        acked twice. Each message is noted as held now (the object and how often it was taken
-        back); not held now, or taken back by the time the settle applied, means not settled.
-        A resent settle whose first attempt applied gets the refusal too: the client flags
-        an error to a resend as uncertain."""
-        held = self.server.replica.read(lambda view: _held_now(view, settle))
+        ids their consumer no longer holds, and a message taken back meanwhile (disconnected
+        timeout, node down) and delivered to another consumer would then seem acked twice.
+        Each message is noted as held now (the object and how often it was taken back); not
+        held now, or taken back by the time the settle applied, means not settled. Ids the
+        consumer lost to its own consumer timeout are exempt: naming them is how a client
+        clears the timeout (it was told with a Released notice). A resent settle whose first
+        attempt applied gets the refusal too: the client flags an error to a resend uncertain."""
+        held, missing = self.server.replica.read(lambda view: _held_now(view, settle))
 
         def checked(reply: Reply) -> None:
             if type(reply) is Ok:
-                lost = [mid for mid, was in zip(settle.msg_ids, held, strict=True)
-                        if was is None or was[0].acquired_count != was[1]]  # fmt: skip
+                lost = missing + [mid for mid, message, taken in held
+                                  if message.acquired_count != taken]  # fmt: skip
                 if lost:
-                    reply = Error("fenced", _not_held_message(settle, lost))
+                    reply = Error("fenced", _not_held_message(settle, sorted(lost)))
             sink(reply)
 
         return checked

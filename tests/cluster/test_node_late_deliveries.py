@@ -262,22 +262,27 @@ def _ack_all(member: object, acked: set[str], stop: threading.Event) -> None:
 
 
 def test_a_settle_of_a_message_taken_back_and_acked_elsewhere_is_not_answered_ok(
-    cluster3: LocalCluster,
+    cluster3_paused: LocalCluster,
 ) -> None:
-    """The ack side: a message taken back from a consumer (its consumer timeout) and acked by
-    another; the first consumer's settle of it settles nothing, so it is refused, not `ok`."""
-    leader = cluster3.leader()
-    with client_on(cluster3, leader, "slow") as slow, \
-            client_on(cluster3, leader, "fast") as fast:  # fmt: skip
-        slow.declare_queue("late")
-        slow_consumer = slow.consume("late", prefetch=1, timeout_ms=3000)
+    """The ack side: a consumer on a paused follower holds a message; the machine takes it back
+    (node down, disconnected timeout) and another consumer acks it. Resumed, the first
+    consumer's settle of it settles nothing: it is refused (`fenced`), no longer `ok`."""
+    cluster = cluster3_paused
+    leader = cluster.leader()
+    follower = next(n for n in cluster.config.node_ids() if n != leader)
+    with client_on(cluster, leader, "admin") as admin:
+        admin.declare_queue("late", QueueConfig(disconnected_timeout_ms=500))
+    with client_on(cluster, follower, "slow") as slow, \
+            client_on(cluster, leader, "fast") as fast:  # fmt: skip
+        slow_consumer = slow.consume("late", prefetch=1)
         publish_all(fast, "late", ["m0"])
         taken = slow_consumer.get(timeout_s=WAIT_S)
         assert taken is not None and taken.consumer_key is not None
-        wait_until(lambda: taken.msg_id in slow_consumer.released, WAIT_S, "taken back")
         acker = Acker(fast.consume("late", prefetch=1))
         acker.start()
+        cluster.kill(follower, signal.SIGSTOP)
         wait_until(lambda: acker.has_acked({"m0"}), WAIT_S, "acked by the other consumer")
+        cluster.kill(follower, signal.SIGCONT)
         with pytest.raises(CommandRefused) as refused:  # answered Ok before: nothing settled
             slow.command(Settle("late", taken.consumer_key, (taken.msg_id,)))
         assert refused.value.code == "fenced" and "not settled" in str(refused.value)
