@@ -55,6 +55,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
 from raft import durability, membership, safe_pickle, storage
+from raft.contact import Contact, majority_steady
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, decode_entry, encode_entry
 from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldError
@@ -247,6 +248,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self._on_outcome = on_outcome
         self._on_snapshot_loaded = on_snapshot_loaded
+        # issue 24: how steadily the leader (as a follower) or each follower (as the leader) is
+        # heard, for `applied_state_current` (raft/contact.py)
+        self._leader_contact = Contact()
+        self._follower_contacts: dict[str, Contact] = {}
         # optional observers (the node's metrics): seconds per journal fsync, per entry applied
         self.observe_fsync: Callable[[float], None] | None = None
         self.observe_apply: Callable[[float], None] | None = None
@@ -721,6 +726,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self._SyncObj__raftCurrentTerm
         ):
             self._pre_vote.heard_from_leader(monotonic_time())
+            self._leader_contact.heard(self.node_id_of(node), monotonic_time())
+        elif kind == "next_node_idx":  # a follower's answer to our AppendEntries
+            peer = self.node_id_of(node)
+            if peer is not None:
+                self._follower_contacts.setdefault(peer, Contact()).heard(peer, monotonic_time())
         snapshot_chunk = (
             isinstance(message, dict)
             and message.get("type") == "append_entries"
@@ -1065,6 +1075,25 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def leader_id(self) -> str | None:
         """The node id of the current leader as this node sees it."""
         return self.node_id_of(self._getLeader())
+
+    def applied_state_current(self) -> bool:
+        """Whether what this node applied is current, so its deliveries may go out (issue 24,
+        the rule in raft/contact.py): leading with a majority heard steadily, or following a
+        connected leader heard steadily and holding everything it said was committed."""
+        if self.stopped_reason is not None or self._destroyed:
+            return False
+        now = monotonic_time()
+        if self._SyncObj__raftState == _RAFT_STATE.LEADER:
+            others = self._SyncObj__otherNodes
+            peers = [peer for node in others if (peer := self.node_id_of(node)) is not None]
+            return majority_steady(self._follower_contacts, peers, now)
+        leader = self.leader_id()
+        if leader is None or not self.peer_connected(leader):
+            return False
+        if not self._leader_contact.steady(leader, now):
+            return False
+        leader_commit = self._SyncObj__leaderCommitIndex
+        return leader_commit is None or int(self._SyncObj__raftCommitIndex) >= int(leader_commit)
 
     def role(self) -> str:
         """leader | follower | candidate | stopped (stopped applying)."""

@@ -234,6 +234,7 @@ class NodeServer:
             self._reset_sessions,
             self.metrics.on_outcome,
         )
+        self.router.use_replica(self.replica)  # deliveries only from current state (issue 24)
         self.timers = LeaderTimers(self.replica)
         try:
             server = await self._listen()
@@ -333,6 +334,7 @@ class NodeServer:
                 self.timers.tick()
                 self.replica.sweep()
                 self._reconcile_connections()
+                self.router.reconcile()
                 if time.monotonic() - last_status > STATUS_PERIOD_S:
                     last_status = time.monotonic()
                     self._write_status()
