@@ -36,6 +36,7 @@ from fifo.versions import (
     LATEST_VERSION,
     MACHINES,
     SUPPORTED_VERSIONS,
+    UNRELEASED_VERSIONS,
     Machine,
     convert,
     machine_for,
@@ -63,6 +64,7 @@ def apply(meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect
 __all__ = [
     "LATEST_VERSION",
     "SUPPORTED_VERSIONS",
+    "UNRELEASED_VERSIONS",
     "CodecError",
     "ConsumerGroupInfo",
     "ConsumerGroupOverview",
