@@ -107,7 +107,11 @@ def test_a_divergence_names_seed_entry_and_what(monkeypatch: object) -> None:
     original = queues.return_msgs
 
     def failed(
-        ctx: object, queue: object, consumer: object, ids: object, delivery_failed: bool,
+        ctx: object,
+        queue: object,
+        consumer: object,
+        ids: object,
+        delivery_failed: bool,
         annotations: object = (),
     ) -> int:
         return int(original(ctx, queue, consumer, ids, True, annotations))
