@@ -63,6 +63,7 @@ def apply(meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect
 
 __all__ = [
     "LATEST_VERSION",
+    "MACHINES",
     "SUPPORTED_VERSIONS",
     "UNRELEASED_VERSIONS",
     "CodecError",
