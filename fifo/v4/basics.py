@@ -1,8 +1,8 @@
 """Machine v4, layer 1 of the per-queue machine: lookups, counters, limits, the service ring,
 storing and taking waiting messages, and message-group ownership.
 
-The per-queue machine is one chain of classes (`basics` -> `flow` -> `consumers` ->
-`handlers`), each defining its own methods only (no method is defined twice: a test checks it),
+The per-queue machine is one chain of classes (`basics` -> `flow` -> `consumers` -> `messages`
+-> `machine`), each defining its own methods only (no method is defined twice: a test checks it),
 each calling only itself and the layers below. v4 is a copy of v3's behaviour, never a subclass.
 """
 

@@ -20,7 +20,7 @@ from fifo.state import Consumer, LockEntry, LockIndex, Message, Queue, State
 REBUILD_SLACK = 1024  # pushes allowed beyond twice the locks held at the last build
 
 
-def holder(queue: Queue, key: ConsumerKey) -> Consumer | None:
+def consumer_with_key(queue: Queue, key: ConsumerKey) -> Consumer | None:
     """The consumer of `queue` with `key` (active, cancelled or waiting), or None."""
     consumer = queue.consumers.get(key)
     if consumer is not None:
@@ -81,7 +81,7 @@ def _live(state: State, entry: LockEntry) -> bool:
     """Whether an entry names a message still checked out with that lock."""
     lock, _, queue_name, key, msg_id = entry
     queue = state.queues.get(queue_name)
-    consumer = holder(queue, key) if queue is not None else None
+    consumer = consumer_with_key(queue, key) if queue is not None else None
     message = consumer.checked_out.get(msg_id) if consumer is not None else None
     return message is not None and message.lock == lock
 

@@ -51,7 +51,7 @@ from fifo.v4.routing import partitioned_of
 Handler = Callable[[Ctx, Queue, Any], Reply]
 
 
-def _spec_error(cmd: Checkout) -> str | None:
+def _checkout_spec_error(cmd: Checkout) -> str | None:
     """What is wrong with an attaching checkout's spec, priority or timeout, or None."""
     spec = cmd.spec
     if type(spec) is SimplePrefetch:
@@ -108,7 +108,7 @@ class QueueMachine(MessageHandlers):
             return self.dequeue(ctx, queue, cmd)
         if kind is Remove:
             return self.remove(ctx, queue, cmd)
-        if err := _spec_error(cmd):
+        if err := _checkout_spec_error(cmd):
             return invalid(err)
         return self.consume(ctx, queue, cmd)
 
@@ -122,7 +122,7 @@ class QueueMachine(MessageHandlers):
             if len(queue.consumers) + len(queue.waiting) >= limits.consumers_per_queue_max:
                 return Error("unsupported", "consumers_per_queue_max reached")
             key = ctx.index  # a new consumer is keyed by the Raft index of its checkout
-            if key in queue.consumers or any(w.key == key for w in queue.waiting):
+            if key in queue.consumers or any(waiting.key == key for waiting in queue.waiting):
                 return invalid("consumer key already in use")
             consumer = Consumer(key, cmd.consumer.tag, cmd.consumer.connection, ctx.index)
             self.configure(queue, consumer, cmd, fresh=True)
@@ -154,11 +154,11 @@ class QueueMachine(MessageHandlers):
     def rebalance(self, queue: Queue, grouping: Grouping) -> int:
         """Move groups with nothing checked out from the fullest owner to the emptiest, until
         owners differ by at most one group; returns the number of moves."""
-        live = [c for c in queue.consumers.values() if self.sticky(queue, c)]
+        live = [each for each in queue.consumers.values() if self.sticky(queue, each)]
         if len(live) < 2:
             return 0
-        count = {c.key: len(grouping.by_owner.get(c.key, ())) for c in live}
-        order = {c.key: c.attach_index for c in live}
+        count = {owner.key: len(grouping.by_owner.get(owner.key, ())) for owner in live}
+        order = {owner.key: owner.attach_index for owner in live}
         stuck: set[object] = set()  # donors with nothing movable left
         moves = 0
         while True:
@@ -302,7 +302,7 @@ class QueueMachine(MessageHandlers):
             if consumer is None or any(d is consumer for d in done):
                 continue
             if (queue.consumers.get(consumer.key) is not consumer
-                    and not any(w is consumer for w in queue.waiting)):  # fmt: skip
+                    and not any(waiting is consumer for waiting in queue.waiting)):  # fmt: skip
                 continue
             done.append(consumer)
             self.time_out(ctx, queue, consumer)
@@ -393,9 +393,9 @@ class QueueMachine(MessageHandlers):
     def down_normal(self, ctx: Ctx, queue: Queue, match: Callable[[ConnectionId], bool]) -> None:
         """Enqueuers go down (keeping dedup); consumers leave with a failed delivery each."""
         self.enqueuers_status(ctx, queue, match, "down")
-        for waiting_consumer in [w for w in queue.waiting if match(w.connection)]:
+        for waiting_consumer in [each for each in queue.waiting if match(each.connection)]:
             self.drop_waiting(ctx, queue, waiting_consumer, "down", delivery_failed=True)
-        for consumer in [c for c in queue.consumers.values() if match(c.connection)]:
+        for consumer in [each for each in queue.consumers.values() if match(each.connection)]:
             self.return_all(ctx, queue, consumer, delivery_failed=True)
             self.drop_consumer(queue, consumer)
             ctx.effects.append(ConsumerCancelled(consumer.connection, queue.name, consumer.tag,
@@ -424,7 +424,7 @@ class QueueMachine(MessageHandlers):
                 waiting_consumer.suspected_since = ctx.now
                 waiting_consumer.disconnected_fired = False
         self.resort_waiting(queue)
-        for consumer in [c for c in queue.consumers.values() if match(c.connection)]:
+        for consumer in [each for each in queue.consumers.values() if match(each.connection)]:
             if consumer.status == "cancelled" or consumer.once:
                 self.return_all(ctx, queue, consumer, delivery_failed=False)
                 self.drop_consumer(queue, consumer)

@@ -492,7 +492,7 @@ class MessageHandlers(ConsumerLife):
     def clear_group(self, queue: Queue, grouping: Grouping, group: Group) -> int:
         """Drop a group's waiting messages (counters fixed); returns how many."""
         count = len(group.returns) + len(group.ready)
-        size = sum(len(m.body) for m in group.returns) + sum(len(m.body) for m in group.ready)
+        size = sum(len(message.body) for message in (*group.returns, *group.ready))
         group.returns.clear()
         group.ready.clear()
         grouping.waiting -= count

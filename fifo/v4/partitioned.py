@@ -105,7 +105,7 @@ class ConsumerGroups:
         """Add a member to a group (created by its first join) and rebalance."""
         err = v.name_error(cmd.group, "group", limits.group_name_bytes_max)
         err = err or v.name_error(cmd.member, "member", limits.group_name_bytes_max)
-        err = err or v.consumer_id_error(cmd.consumer) or _spec_error(cmd.spec)
+        err = err or v.consumer_id_error(cmd.consumer) or _member_spec_error(cmd.spec)
         if err:
             return invalid(err)
         state = ctx.state
@@ -277,13 +277,13 @@ def _consumer_of(queue: Queue, member: Membership) -> Consumer | None:
     consumer = queue.consumers.get(key)
     if consumer is not None:
         return consumer
-    for w in queue.waiting:
-        if w.key == key:
-            return w
+    for waiting in queue.waiting:
+        if waiting.key == key:
+            return waiting
     return None
 
 
-def _spec_error(spec: object) -> str | None:
+def _member_spec_error(spec: object) -> str | None:
     if type(spec) is SimplePrefetch:
         if not v.int_in(spec.prefetch, 1, limits.prefetch_max):
             return f"prefetch must be 1..{limits.prefetch_max}"

@@ -269,7 +269,9 @@ class MachineV4:
             self.queues.connection_down(ctx, queue, cmd)
         self.groups.groups_connection_down(ctx, cmd)
         status = "down" if cmd.reason == "normal" else "suspected"
-        self.router.routed_enqueuers_status(ctx, lambda c: c == cmd.connection, status)
+        self.router.routed_enqueuers_status(
+            ctx, lambda connection: connection == cmd.connection, status
+        )
         return OK
 
     def node_down(self, ctx: Ctx, cmd: NodeDown) -> Reply:
@@ -280,7 +282,9 @@ class MachineV4:
         for queue in self.sorted_queues(ctx):
             self.queues.node_down(ctx, queue, cmd)
         self.groups.groups_node_down(ctx, cmd)
-        self.router.routed_enqueuers_status(ctx, lambda c: c.node == cmd.node, "suspected")
+        self.router.routed_enqueuers_status(
+            ctx, lambda connection: connection.node == cmd.node, "suspected"
+        )
         return OK
 
     def node_up(self, ctx: Ctx, cmd: NodeUp) -> Reply:
