@@ -9,6 +9,7 @@ import inspect
 from functools import cache
 from pathlib import Path
 
+import pytest
 import replay_corpus as rc
 import v4_equivalence as eq
 
@@ -66,11 +67,13 @@ def test_every_v4_method_is_defined_once() -> None:
                     seen[name] = cls.__name__
 
 
-def test_v4_is_selectable_but_not_released() -> None:
+def test_v4_is_selectable_but_not_released(monkeypatch: pytest.MonkeyPatch) -> None:
     """machine_for(4) and init_state(4) work; v4 is not shipped, not the latest released, and
     a node's default is still v3 (`--max-machine-version 4` needs the dev flag)."""
     from cluster.errors import ConfigError
     from cluster.node.server import UNRELEASED_FLAG, supported_version
+
+    monkeypatch.delenv(UNRELEASED_FLAG, raising=False)
 
     assert fifo.machine_for(4).version == 4
     assert fifo.init_state(4).version == 4
@@ -84,6 +87,8 @@ def test_v4_is_selectable_but_not_released() -> None:
         assert UNRELEASED_FLAG in str(err)
     else:
         raise AssertionError("--max-machine-version 4 accepted without the dev flag")
+    monkeypatch.setenv(UNRELEASED_FLAG, "1")
+    assert supported_version(4) == 4 and supported_version(None) == 3
 
 
 def test_v3_corpus_replays_equal_through_v4() -> None:
@@ -97,12 +102,9 @@ def test_v3_corpus_replays_equal_through_v4() -> None:
         assert found is None, f"v4 diverges from v3: {found}"
 
 
-def test_a_divergence_names_seed_entry_and_what(monkeypatch: object) -> None:
+def test_a_divergence_names_seed_entry_and_what(monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison is not vacuous: v4 made to return messages as failed deliveries differs,
     and the report names the seed, the first entry and what differs."""
-    import pytest
-
-    assert isinstance(monkeypatch, pytest.MonkeyPatch)
     queues = fifo.machine_for(4).queues  # type: ignore[attr-defined]
     original = queues.return_msgs
 
