@@ -20,7 +20,12 @@ Ordering obligations (as etcd's `Ready` documents them):
   snapshot covers are never applied here, so their effects (deliveries to this node's clients)
   never come, and entries already applied may be applied again: the listener must drop whatever
   it promised its clients;
-- nothing raised inside apply reaches pysyncobj, except the deliberate version stop;
+- nothing raised inside apply reaches pysyncobj, except the deliberate stops: older code than the
+  log needs (the version stop), or a bug (an exception out of the machine's apply). Both stop
+  applying on this node at that entry, keeping the log; a bug stops every replica at the same
+  entry, so the state never forks. `_apply_locked` is the one place such a bug is contained: it
+  logs the entry index and traceback and shows them in `status` (`cluster status`); no snapshot
+  is taken after it (the state may be half-way through the entry);
 - elections go through pre-vote (raft.prevote): pysyncobj's election deadline stays parked
   until a majority said it would vote for this node;
 - a journal record found damaged on read-back stops the node (no more ticks, peer connections
@@ -40,6 +45,7 @@ import os
 import ssl
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +68,7 @@ from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldEr
 from raft.membership import MemberChange, MemberSet, MembershipError, Refusal
 from raft.metadata import member_change_refusal
 from raft.prevote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
-from raft.replicated import InternalFailure, Outcome, ReplicatedState
+from raft.replicated import Outcome, ReplicatedState
 from raft.ticker import LoopPoller, LoopThread, LoopTicker
 from raft.transport import PeerConnection, QuorumTransport
 
@@ -240,6 +246,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._transfer_requested = False  # set by any thread, acted on by the next tick
         self._change_appended_at = 0  # index of the last change this node appended as leader
         self.stopped_reason: str | None = None
+        self.crash_traceback: str | None = None  # set when an apply raised (a bug): see status
         # batch id -> the decoded commands of an entry this node submitted (skips a decode):
         # from the submitting code (hand_decoded) to the apply (one pop per entry)
         self._decoded_by_batch: dict[int, tuple[Any, ...]] = {}
@@ -416,12 +423,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self.stopped_reason = str(err)
             log.error("apply_stopped", index=index, reason=self.stopped_reason)
             raise SyncObjExceptionWrongVer(err.needed) from err
-        except Exception as err:
-            log.exception("apply_failed", index=index)
-            failure = InternalFailure(f"internal error applying entry {index}: {err!r}")
-            return Outcome(index, entry.origin, [failure] * max(1, len(entry.cmds)), [])
-        for failure_message in outcome.failures:
-            log.error("command_failed", index=index, error=failure_message)
+        except Exception as err:  # the one containment point of a bug in apply (module doc)
+            self.crash_traceback = traceback.format_exc()
+            self.stopped_reason = f"applying entry {index} raised {err!r}: a bug, stopped here"
+            log.error("apply_crashed", index=index, error=repr(err), traceback=self.crash_traceback)
+            raise SyncObjExceptionWrongVer(self.replicated_state.meta.effective_version) from err
         return outcome
 
     def _SyncObj__applyLogEntries(self) -> bool:
@@ -499,6 +505,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def _serialize_snapshot(self, file_name: str, raft_data: Any) -> None:
         last, prev, cluster = raft_data
+        if self.crash_traceback is not None:  # pysyncobj logs the failure and keeps the journal
+            raise RuntimeError("no snapshot after an apply raised: the state may be half-applied")
         with self.lock:
             body = self.replicated_state.snapshot()
         body["raft"] = {
@@ -1152,6 +1160,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             status["digest_skipped"] = skipped
         if self.stopped_reason is not None:
             status["reason"] = self.stopped_reason
+        if self.crash_traceback is not None:
+            status["traceback"] = self.crash_traceback
         return status
 
     def _messages_held(self) -> int:

@@ -58,6 +58,8 @@ EX_CONFIG = 78
 TIMER_PERIOD_S = 0.1
 STATUS_PERIOD_S = 2.0
 RAFT_BIND_TIMEOUT_S = 10.0
+# lets `--max-machine-version` name an unreleased machine version (development only)
+UNRELEASED_FLAG = "QUORUMQ_ALLOW_UNRELEASED_MACHINE"
 GIL_SWITCH_INTERVAL_S = 0.001
 # the cyclic garbage collector: its youngest generation is collected after this many net
 # container allocations (Python's default: 700). A node allocates a few per command and its
@@ -424,13 +426,20 @@ def next_incarnation(node_dir: Path) -> int:
 
 
 def supported_version(cap: int | None) -> int:
-    """The highest machine version this code supports, capped by `--max-machine-version`."""
+    """The highest machine version this code supports, capped by `--max-machine-version`.
+
+    An unreleased version (`fifo.UNRELEASED_VERSIONS`) is allowed as the cap only with the
+    environment variable UNRELEASED_FLAG set to 1 (development; never the default)."""
     latest = max(fifo.SUPPORTED_VERSIONS)
     if cap is None:
         return int(latest)
-    if cap not in fifo.SUPPORTED_VERSIONS:
+    allowed = fifo.SUPPORTED_VERSIONS
+    if os.environ.get(UNRELEASED_FLAG) == "1":
+        allowed = (*allowed, *fifo.UNRELEASED_VERSIONS)
+    if cap not in allowed:
         raise ConfigError(
-            f"--max-machine-version {cap}: this code supports {fifo.SUPPORTED_VERSIONS}"
+            f"--max-machine-version {cap}: this code supports {fifo.SUPPORTED_VERSIONS} "
+            f"(unreleased {fifo.UNRELEASED_VERSIONS} only with {UNRELEASED_FLAG}=1)"
         )
     return cap
 
