@@ -10,13 +10,15 @@ from typing import Any
 import pytest
 
 from cluster.chaos.control import LauncherCluster
-from cluster.chaos.history import Recorder, read_history
+from cluster.chaos.history import Event, Recorder, iter_ops, read_history
 from cluster.chaos.nemesis import ScheduleParams
 from cluster.chaos.run import RunParams, run
 from cluster.chaos.workload import WorkloadParams
 from cluster.client import Client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+PURGE_AFTER_CONFIRMED = 20  # chaos-2 publishes confirmed before the saboteur purges
 
 
 def assert_nothing_lost(report: dict[str, Any]) -> None:
@@ -126,15 +128,29 @@ def test_a_tls_cluster_under_leader_kills_partitions_and_pauses_loses_nothing(
     assert '"client_tls": true' in started  # the run really spoke TLS
 
 
+def _confirmed(events: list[Event], queue: str) -> list[tuple[Event, Event]]:
+    """The (invoke, ok completion) pairs of every publish to `queue` confirmed so far."""
+    return [
+        (invoke, done)
+        for invoke, done in iter_ops(e for e in events if e.f == "publish")
+        if invoke.queue == queue and done is not None and done.type == "ok"
+    ]
+
+
 @pytest.mark.timeout(240)
 def test_a_purge_during_the_run_is_reported_as_lost(tmp_path: Path) -> None:
-    """Negative control: purging confirmed messages mid-run makes the harness report them lost."""
+    """Negative control: purging confirmed messages mid-run makes the harness report them lost:
+    every one confirmed before the purge, none published after it, at most as many as purged."""
+    purge_window_ns: list[int] = []
 
     def purge_midway(cluster: LauncherCluster, recorder: Recorder) -> None:
-        while recorder.now_ns() < 6 * 10**9:
-            time.sleep(0.1)
+        # the condition the test assumes (confirmed messages waiting in chaos-2), not a time
+        while len(_confirmed(recorder.events(), "chaos-2")) < PURGE_AFTER_CONFIRMED:
+            time.sleep(0.05)
         with Client(list(cluster.endpoints().values()), cluster.key, name="saboteur") as client:
+            purge_window_ns.append(recorder.now_ns())
             purged.append(client.purge_queue("chaos-2").count)
+            purge_window_ns.append(recorder.now_ns())
 
     purged: list[int] = []
     params = RunParams(
@@ -147,7 +163,15 @@ def test_a_purge_during_the_run_is_reported_as_lost(tmp_path: Path) -> None:
         workload=WorkloadParams(producers=2, consumers=1, queues=("chaos-1", "chaos-2")),
     )
     report = run(params, during=purge_midway)
-    assert purged and purged[0] > 0
-    assert report["lost"] == purged[0]
+    assert purged and purged[0] >= PURGE_AFTER_CONFIRMED, purged
+    started_ns, ended_ns = purge_window_ns
+    history = read_history(tmp_path / "history.jsonl")
+    lost = set(report["checker"]["lost"])
+    before = {i.value for i, done in _confirmed(history, "chaos-2") if done.t_ns < started_ns}
+    after = {i.value for i, _ in iter_ops(history) if i.f == "publish" and i.t_ns > ended_ns}
+    assert before <= lost, sorted(before - lost)[:20]
+    assert not lost & after, sorted(lost & after)[:20]
+    # a publish in flight at the purge (or one whose confirm timed out) may be purged unconfirmed
+    assert len(before) <= report["lost"] <= purged[0]
     assert not report["valid"]
     assert report["unexpected"] == 0
