@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from cluster import config as cluster_config
+from cluster import nodelock
 from cluster import tls as cluster_tls
 from cluster.client.client import Client
 from cluster.client.errors import ClusterError, Unavailable
@@ -143,12 +144,16 @@ def client_key(data_dir: Path) -> bytes:
 
 
 def node_pid(node: NodeConfig) -> int | None:
-    """The pid of the running node process for `node`, or None (stale pid files are ignored)."""
+    """The pid of the running node process for `node`, or None (stale pid files are ignored;
+    a node whose pid file is gone is found by the lock it holds on its dir)."""
     try:
-        pid = int((node.data_dir / PID_FILE).read_text().strip())
+        pid: int | None = int((node.data_dir / PID_FILE).read_text().strip())
     except (OSError, ValueError):
-        return None
-    return pid if _is_node_process(pid, node.id) else None
+        pid = None
+    if pid is not None and _is_node_process(pid, node.id):
+        return pid
+    holder = nodelock.lock_holder(node.data_dir)
+    return holder if holder and _is_node_process(holder, node.id) else None
 
 
 def _is_node_process(pid: int, node_id: str) -> bool:
@@ -174,7 +179,7 @@ def spawn_node(
     """Start one node in the background (its own session; output in its node dir)."""
     config = cluster_config.load(data_dir)
     node = config.node(node_id)
-    if (pid := node_pid(node)) is not None:
+    if (pid := node_pid(node) or nodelock.lock_holder(node.data_dir)) is not None:
         raise LaunchRefused(f"node {node_id} is already running (pid {pid})")
     cluster_tls.ensure_certificates(data_dir, config)  # a new member's pair; a clear error
     node.data_dir.mkdir(parents=True, exist_ok=True)

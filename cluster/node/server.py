@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 import fifo
-from cluster import config, protocol
+from cluster import config, nodelock, protocol
 from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.client_tls import TlsClientListener
@@ -31,6 +31,7 @@ from cluster.node.logs import setup_logging
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
+from cluster.nodelock import NodeDirLocked
 from cluster.tls import PeerContexts, node_client_port_context, node_peer_contexts
 from fifo.commands import ConnectionDown, ConnectionId
 from fifo.replies import Error
@@ -428,6 +429,9 @@ def run_node(
         print(f"error: {err}", file=sys.stderr)
         return EX_CONFIG
     node_dir = node.data_dir if node.data_dir.is_absolute() else data_dir / node.data_dir
+    lock_fd = _lock_node_dir(data_dir, node_id, node_dir)  # before anything is written
+    if lock_fd is None:
+        return EX_USAGE
     os.umask(0o077)  # journal, snapshot, meta and logs are for the node's owner only (0600)
     storage.private_dir(node_dir)
     setup_logging(node_dir / "node.log", node_id)
@@ -473,7 +477,22 @@ def run_node(
         return EX_SOFTWARE
     finally:
         pid_file.unlink(missing_ok=True)
+        os.close(lock_fd)  # (the kernel would drop it at exit anyway)
     return server.exit_code
+
+
+def _lock_node_dir(data_dir: Path, node_id: str, node_dir: Path) -> int | None:
+    """The node dir's lock (held for the process's life), or None after saying on stderr which
+    process holds it: a second start must not touch a running node's files."""
+    try:
+        return nodelock.take(node_dir)
+    except NodeDirLocked as err:
+        print(
+            f"error: node {node_id} is already running (pid {err.pid}); nothing was changed. "
+            f"Stop it with: quorumq node stop {node_id} --data-dir {data_dir}",
+            file=sys.stderr,
+        )
+        return None
 
 
 def tune_gc() -> None:
