@@ -22,8 +22,8 @@ from cluster.cli.common import (
     translate_errors,
     wait_timeout_option,
 )
-from cluster.cli.exits import FAILURE, UNAVAILABLE, CliError
-from cluster.config import FSYNC_POLICIES, FsyncPolicy, NodeConfig
+from cluster.cli.exits import FAILURE, UNAVAILABLE, USAGE, CliError
+from cluster.config import CONFIG_FILE, FSYNC_POLICIES, FsyncPolicy, NodeConfig
 from cluster.launcher import (
     client_key,
     cluster_status,
@@ -32,6 +32,7 @@ from cluster.launcher import (
     stop_cluster,
 )
 
+DEFAULT_NODES = 3
 STATUS_COLUMNS = [
     "id",
     "address",
@@ -62,9 +63,9 @@ def cluster_group() -> None:
 @click.option(
     "--nodes",
     type=click.IntRange(1, 9),
-    default=3,
-    show_default=True,
-    help="Number of nodes (a new cluster only).",
+    default=None,
+    help="Number of nodes of a new cluster [default: 3]. An existing cluster keeps its own "
+    "(a different number is refused: `quorumq member add` adds a node).",
 )
 @data_dir_option
 @click.option(
@@ -104,7 +105,7 @@ def cluster_group() -> None:
 @translate_errors
 def start(
     ctx: click.Context,
-    nodes: int,
+    nodes: int | None,
     local_data_dir: Path | None,
     base_port: int | None,
     max_machine_version: int | None,
@@ -113,12 +114,17 @@ def start(
     tls: bool,
     timeout_s: float,
 ) -> None:
-    """Start the nodes of a cluster in the background and wait until a leader is elected.
+    """Start the nodes of a cluster in the background, wait until each answers and a leader is
+    elected.
 
     A new data dir gets cluster.toml, secret and client.key (both 0600); a stopped cluster's
-    data dir is restarted with its own config. With tls = true in cluster.toml (--tls for a
-    new cluster), the first start creates DATA_DIR/tls: ca.crt, ca.key and NODE.crt/NODE.key
-    (keys 0600); later starts reuse them and refuse a set that is incomplete or does not match.
+    data dir is restarted with its own config; of a cluster with some nodes down, the nodes
+    that are down are started (the others are left alone). A node that cannot start is named,
+    with the end of its stderr.log, and the command exits 69.
+
+    With tls = true in cluster.toml (--tls for a new cluster), the first start creates
+    DATA_DIR/tls: ca.crt, ca.key and NODE.crt/NODE.key (keys 0600); later starts reuse them
+    and refuse a set that is incomplete or does not match.
 
     \b
     Example:
@@ -127,9 +133,10 @@ def start(
       quorumq cluster start --nodes 3 --data-dir /tmp/qq-tls --tls
     """
     data_dir = resolve_data_dir(ctx, local_data_dir)
+    _check_node_count(data_dir, nodes)
     cluster = start_cluster(
         data_dir,
-        nodes,
+        nodes or DEFAULT_NODES,
         base_port=base_port,
         max_machine_version=max_machine_version,
         fsync=cast(FsyncPolicy | None, fsync),
@@ -144,6 +151,9 @@ def start(
     ]
     if output_format(ctx) == "table":
         click.echo(f"cluster {config.name} started in {data_dir.resolve()}, leader {leader}")
+        if len(cluster.started) < len(config.nodes):
+            running = [n.id for n in config.nodes if n.id not in cluster.started]
+            click.echo(f"started {', '.join(cluster.started)} ({', '.join(running)} were running)")
         emit(ctx, rows, ["id", "endpoint", "raft", "leader"])
         endpoints = ",".join(n.client_address for n in config.nodes)
         click.echo(f"\nendpoints: {endpoints}")
@@ -160,7 +170,30 @@ def start(
         if metrics:
             click.echo(f"metrics: {', '.join(metrics)}")
     else:
-        emit(ctx, {"data_dir": str(data_dir.resolve()), "leader": leader, "nodes": rows})
+        emit(
+            ctx,
+            {
+                "data_dir": str(data_dir.resolve()),
+                "leader": leader,
+                "nodes": rows,
+                "started": cluster.started,
+            },
+        )
+
+
+def _check_node_count(data_dir: Path, nodes: int | None) -> None:
+    """Refuse (64) a --nodes that differs from the size of the cluster already in `data_dir`."""
+    if nodes is None or not (data_dir / CONFIG_FILE).exists():
+        return
+    members = load_config(data_dir).node_ids()
+    if nodes != len(members):
+        raise CliError(
+            f"{data_dir} holds a cluster of {len(members)} nodes ({', '.join(members)}); "
+            f"--nodes {nodes} cannot change that. Start it without --nodes; to grow it, add "
+            "members one at a time with `quorumq member add ID --raft-address HOST:PORT "
+            "--client-address HOST:PORT` and start each with `quorumq node start ID`",
+            USAGE,
+        )
 
 
 @cluster_group.command("stop")
