@@ -25,6 +25,7 @@ from cluster.cli.common import (
 from cluster.cli.exits import FAILURE, UNAVAILABLE, USAGE, CliError
 from cluster.config import CONFIG_FILE, FSYNC_POLICIES, FsyncPolicy, NodeConfig
 from cluster.launcher import (
+    LocalCluster,
     client_key,
     cluster_status,
     node_status,
@@ -144,41 +145,49 @@ def start(
         metrics_base_port=metrics_base_port,
         tls=tls,
     )
-    config, leader = cluster.config, cluster.leader(timeout_s=timeout_s)
+    leader = cluster.leader(timeout_s=timeout_s)
     rows = [
         {"id": n.id, "endpoint": n.client_address, "raft": n.raft_address, "leader": n.id == leader}
-        for n in config.nodes
+        for n in cluster.config.nodes
     ]
     if output_format(ctx) == "table":
-        click.echo(f"cluster {config.name} started in {data_dir.resolve()}, leader {leader}")
-        if len(cluster.started) < len(config.nodes):
-            running = [n.id for n in config.nodes if n.id not in cluster.started]
-            click.echo(f"started {', '.join(cluster.started)} ({', '.join(running)} were running)")
-        emit(ctx, rows, ["id", "endpoint", "raft", "leader"])
-        endpoints = ",".join(n.client_address for n in config.nodes)
-        click.echo(f"\nendpoints: {endpoints}")
-        click.echo(f"credentials: {data_dir.resolve() / 'client.key'}")
-        if config.tls:
-            tls_dir = data_dir.resolve() / "tls"
-            click.echo(
-                f"TLS: on for peer and client traffic (CA and node certificates in {tls_dir}; "
-                f"clients verify the nodes with {tls_dir / 'ca.crt'}: --tls-ca with --endpoints)"
-            )
-        bind = config.metrics_bind
-        ports = [n.metrics_port for n in config.nodes if n.metrics_port]
-        metrics = [f"http://{bind}:{port}/metrics" for port in ports]
-        if metrics:
-            click.echo(f"metrics: {', '.join(metrics)}")
+        _print_started(ctx, cluster, leader, rows)
     else:
         emit(
             ctx,
             {
-                "data_dir": str(data_dir.resolve()),
+                "data_dir": str(cluster.data_dir),
                 "leader": leader,
                 "nodes": rows,
                 "started": cluster.started,
             },
         )
+
+
+def _print_started(
+    ctx: click.Context, cluster: LocalCluster, leader: str, rows: list[dict[str, Any]]
+) -> None:
+    """`cluster start`'s table output: the nodes, endpoints, credentials, TLS and metrics."""
+    config, data_dir = cluster.config, cluster.data_dir
+    click.echo(f"cluster {config.name} started in {data_dir}, leader {leader}")
+    if len(cluster.started) < len(config.nodes):
+        running = [n.id for n in config.nodes if n.id not in cluster.started]
+        click.echo(f"started {', '.join(cluster.started)} ({', '.join(running)} were running)")
+    emit(ctx, rows, ["id", "endpoint", "raft", "leader"])
+    endpoints = ",".join(n.client_address for n in config.nodes)
+    click.echo(f"\nendpoints: {endpoints}")
+    click.echo(f"credentials: {data_dir / 'client.key'}")
+    if config.tls:
+        tls_dir = data_dir / "tls"
+        click.echo(
+            f"TLS: on for peer and client traffic (CA and node certificates in {tls_dir}; "
+            f"clients verify the nodes with {tls_dir / 'ca.crt'}: --tls-ca with --endpoints)"
+        )
+    bind = config.metrics_bind
+    ports = [n.metrics_port for n in config.nodes if n.metrics_port]
+    metrics = [f"http://{bind}:{port}/metrics" for port in ports]
+    if metrics:
+        click.echo(f"metrics: {', '.join(metrics)}")
 
 
 def _check_node_count(data_dir: Path, nodes: int | None) -> None:

@@ -439,11 +439,7 @@ def run_node(
     # (the default switch interval) while the loop returns from an fsync or a poll
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     incarnation = next_incarnation(node_dir)
-    pid_file = node_dir / "node.pid"
-    # atomically: the launcher may read it at any moment (a truncated file reads as "no node")
-    pid_tmp = node_dir / "node.pid.tmp"
-    pid_tmp.write_text(f"{os.getpid()}\n", encoding="ascii")
-    os.replace(pid_tmp, pid_file)
+    pid_file = _write_pid_file(node_dir)
     try:
         server = NodeServer(
             cluster,
@@ -463,6 +459,25 @@ def run_node(
         return EX_CONFIG
     tune_gc()
     try:
+        return _serve(server)
+    finally:
+        pid_file.unlink(missing_ok=True)
+        os.close(lock_fd)  # (the kernel would drop it at exit anyway)
+
+
+def _write_pid_file(node_dir: Path) -> Path:
+    """Write node.pid atomically (the launcher may read it at any moment: a truncated file
+    reads as "no node"); its path."""
+    pid_file = node_dir / "node.pid"
+    pid_tmp = node_dir / "node.pid.tmp"
+    pid_tmp.write_text(f"{os.getpid()}\n", encoding="ascii")
+    os.replace(pid_tmp, pid_file)
+    return pid_file
+
+
+def _serve(server: NodeServer) -> int:
+    """Serve until SIGTERM/SIGINT; the exit code (a failure while serving is logged)."""
+    try:
         asyncio.run(_serve_until_signal(server))
     except MetricsUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
@@ -475,9 +490,6 @@ def run_node(
     except OSError as err:
         log.error("node_failed", error=str(err))
         return EX_SOFTWARE
-    finally:
-        pid_file.unlink(missing_ok=True)
-        os.close(lock_fd)  # (the kernel would drop it at exit anyway)
     return server.exit_code
 
 

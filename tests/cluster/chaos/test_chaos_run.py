@@ -3,7 +3,7 @@ changes in test_chaos_membership.py)."""
 
 from __future__ import annotations
 
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,9 @@ from cluster.client import Client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-PURGE_AFTER_CONFIRMED = 20  # chaos-2 publishes confirmed before the saboteur purges
+# chaos-2 publishes confirmed before the saboteur purges: one is enough for the control to mean
+# something (on a host loaded to 30 the two producers confirmed 42 messages in the whole run)
+PURGE_AFTER_CONFIRMED = 1
 
 
 def assert_nothing_lost(report: dict[str, Any]) -> None:
@@ -142,15 +144,22 @@ def test_a_purge_during_the_run_is_reported_as_lost(tmp_path: Path) -> None:
     """Negative control: purging confirmed messages mid-run makes the harness report them lost:
     every one confirmed before the purge, none published after it, at most as many as purged."""
     purge_window_ns: list[int] = []
+    hook_errors: list[str] = []
+    run_over = threading.Event()
 
     def purge_midway(cluster: LauncherCluster, recorder: Recorder) -> None:
         # the condition the test assumes (confirmed messages waiting in chaos-2), not a time
         while len(_confirmed(recorder.events(), "chaos-2")) < PURGE_AFTER_CONFIRMED:
-            time.sleep(0.05)
-        with Client(list(cluster.endpoints().values()), cluster.key, name="saboteur") as client:
-            purge_window_ns.append(recorder.now_ns())
-            purged.append(client.purge_queue("chaos-2").count)
-            purge_window_ns.append(recorder.now_ns())
+            if run_over.wait(0.05):
+                return
+        try:
+            endpoints = list(cluster.endpoints().values())
+            with Client(endpoints, cluster.key, name="saboteur") as client:
+                purge_window_ns.append(recorder.now_ns())
+                purged.append(client.purge_queue("chaos-2").count)
+                purge_window_ns.append(recorder.now_ns())
+        except Exception as err:  # seen by the test, not lost in a daemon thread
+            hook_errors.append(repr(err))
 
     purged: list[int] = []
     params = RunParams(
@@ -162,8 +171,13 @@ def test_a_purge_during_the_run_is_reported_as_lost(tmp_path: Path) -> None:
         # every message confirmed there so far
         workload=WorkloadParams(producers=2, consumers=1, queues=("chaos-1", "chaos-2")),
     )
-    report = run(params, during=purge_midway)
-    assert purged and purged[0] >= PURGE_AFTER_CONFIRMED, purged
+    try:
+        report = run(params, during=purge_midway)
+    finally:
+        run_over.set()
+    assert not hook_errors, hook_errors
+    assert purged, f"no purge: no message confirmed in chaos-2 ({report['operations']})"
+    assert purged[0] >= PURGE_AFTER_CONFIRMED, purged
     started_ns, ended_ns = purge_window_ns
     history = read_history(tmp_path / "history.jsonl")
     lost = set(report["checker"]["lost"])
