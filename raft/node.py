@@ -69,6 +69,7 @@ from raft.membership import MemberChange, MemberSet, MembershipError, Refusal
 from raft.metadata import member_change_refusal
 from raft.prevote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
 from raft.replicated import Outcome, ReplicatedState
+from raft.roles import RoleChanges
 from raft.ticker import LoopPoller, LoopThread, LoopTicker
 from raft.transport import PeerConnection, QuorumTransport
 
@@ -267,6 +268,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._address_to_id[settings.address] = settings.node_id
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
         self._pre_vote = PreVote(conf.raftMinTimeout)
+        self.roles = RoleChanges(settings.node_id, conf.raftMinTimeout, conf.leaderFallbackTimeout)
+        conf.onStateChanged = self._on_role_changed  # every change logged with its cause
         peer_nodes = [self._tcp_node(node_id, address) for node_id, address in peers.items()]
         # the loop drives pysyncobj: its sockets are the loop's readers/writers, its ticks run
         # after socket events, after proposals and on a timer (raft/ticker.py)
@@ -664,6 +667,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 self._SyncObj__transport.send(node, request)
         pre_vote.parked = now + PRE_VOTE_PARK_S
         self._SyncObj__raftElectionDeadline = pre_vote.parked
+
+    def _on_role_changed(self, old: int, new: int) -> None:
+        silent = monotonic_time() - self._pre_vote.last_leader_contact
+        self.roles.changed(old, new, self._SyncObj__raftCurrentTerm, silent)
 
     def _stand_now(self) -> None:
         """A pre-vote round was won: pysyncobj starts the election at its next tick."""
@@ -1155,6 +1162,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 "members": list(meta.members),
                 # a change this node appended (as leader) is not applied yet
                 "membership_change_pending": self._change_appended_at > int(raw["last_applied"]),
+                "role_changes": self.roles.counts(),  # "from->to" -> count (raft.roles)
             }
         if skipped is not None:
             status["digest_skipped"] = skipped

@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 
 import fifo
-from cluster import config, protocol
+from cluster import config, nodelock, protocol
 from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.client_tls import TlsClientListener
@@ -39,6 +39,7 @@ from cluster.node.logs import setup_logging
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
+from cluster.nodelock import NodeDirLocked
 from cluster.tls import PeerContexts, node_client_port_context, node_peer_contexts
 from fifo.commands import ConnectionDown, ConnectionId
 from fifo.replies import Error
@@ -471,6 +472,9 @@ def run_node(
         print(f"error: {err}", file=sys.stderr)
         return EX_CONFIG
     node_dir = node.data_dir if node.data_dir.is_absolute() else data_dir / node.data_dir
+    lock_fd = _lock_node_dir(data_dir, node_id, node_dir)  # before anything is written
+    if lock_fd is None:
+        return EX_USAGE
     os.umask(0o077)  # journal, snapshot, meta and logs are for the node's owner only (0600)
     storage.private_dir(node_dir)
     setup_logging(
@@ -480,11 +484,7 @@ def run_node(
     # (the default switch interval) while the loop returns from an fsync or a poll
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     incarnation = next_incarnation(node_dir)
-    pid_file = node_dir / "node.pid"
-    # atomically: the launcher may read it at any moment (a truncated file reads as "no node")
-    pid_tmp = node_dir / "node.pid.tmp"
-    pid_tmp.write_text(f"{os.getpid()}\n", encoding="ascii")
-    os.replace(pid_tmp, pid_file)
+    pid_file = _write_pid_file(node_dir)
     try:
         server = NodeServer(
             cluster,
@@ -504,6 +504,25 @@ def run_node(
         return EX_CONFIG
     tune_gc()
     try:
+        return _serve(server)
+    finally:
+        pid_file.unlink(missing_ok=True)
+        os.close(lock_fd)  # (the kernel would drop it at exit anyway)
+
+
+def _write_pid_file(node_dir: Path) -> Path:
+    """Write node.pid atomically (the launcher may read it at any moment: a truncated file
+    reads as "no node"); its path."""
+    pid_file = node_dir / "node.pid"
+    pid_tmp = node_dir / "node.pid.tmp"
+    pid_tmp.write_text(f"{os.getpid()}\n", encoding="ascii")
+    os.replace(pid_tmp, pid_file)
+    return pid_file
+
+
+def _serve(server: NodeServer) -> int:
+    """Serve until SIGTERM/SIGINT; the exit code (a failure while serving is logged)."""
+    try:
         asyncio.run(_serve_until_signal(server))
     except MetricsUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
@@ -516,9 +535,21 @@ def run_node(
     except OSError as err:
         log.error("node_failed", error=str(err))
         return EX_SOFTWARE
-    finally:
-        pid_file.unlink(missing_ok=True)
     return server.exit_code
+
+
+def _lock_node_dir(data_dir: Path, node_id: str, node_dir: Path) -> int | None:
+    """The node dir's lock (held for the process's life), or None after saying on stderr which
+    process holds it: a second start must not touch a running node's files."""
+    try:
+        return nodelock.take(node_dir)
+    except NodeDirLocked as err:
+        print(
+            f"error: node {node_id} is already running (pid {err.pid}); nothing was changed. "
+            f"Stop it with: quorumq node stop {node_id} --data-dir {data_dir}",
+            file=sys.stderr,
+        )
+        return None
 
 
 def tune_gc() -> None:
