@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import ssl
 import sys
 from collections.abc import Callable, Sequence
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 import click
-import structlog
 
 from cluster import config as cluster_config
 from cluster import protocol
@@ -309,8 +309,8 @@ def connect(ctx: click.Context, **kwargs: Any) -> Client:
     """A client for the cluster named by the global options (validated before connecting)."""
     endpoints, key = connection_args(ctx)
     tls = tls_context(ctx)
-    if not structlog.is_configured():  # client logs must never mix into stdout (-o jsonl)
-        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    if not logging.getLogger().handlers:  # the client's WARNING records, on stderr, one line each
+        logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="warning: %(message)s")
     kwargs.setdefault("connect_timeout_s", 5.0)
     return Client(endpoints, key, name="quorumq-cli", tls=tls, **kwargs)
 

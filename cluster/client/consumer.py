@@ -15,8 +15,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import structlog
-
+from cluster.client._log import get_logger
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
 from cluster.client._wire import group_of
@@ -36,7 +35,7 @@ from fifo.commands import (
 from fifo.effects import CreditReply
 from fifo.replies import CancelOk, Error
 
-log = structlog.get_logger("quorumq.client")
+log = get_logger("quorumq.client")
 
 
 class Settles(Protocol):
