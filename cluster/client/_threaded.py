@@ -145,6 +145,7 @@ class ThreadedShell:
         connect_retry_s: float | None,
         prefer_leader: bool,
         tls: ssl.SSLContext | None = None,
+        no_leader_fail_s: float | None = None,
     ) -> None:
         self._tls = tls
         self._core = ClientProtocol(
@@ -153,6 +154,7 @@ class ThreadedShell:
             reconnect=reconnect,
             silence_timeout_s=silence_timeout_s,
             now=time.monotonic(),
+            no_leader_fail_s=no_leader_fail_s,
         )
         self._client_key = client_key
         self.name = name

@@ -50,6 +50,7 @@ from cluster.client.errors import (
     ClientClosed,
     ClusterError,
     CommandRefused,
+    NoQuorum,
     RequestTimeout,
     Unavailable,
 )
@@ -890,9 +891,9 @@ class ClientProtocol:
         self._touch(consumer)
 
 
-def no_leader(refusal: str, what: str) -> Unavailable:
+def no_leader(refusal: str, what: str) -> NoQuorum:
     """The error of a request whose attempts the nodes refused for want of a leader."""
-    return Unavailable(
+    return NoQuorum(
         f"no leader: the cluster has no quorum to commit ({what}; the nodes answered {refusal})"
     )
 
@@ -909,7 +910,7 @@ def explain_timeout(status: object, error: ClusterError) -> ClusterError:
         reason = f"{node} knows no leader"
     else:
         return error
-    return Unavailable(f"no leader: the cluster has no quorum ({reason}); {error}")
+    return NoQuorum(f"no leader: the cluster has no quorum ({reason}); {error}")
 
 
 def _frame_error(frame: AnyFrame, what: str | None = None) -> ClusterError:

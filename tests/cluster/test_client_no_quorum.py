@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,10 @@ from typing import Any
 import pytest
 
 from cluster import protocol
-from cluster.client import ClientProtocol, RequestTimeout, Unavailable
+from cluster.client import ClientProtocol, NoQuorum, RequestTimeout, Unavailable
 from cluster.client._wire import Welcome, split_frames
 from cluster.client.sansio import SCAN_S, Answered
-from cluster.launcher import LocalCluster, local_cluster
+from cluster.launcher import LocalCluster, init_cluster, local_cluster
 from fifo.codec import encode
 from fifo.commands import ConnectionId
 
@@ -78,7 +79,7 @@ def test_unconfirmed_publishes_all_refused_for_want_of_a_leader_are_unavailable(
     core.publish(publisher, [b"a", b"b"])
     refuse(core, protocol.UNAVAILABLE)
     error = core.unconfirmed_error(publisher, 30.0)
-    assert type(error) is Unavailable
+    assert type(error) is NoQuorum  # (an Unavailable)
     assert "no leader" in str(error) and "2 messages" in str(error)
 
 
@@ -146,3 +147,47 @@ def test_cli_publish_without_a_quorum_exits_69_saying_there_is_no_leader(
     )
     assert result.returncode == EX_UNAVAILABLE, (result.returncode, result.stderr)
     assert "no leader" in result.stderr and "quorum" in result.stderr
+
+
+# --- issue 34: the CLI without a quorum fails in seconds, with one line naming the lost nodes ---
+
+FAIL_FAST_S = 15.0  # the default --timeout is 30 s; failing fast means a few seconds
+
+
+def timed_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    result = subprocess.run(
+        [*QUORUMQ, *args], capture_output=True, text=True, timeout=120.0, check=False
+    )
+    return result, time.monotonic() - started
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "command", [("publish", "jobs", "--body", "after"), ("queue", "list")], ids=["publish", "list"]
+)
+def test_cli_without_a_quorum_fails_fast_with_one_line_naming_the_unreachable_nodes(
+    minority: LocalCluster, command: tuple[str, ...]
+) -> None:
+    down = sorted(node for node, status in minority.statuses().items() if status is None)
+    assert len(down) == 2
+    result, seconds = timed_cli("--data-dir", str(minority.data_dir), *command)
+    assert result.returncode == EX_UNAVAILABLE, (result.returncode, result.stderr)
+    assert seconds < FAIL_FAST_S, f"took {seconds:.1f}s: {result.stderr}"
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "no quorum" in lines[0]
+    assert f"unreachable: {', '.join(down)}" in lines[0], lines[0]
+
+
+@pytest.mark.cluster
+def test_cli_on_a_stopped_cluster_says_no_node_is_reachable_within_seconds(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "D"
+    init_cluster(data_dir, 3)  # written, never started: every port refuses
+    result, seconds = timed_cli("--data-dir", str(data_dir), "queue", "list")
+    assert result.returncode == EX_UNAVAILABLE, (result.returncode, result.stderr)
+    assert "no quorumq node reachable" in result.stderr
+    assert seconds < 4.0, f"took {seconds:.1f}s"
