@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -202,6 +202,15 @@ class AsyncConsumer:
         return message
 
     # --- receiving ------------------------------------------------------------------------
+
+    async def messages(self, idle_timeout_s: float) -> AsyncIterator[AsyncMessage]:
+        """The messages as they come, until none came for `idle_timeout_s` (the queue stayed
+        empty) or the consumer was cancelled. Iterating the consumer itself waits forever.
+
+        Example: `async for message in client.consume("jobs").messages(idle_timeout_s=2.0):`
+        """
+        while (message := await self.get(timeout_s=idle_timeout_s)) is not None:
+            yield message
 
     async def get(self, timeout_s: float | None = None) -> AsyncMessage | None:
         """The next message, waiting up to `timeout_s` (None: until cancelled or closed)."""

@@ -259,6 +259,15 @@ class Consumer:
             raise StopIteration
         return message
 
+    def messages(self, idle_timeout_s: float) -> Iterator[Message]:
+        """The messages as they come, until none came for `idle_timeout_s` (the queue stayed
+        empty) or the consumer was cancelled. Iterating the consumer itself waits forever.
+
+        Example: `for message in client.consume("jobs").messages(idle_timeout_s=2.0): ...`
+        """
+        while (message := self.get(timeout_s=idle_timeout_s)) is not None:
+            yield message
+
     def get(self, timeout_s: float | None = None) -> Message | None:
         """The next message, waiting up to `timeout_s` (None: until cancelled or closed)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

@@ -9,6 +9,8 @@ unknown queues exit 65 everywhere; `queue info` shows a grouped queue's policy a
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import click
@@ -17,6 +19,7 @@ from click.testing import CliRunner
 
 from cluster.cli.exits import CliError
 from cluster.cli.main import cli
+from cluster.client import AsyncClient
 from cluster.launcher import LocalCluster, wait_until
 from fifo.commands import QueueConfig
 from tests.cluster.shells import Shells
@@ -114,3 +117,38 @@ def test_deleting_a_dead_letter_queue_warns_that_its_sources_now_drop(
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "warning: orders dead-letter into dead" in result.stderr
+
+
+# --- item 7: a consume loop that ends once the queue stays empty ------------------------------
+
+
+def test_a_consume_loop_with_an_idle_timeout_ends_on_an_empty_queue(
+    shared_cluster3: LocalCluster,
+) -> None:
+    with shared_cluster3.client() as client:
+        client.declare_queue("idle")
+        client.publish("idle", b"one")
+        client.publish("idle", b"two")
+        started = time.monotonic()
+        bodies = []
+        for message in client.consume("idle", prefetch=100).messages(idle_timeout_s=1.0):
+            bodies.append(message.body)
+            message.ack()
+        assert bodies == [b"one", b"two"]
+        assert time.monotonic() - started < 10.0
+
+
+def test_an_async_consume_loop_with_an_idle_timeout_ends_on_an_empty_queue(
+    shared_cluster3: LocalCluster,
+) -> None:
+    async def drain() -> list[bytes]:
+        async with AsyncClient.from_data_dir(shared_cluster3.data_dir) as client:
+            await client.declare_queue("idle-aio")
+            await client.publish("idle-aio", b"one")
+            bodies = []
+            async for message in client.consume("idle-aio").messages(idle_timeout_s=1.0):
+                bodies.append(message.body)
+                await message.ack()
+            return bodies
+
+    assert asyncio.run(asyncio.wait_for(drain(), 30.0)) == [b"one"]
