@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -152,3 +153,31 @@ def test_an_async_consume_loop_with_an_idle_timeout_ends_on_an_empty_queue(
             return bodies
 
     assert asyncio.run(asyncio.wait_for(drain(), 30.0)) == [b"one"]
+
+
+# --- item 8: an export after a compaction says what it lacks; a dry run of it is no "SAFE" ------
+
+
+def test_an_export_after_a_snapshot_says_what_it_lacks_and_the_dry_run_refuses_it(
+    shared_cluster3: LocalCluster, tmp_path: Path
+) -> None:
+    with shared_cluster3.client() as client:
+        client.declare_queue("compacted")
+        for number in range(20):
+            client.publish("compacted", b"m%d" % number)
+    node = shared_cluster3.config.node_ids()[0]
+    with shared_cluster3.client(node, only=True) as client:
+        client.admin("snapshot")
+    out = tmp_path / "n.log"
+
+    def exported_after_snapshot() -> str | None:
+        code, text = quorumq(shared_cluster3, "log", "export", "--node", node, "--out", str(out))
+        assert code == 0, text
+        return text if "not exported: the commands of entries 1.." in text else None
+
+    text = wait_until(exported_after_snapshot, 20.0, "an export that starts at a snapshot")
+    assert "compacted into" in text
+    if "(0 commands" in text:  # nothing came after the snapshot: the dry run must refuse
+        code, output = quorumq(shared_cluster3, "machine", "upgrade", "--dry-run",
+                               "--log", str(out), "--to", "3")  # fmt: skip
+        assert code == 65 and "0 commands" in output, output
