@@ -10,6 +10,7 @@ unknown queues exit 65 everywhere; `queue info` shows a grouped queue's policy a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from cluster import config as cluster_config
 from cluster.cli.exits import CliError
 from cluster.cli.main import cli
 from cluster.client import AsyncClient
-from cluster.launcher import LocalCluster, wait_until
+from cluster.errors import ConfigError
+from cluster.launcher import LocalCluster, init_cluster, local_cluster, wait_until
 from fifo.commands import QueueConfig
 from tests.cluster.shells import Shells
 
@@ -181,3 +184,34 @@ def test_an_export_after_a_snapshot_says_what_it_lacks_and_the_dry_run_refuses_i
         code, output = quorumq(shared_cluster3, "machine", "upgrade", "--dry-run",
                                "--log", str(out), "--to", "3")  # fmt: skip
         assert code == 65 and "0 commands" in output, output
+
+
+def test_snapshot_every_s_in_cluster_toml_sets_how_long_a_node_keeps_its_log(
+    tmp_path: Path,
+) -> None:
+    """The retention setting is wired: at 1 s a node compacts on its own within seconds (at the
+    default, 300 s, it would not); docs/upgrades.md raises it to keep traffic for a dry run."""
+    data_dir = tmp_path / "D"
+    config = init_cluster(data_dir, 1)
+    cluster_config.write(data_dir, dataclasses.replace(config, snapshot_every_s=1))
+    assert "snapshot_every_s = 1" in (data_dir / "cluster.toml").read_text()
+    with local_cluster(data_dir, 1) as cluster:
+        with cluster.client() as client:
+            client.declare_queue("kept")
+            client.publish("kept", b"one")
+        out = tmp_path / "n1.log"
+
+        def compacted() -> str | None:
+            code, text = quorumq(cluster, "log", "export", "--node", "n1", "--out", str(out))
+            assert code == 0, text
+            return text if "not exported" in text else None
+
+        wait_until(compacted, 20.0, "a compaction driven by snapshot_every_s")
+
+
+def test_snapshot_every_s_is_bounded(tmp_path: Path) -> None:
+    data_dir = tmp_path / "D"
+    config = init_cluster(data_dir, 1)
+    cluster_config.write(data_dir, dataclasses.replace(config, snapshot_every_s=0))
+    with pytest.raises(ConfigError, match="snapshot_every_s must be within"):
+        cluster_config.load(data_dir)
