@@ -166,22 +166,25 @@ def _consume(
     fmt: str,
     timestamps: bool = False,
 ) -> tuple[int, float]:
+    prefetch = min(prefetch, count or prefetch)
     consumer = client.consume(
         queue,
-        prefetch=min(prefetch, count or prefetch),
+        prefetch=prefetch,
         priority=priority,
         timeout_ms=consumer_timeout_ms,
-        auto_ack=not ack,
+        auto_ack=not ack and count is None,
     )
     started = time.monotonic()
     received = 0
     rows: list[dict[str, object]] = []
+    settle = _CountedSettle(consumer, count, prefetch, ack)
     while count is None or received < count:
         message = consumer.get(timeout_s)
         if message is None:
             break
         received_ns = time.monotonic_ns()
         received += 1
+        settle.arrived(message)
         row = message_row(message)
         if timestamps:
             row["received_ns"] = received_ns
@@ -195,18 +198,53 @@ def _consume(
             click.echo(json.dumps(row))
         else:
             rows.append(row)
-        if ack:
-            consumer.ack([message])
+        settle.printed(message)
     seconds = time.monotonic() - started
-    _give_back(consumer)
+    _give_back(consumer, settle)
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
     return received, seconds
 
 
-def _give_back(consumer: Consumer) -> None:
-    """Cancel, return whatever arrived beyond what was printed, and wait for the settles."""
+class _CountedSettle:
+    """Acks for `consume`: with --count N, never one that would let the queue deliver more than
+    N (each ack frees prefetch credit), so nothing arrives beyond N to be returned (a return
+    would count against the delivery limit); the acks held back go after the cancel."""
+
+    def __init__(self, consumer: Consumer, count: int | None, prefetch: int, ack: bool) -> None:
+        self.consumer, self.count, self.prefetch, self.ack = consumer, count, prefetch, ack
+        self.acked = 0
+        self.held: list[Message] = []
+
+    def arrived(self, message: Message) -> None:
+        """--no-ack: settled on arrival (when --count allows it)."""
+        if not self.ack and self.count is not None:
+            self._settle(message)
+
+    def printed(self, message: Message) -> None:
+        """--ack: settled once printed (when --count allows it)."""
+        if self.ack:
+            self._settle(message)
+
+    def _settle(self, message: Message) -> None:
+        if self.count is not None and self.acked + 1 + self.prefetch > self.count:
+            self.held.append(message)
+            return
+        self.acked += 1
+        self.consumer.ack([message])
+
+    def finish(self) -> None:
+        """After the cancel: the acks held back."""
+        if self.held:
+            self.consumer.ack(self.held)
+            self.held = []
+
+
+def _give_back(consumer: Consumer, settle: _CountedSettle) -> None:
+    """Cancel, send the acks held back, return whatever arrived beyond what was printed, and
+    wait for the settles."""
     consumer.cancel()
+    settle.finish()
     extra = consumer.take_buffered()
     if extra:
         consumer.nack(extra, requeue=True)

@@ -42,7 +42,7 @@ def quorumq(cluster: LocalCluster, *args: str) -> tuple[int, str]:
         return 64, result.exception.format_message()
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout
 
 
 def dead_lettered(cluster: LocalCluster, queue: str) -> int:
@@ -215,3 +215,27 @@ def test_snapshot_every_s_is_bounded(tmp_path: Path) -> None:
     cluster_config.write(data_dir, dataclasses.replace(config, snapshot_every_s=0))
     with pytest.raises(ConfigError, match="snapshot_every_s must be within"):
         cluster_config.load(data_dir)
+
+
+# --- item 11: `consume --count N` takes N messages and gives nothing back ----------------------
+
+
+@pytest.mark.parametrize("flags", [(), ("--no-ack",), ("--prefetch", "3")], ids=str)
+def test_consume_count_takes_exactly_n_and_returns_nothing(
+    shared_cluster3: LocalCluster, flags: tuple[str, ...]
+) -> None:
+    queue = f"counted{len(flags)}{''.join(flags)}"
+    with shared_cluster3.client() as client:
+        client.declare_queue(queue)
+        with client.publisher(queue, window=100) as publisher:
+            publisher.publish_many(b"m%d" % i for i in range(50))
+    code, out = quorumq(shared_cluster3, "-o", "jsonl", "consume", queue, "--count", "10", *flags)
+    assert code == 0, out
+    assert len(out.strip().splitlines()) == 10
+    with shared_cluster3.client() as client:
+        overview = client.overview(queue)
+        assert overview is not None
+        assert (overview.total, overview.returned, overview.checked_out) == (40, 0, 0)
+        consumer = client.consume(queue, prefetch=50)
+        redelivered = [m for m in consumer.messages(idle_timeout_s=1.0) if m.delivery_count]
+        assert redelivered == [], "surplus messages were counted as failed deliveries"
