@@ -333,7 +333,10 @@ class AsyncConsumer:
     # --- leaving ----------------------------------------------------------------------------
 
     async def cancel(self) -> CancelOk | None:
-        """Soft cancel: nothing new; pending messages can still be settled."""
+        """Soft cancel: nothing new; pending messages can still be settled. A no-op (None) on a
+        consumer already cancelled (by `process(...).stop()`, say)."""
+        if self._state.cancelled:
+            return None
         return await self._leave(Cancel())
 
     async def remove(self) -> CancelOk | None:

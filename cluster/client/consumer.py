@@ -404,7 +404,10 @@ class Consumer:
     # --- leaving ----------------------------------------------------------------------------
 
     def cancel(self) -> CancelOk | None:
-        """Soft cancel: nothing new; pending messages can still be settled."""
+        """Soft cancel: nothing new; pending messages can still be settled. A no-op (None) on a
+        consumer already cancelled (by `process(...).stop()`, say)."""
+        if self._state.cancelled:
+            return None
         return self._leave(Cancel())
 
     def remove(self) -> CancelOk | None:

@@ -239,3 +239,30 @@ def test_consume_count_takes_exactly_n_and_returns_nothing(
         consumer = client.consume(queue, prefetch=50)
         redelivered = [m for m in consumer.messages(idle_timeout_s=1.0) if m.delivery_count]
         assert redelivered == [], "surplus messages were counted as failed deliveries"
+
+
+def test_cancel_after_process_stop_is_a_no_op(shared_cluster3: LocalCluster) -> None:
+    with shared_cluster3.client() as client:
+        client.declare_queue("processed")
+        client.publish("processed", b"one")
+        consumer = client.consume("processed")
+        processing = consumer.process(lambda message: None, workers=1)
+        assert processing.stop(drain=True)
+        assert consumer.cancel() is None
+        assert consumer.cancel() is None
+
+
+def test_an_async_cancel_after_process_stop_is_a_no_op(shared_cluster3: LocalCluster) -> None:
+    async def run() -> None:
+        async with AsyncClient.from_data_dir(shared_cluster3.data_dir) as client:
+            await client.declare_queue("processed-aio")
+            consumer = client.consume("processed-aio")
+
+            async def handler(message: Any) -> None:
+                del message
+
+            processing = await consumer.process(handler, workers=1)
+            assert await processing.stop(drain=True)
+            assert await consumer.cancel() is None
+
+    asyncio.run(asyncio.wait_for(run(), 30.0))
