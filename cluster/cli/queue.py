@@ -255,13 +255,37 @@ def info(ctx: click.Context, name: str, stale_ok: bool) -> None:
     with connect(ctx) as client:
         overview = read_query(client, "overview", {"queue": name}, stale_ok)
         partitions = None if overview else _partition_count(client, name)
+        grouping = _group_fields(client, name) if overview else {}
     if partitions:
         emit(ctx, {"queue": name, "partitioned": True, "partitions": partitions,
-                   "members": ", ".join(f"{name}.{i}" for i in range(partitions))})  # fmt: skip
+                   "members": ", ".join(f"{name}.{i}" for i in range(partitions)),
+                   "consume": f"quorumq consume {name} --group NAME"})  # fmt: skip
         return
     if not overview:
-        raise CliError(f"no queue {name!r}", USAGE)
-    emit(ctx, untyped(plain(overview)))
+        raise no_queue(name)
+    emit(ctx, {**untyped(plain(overview)), **grouping})
+
+
+def no_queue(name: str) -> CliError:
+    """The error of a command naming a queue that does not exist (exit 65, as when the queue
+    itself refuses a command for it)."""
+    return CliError(f"no queue {name!r}", DATA)
+
+
+def _group_fields(client: Client, name: str) -> dict[str, Any]:
+    """`group_policy`, `group_key` (and the rebalance flag) of a grouped queue; `group_policy:
+    none` for a plain one; nothing when the node cannot say (older code)."""
+    try:
+        found = client.query("group_config", {"queue": name})
+    except ClusterError:
+        return {}
+    if not isinstance(found, dict):
+        return {"group_policy": "none"}
+    return {
+        "group_policy": found.get("policy"),
+        "group_key": found.get("group_key"),
+        "rebalance_groups_on_join": found.get("rebalance_groups_on_join"),
+    }
 
 
 def _group_config(key: str | None, policy: str | None, rebalance: bool) -> GroupConfig | None:
@@ -305,7 +329,7 @@ def groups(ctx: click.Context, name: str, limit: int) -> None:
     with connect(ctx) as client:
         overview = client.overview(name)
         if overview is None:
-            raise CliError(f"no queue {name!r}", USAGE)
+            raise no_queue(name)
         status = client.query("machine")
         version = status.get("effective_version") if isinstance(status, dict) else None
         if isinstance(version, int) and version < 3:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -266,3 +267,79 @@ def test_an_async_cancel_after_process_stop_is_a_no_op(shared_cluster3: LocalClu
             assert await consumer.cancel() is None
 
     asyncio.run(asyncio.wait_for(run(), 30.0))
+
+
+# --- item 9: groups from the CLI ---------------------------------------------------------------
+
+
+def test_queue_info_shows_the_group_policy_and_key(shared_cluster3: LocalCluster) -> None:
+    code, out = quorumq(shared_cluster3, "queue", "declare", "grouped", "--group-policy",
+                        "exclusive", "--group-key", "customer")  # fmt: skip
+    assert code == 0, out
+    code, out = quorumq(shared_cluster3, "-o", "json", "queue", "info", "grouped")
+    assert code == 0, out
+    info = json.loads(out)
+    assert (info["group_policy"], info["group_key"]) == ("exclusive", "customer")
+    assert quorumq(shared_cluster3, "queue", "declare", "plain")[0] == 0
+    code, out = quorumq(shared_cluster3, "-o", "json", "queue", "info", "plain")
+    assert json.loads(out)["group_policy"] == "none"
+
+
+def test_consume_group_joins_a_consumer_group_and_takes_the_messages(
+    shared_cluster3: LocalCluster,
+) -> None:
+    assert quorumq(shared_cluster3, "queue", "declare", "parted", "--partitions", "3")[0] == 0
+    code, out = quorumq(shared_cluster3, "publish", "parted", "--count", "12")
+    assert code == 0, out
+    code, out = quorumq(shared_cluster3, "-o", "jsonl", "consume", "parted", "--group", "billing",
+                        "--count", "12", "--timeout", "10")  # fmt: skip
+    assert code == 0, out
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    assert len(rows) == 12
+    assert {row["queue"] for row in rows} == {"parted.0", "parted.1", "parted.2"}
+    with shared_cluster3.client() as client:
+        assert sum(client.overview(f"parted.{i}").total for i in range(3)) == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("args", "advice"),
+    [
+        (("consume", "parted"), "consume it with `--group NAME`"),
+        (("consume", "parted.1"), "consume parted with `--group NAME`"),
+        (("consume", "plain", "--group", "g"), "consume it without --group"),
+    ],
+)
+def test_consume_errors_say_what_to_do_in_cli_terms(
+    shared_cluster3: LocalCluster, args: tuple[str, ...], advice: str
+) -> None:
+    quorumq(shared_cluster3, "queue", "declare", "parted", "--partitions", "3")
+    quorumq(shared_cluster3, "queue", "declare", "plain")
+    code, message = quorumq(shared_cluster3, *args, "--timeout", "1")
+    assert code == 65, message
+    assert advice in message
+    assert "Checkout" not in message and "JoinGroup" not in message
+
+
+# --- item 11: an unknown queue exits 65 whatever the command -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("queue", "info", "nowhere"),
+        ("queue", "groups", "nowhere"),
+        ("queue", "purge", "nowhere"),
+        ("queue", "delete", "nowhere"),
+        ("consumer", "list", "nowhere"),
+        ("publish", "nowhere", "--body", "x"),
+        ("consume", "nowhere", "--timeout", "1"),
+        ("consume", "nowhere", "--group", "g", "--timeout", "1"),
+    ],
+    ids=" ".join,
+)
+def test_an_unknown_queue_exits_65_everywhere(
+    shared_cluster3: LocalCluster, args: tuple[str, ...]
+) -> None:
+    code, message = quorumq(shared_cluster3, *args)
+    assert code == 65, (code, message)
+    assert "nowhere" in message
