@@ -222,7 +222,9 @@ def declare(
 @click.pass_context
 @translate_errors
 def list_queues(ctx: click.Context, stale_ok: bool) -> None:
-    """List every queue with its counters.
+    """List every queue with its counters: READY every message waiting for delivery (returned
+    ones included, as in /metrics), RETURNED how many of those were returned, CHECKED_OUT
+    delivered and not settled, TOTAL all of them.
 
     A node without a leader answers `unavailable` (its state may be stale): the client asks
     another node, and exits 69 when none has a leader. `--stale-ok` prints it anyway.
@@ -232,7 +234,9 @@ def list_queues(ctx: click.Context, stale_ok: bool) -> None:
       quorumq --data-dir /tmp/qq -o json queue list
     """
     with connect(ctx) as client:
-        rows = _rows(read_query(client, "overview", None, stale_ok))
+        rows = [
+            waiting_as_ready(row) for row in _rows(read_query(client, "overview", None, stale_ok))
+        ]
     emit(ctx, rows, LIST_COLUMNS if output_format(ctx) == "table" else None)
 
 
@@ -263,7 +267,16 @@ def info(ctx: click.Context, name: str, stale_ok: bool) -> None:
         return
     if not overview:
         raise no_queue(name)
-    emit(ctx, {**untyped(plain(overview)), **grouping})
+    emit(ctx, {**waiting_as_ready(untyped(plain(overview))), **grouping})
+
+
+def waiting_as_ready(row: Any) -> Any:
+    """`ready` as /metrics and RabbitMQ count it: every message waiting for delivery, returned
+    ones included (`returned` says how many of them); the machine's own `ready` is only the
+    never-delivered ones."""
+    if isinstance(row, dict) and isinstance(row.get("ready"), int):
+        return {**row, "ready": row["ready"] + int(row.get("returned") or 0)}
+    return row
 
 
 def no_queue(name: str) -> CliError:

@@ -343,3 +343,24 @@ def test_an_unknown_queue_exits_65_everywhere(
     code, message = quorumq(shared_cluster3, *args)
     assert code == 65, (code, message)
     assert "nowhere" in message
+
+
+def test_ready_in_queue_info_and_list_counts_returned_messages_as_metrics_does(
+    shared_cluster3: LocalCluster,
+) -> None:
+    with shared_cluster3.client() as client:
+        client.declare_queue("waiting")
+        client.publish("waiting", b"a")
+        client.publish("waiting", b"b")
+        consumer = client.consume("waiting", prefetch=1)
+        message = consumer.get(timeout_s=10.0)
+        assert message is not None
+        consumer.cancel()  # (else the returned message comes straight back to it)
+        message.nack(requeue=True)
+        consumer.wait_settled()
+        wait_until(lambda: client.overview("waiting").returned == 1 or None, 10.0, "a return")  # type: ignore[union-attr]
+    info = json.loads(quorumq(shared_cluster3, "-o", "json", "queue", "info", "waiting")[1])
+    assert (info["ready"], info["returned"], info["total"]) == (2, 1, 2)
+    rows = json.loads(quorumq(shared_cluster3, "-o", "json", "queue", "list")[1])
+    (row,) = [row for row in rows if row["name"] == "waiting"]
+    assert (row["ready"], row["returned"]) == (2, 1)
