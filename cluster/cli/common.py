@@ -52,7 +52,7 @@ R = TypeVar("R")
 # Library exception class -> (exit code, message prefix): the one table the CLI exits by.
 # Looked up along the exception's MRO, so a subclass listed here wins over its base class.
 EXIT_CODES: dict[type[BaseException], tuple[int, str]] = {
-    AuthError: (NO_PERMISSION, "authentication failed: "),
+    AuthError: (NO_PERMISSION, ""),  # (its text says it: the node's "authentication failed")
     TlsError: (CONFIG, "TLS: "),
     RequestTimeout: (TEMPORARY, "timed out: "),
     NoQuorum: (UNAVAILABLE, "no quorum: "),

@@ -364,3 +364,16 @@ def test_ready_in_queue_info_and_list_counts_returned_messages_as_metrics_does(
     rows = json.loads(quorumq(shared_cluster3, "-o", "json", "queue", "list")[1])
     (row,) = [row for row in rows if row["name"] == "waiting"]
     assert (row["ready"], row["returned"]) == (2, 1)
+
+
+def test_a_wrong_key_is_said_once_not_twice(shared_cluster3: LocalCluster, tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.key"
+    wrong.write_text("ab" * 32 + "\n")
+    endpoints = ",".join(shared_cluster3.config.endpoints().values())
+    result = CliRunner().invoke(
+        cli, ["--endpoints", endpoints, "--credentials", str(wrong), "queue", "list"],
+        standalone_mode=False,
+    )  # fmt: skip
+    assert isinstance(result.exception, CliError)
+    assert result.exception.exit_code == 77
+    assert str(result.exception).lower().count("authentication failed") == 1, result.exception
