@@ -100,24 +100,20 @@ def fuzz(
         raise CliError(f"--upgrade-at needs a machine version below {fifo.LATEST_VERSION}", USAGE)
     if isinstance(upgrade_at, int) and upgrade_at >= steps:
         raise CliError(f"--upgrade-at {upgrade_at} must be below --steps {steps}", USAGE)
-    upgrade: int | Literal["random"] | None = (
-        "random" if upgrade_at == "random" else (None if upgrade_at is None else int(upgrade_at))
+    upgrade: int | Literal["random"] | None = "random" if upgrade_at == "random" else (
+        None if upgrade_at is None else int(upgrade_at)
     )
     result = fifo.fuzz.run(seed, steps, machine_version, upgrade, snapshot_check)
     output = output_here or (ctx.obj.output if ctx.obj is not None else "table")
     report = asdict(result)
     if shrink and result.violations:
         shrunk = fifo.fuzz.shrink(seed, steps, machine_version, upgrade)
-        report["shrunk"] = (
-            None
-            if shrunk is None
-            else {
-                "invariant": shrunk.invariant,
-                "reproducible": shrunk.reproducible,
-                "original_length": shrunk.original_length,
-                "entries": shrunk.lines(),
-            }
-        )
+        report["shrunk"] = None if shrunk is None else {
+            "invariant": shrunk.invariant,
+            "reproducible": shrunk.reproducible,
+            "original_length": shrunk.original_length,
+            "entries": shrunk.lines(),
+        }
     if output in ("json", "jsonl"):
         click.echo(json.dumps(report, indent=None if output == "jsonl" else 2))
     else:
@@ -154,9 +150,7 @@ def _print_table(report: dict[str, Any]) -> None:
         click.echo(f"    command: {violation['command']}")
     shrunk = report.get("shrunk")
     if shrunk:
-        click.echo(
-            f"shrunk log ({len(shrunk['entries'])} of {shrunk['original_length']} entries, "
-            f"{shrunk['invariant']}):"
-        )
+        click.echo(f"shrunk log ({len(shrunk['entries'])} of {shrunk['original_length']} entries, "
+                   f"{shrunk['invariant']}):")
         for line in shrunk["entries"]:
             click.echo(f"  {line}")

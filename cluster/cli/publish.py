@@ -37,7 +37,6 @@ def bodies(count: int, size: int | None, text: str | None) -> Iterator[bytes]:
         head = b"%s-%d " % (run, number)
         yield (head + b"x" * width)[:width]
 
-
 PUBLISH_COUNT_MAX = 10_000_000  # a typo of a few extra zeros must not fill the cluster's disks
 TIMEOUT_S_MAX = 3600.0
 
