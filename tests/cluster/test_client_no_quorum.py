@@ -191,3 +191,23 @@ def test_cli_on_a_stopped_cluster_says_no_node_is_reachable_within_seconds(
     assert result.returncode == EX_UNAVAILABLE, (result.returncode, result.stderr)
     assert "no quorumq node reachable" in result.stderr
     assert seconds < 4.0, f"took {seconds:.1f}s"
+
+
+def test_with_no_leader_fail_s_a_refused_request_fails_long_before_its_deadline() -> None:
+    core = ClientProtocol([A], now=10.0, no_leader_fail_s=2.0)
+    core.connection_made(Welcome(A, "n1", encode(ConnectionId("n1", 1, 1)), None, {}))
+    core.submit(protocol.query(0, "status"), timeout_s=30.0)
+    answered: list[Answered] = []
+    now = 10.0
+    while not answered and now < 20.0:
+        refusals = b"".join(
+            protocol.encode_frame(protocol.error(protocol.UNAVAILABLE, "no leader", f["id"]))
+            for f in sent(core)
+        )
+        events = core.receive_data(refusals) + core.tick(now + 0.5)
+        now += 0.5
+        answered = [e for e in events if isinstance(e, Answered)]
+    (event,) = answered
+    assert isinstance(event.error, NoQuorum)
+    assert 12.0 <= now <= 13.0, now  # refused for 2 s, not waited for 30
+    assert "refused for 2s" in str(event.error)
