@@ -46,6 +46,7 @@ from cluster.launcher import DataDirTaken, LauncherError, LaunchRefused, NoLeade
 P = ParamSpec("P")
 CONNECT_RETRY_S = 1.0
 NO_LEADER_FAIL_S = 4.0
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 R = TypeVar("R")
 
 
@@ -325,7 +326,7 @@ def connect(ctx: click.Context, **kwargs: Any) -> Client:
     endpoints, key = connection_args(ctx)
     tls = tls_context(ctx)
     if not logging.getLogger().handlers:  # the client's WARNING records, on stderr, one line each
-        logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="warning: %(message)s")
+        logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format=LOG_FORMAT)
     kwargs.setdefault("connect_timeout_s", 5.0)
     # one-shot commands: a stopped cluster is told at once (a node restarting gets a second),
     # and no quorum within seconds (an election takes one or two), not at the request timeout
