@@ -25,6 +25,10 @@ CONFIG_FILE = "cluster.toml"
 SNAPSHOT_EVERY_ENTRIES_DEFAULT = 5000
 SNAPSHOT_EVERY_ENTRIES_MIN = 10
 SNAPSHOT_EVERY_ENTRIES_MAX = 10_000_000
+# ... and at the latest this long after the last one (pysyncobj's logCompactionMinTime)
+SNAPSHOT_EVERY_S_DEFAULT = 300
+SNAPSHOT_EVERY_S_MIN = 1
+SNAPSHOT_EVERY_S_MAX = 7 * 24 * 3600
 # client connections one node serves at once, and of them from one source address (host);
 # a node also caps the first by its open-file limit (cluster/node/limits.py)
 CONNECTIONS_MAX_DEFAULT = 4096
@@ -77,6 +81,9 @@ class ClusterConfig:
     bind: str = "127.0.0.1"
     # compact the Raft log into a snapshot once it holds this many entries
     snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES_DEFAULT
+    # ... or once this many seconds passed since the last one (raise both to keep traffic in the
+    # log for `log export`, the upgrade dry run and the analytics: docs/upgrades.md)
+    snapshot_every_s: int = SNAPSHOT_EVERY_S_DEFAULT
     metrics_bind: str = "127.0.0.1"  # where nodes with a metrics_port serve /metrics
     # the members the cluster was created with, once membership changed (empty: `nodes` are
     # the founders); a node that joins starts its replicated member set from these
@@ -141,6 +148,12 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
             f"{path}: snapshot_every_entries must be within "
             f"[{SNAPSHOT_EVERY_ENTRIES_MIN}, {SNAPSHOT_EVERY_ENTRIES_MAX}], got {every}"
         )
+    every_s = _typed(section, "snapshot_every_s", int, path, SNAPSHOT_EVERY_S_DEFAULT)
+    if not SNAPSHOT_EVERY_S_MIN <= every_s <= SNAPSHOT_EVERY_S_MAX:
+        raise ConfigError(
+            f"{path}: snapshot_every_s must be within "
+            f"[{SNAPSHOT_EVERY_S_MIN}, {SNAPSHOT_EVERY_S_MAX}], got {every_s}"
+        )
     founders = section.get("founders", [])
     if not isinstance(founders, list) or not all(isinstance(f, str) for f in founders):
         raise ConfigError(f"{path}: founders must be a list of node ids")
@@ -154,6 +167,7 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         fsync=fsync,
         bind=_typed(section, "bind", str, path, "127.0.0.1"),
         snapshot_every_entries=every,
+        snapshot_every_s=every_s,
         metrics_bind=_typed(section, "metrics_bind", str, path, "127.0.0.1"),
         tls=_typed(section, "tls", bool, path, False),
         connections_max=_bounded(section, "connections_max", CONNECTIONS_MAX_DEFAULT, path),
@@ -234,6 +248,8 @@ def dumps(config: ClusterConfig) -> str:
     ]
     if config.snapshot_every_entries != SNAPSHOT_EVERY_ENTRIES_DEFAULT:
         lines.append(f"snapshot_every_entries = {config.snapshot_every_entries}")
+    if config.snapshot_every_s != SNAPSHOT_EVERY_S_DEFAULT:
+        lines.append(f"snapshot_every_s = {config.snapshot_every_s}")
     if config.metrics_bind != "127.0.0.1":
         lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
     if config.tls:

@@ -129,6 +129,7 @@ class NodeServer:
             bind_host=cluster.bind,
             peer_dial={peer: dial for peer, dial in node.peer_addresses.items() if peer != node.id},
             compaction_min_entries=cluster.snapshot_every_entries,
+            compaction_min_time_s=cluster.snapshot_every_s,
             founders=tuple(cluster.founder_ids()),
             tls_server_context=peer_tls.server if peer_tls else None,
             tls_client_context=peer_tls.client if peer_tls else None,
