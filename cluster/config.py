@@ -21,6 +21,9 @@ from cluster.errors import ConfigError, ConfigMissing
 
 FsyncPolicy = Literal["always", "batch", "never"]
 FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "batch", "never")
+UserRights = Literal["read", "admin"]
+USER_RIGHTS: tuple[UserRights, ...] = ("read", "admin")
+USERS_MAX = 100
 CONFIG_FILE = "cluster.toml"
 SNAPSHOT_EVERY_ENTRIES_DEFAULT = 5000
 SNAPSHOT_EVERY_ENTRIES_MIN = 10
@@ -45,6 +48,7 @@ class NodeConfig:
     # chaos partitions); the peer keeps its raft address as its identity
     peer_addresses: dict[str, str] = field(default_factory=dict)
     metrics_port: int | None = None  # Prometheus /metrics (off when None)
+    http_port: int | None = None  # the management HTTP API and web UI (off when None)
 
     @property
     def raft_address(self) -> str:
@@ -55,6 +59,16 @@ class NodeConfig:
     def client_address(self) -> str:
         """The client endpoint `host:client_port`."""
         return f"{self.host}:{self.client_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class UserConfig:
+    """A management user from a `[[users]]` table: its name, its password's hash (written by
+    `python -m cluster.management hash-password`) and its rights."""
+
+    name: str
+    password_hash: str
+    rights: UserRights = "read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +88,9 @@ class ClusterConfig:
     founders: tuple[str, ...] = ()
     # mutual TLS on the peer (Raft) connections, with the certificates in D/tls (cluster.tls)
     tls: bool = False
+    http_bind: str = "127.0.0.1"  # where nodes with an http_port serve the management API
+    # management users besides `admin` (whose password is the client key): [[users]] tables
+    users: tuple[UserConfig, ...] = ()
 
     def founder_ids(self) -> list[str]:
         """The members the cluster was created with."""
@@ -142,7 +159,28 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         snapshot_every_entries=every,
         metrics_bind=_typed(section, "metrics_bind", str, path, "127.0.0.1"),
         tls=_typed(section, "tls", bool, path, False),
+        http_bind=_typed(section, "http_bind", str, path, "127.0.0.1"),
+        users=_parse_users(raw.get("users", []), path),
     )
+
+
+def _parse_users(items: Any, path: Path) -> tuple[UserConfig, ...]:
+    """The `[[users]]` tables: unique names (never `admin`), a hash, rights read | admin."""
+    if not isinstance(items, list) or len(items) > USERS_MAX:
+        raise ConfigError(f"{path}: users must be at most {USERS_MAX} [[users]] tables")
+    users = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: each [[users]] entry must be a table")
+        rights = item.get("rights", "read")
+        if rights not in USER_RIGHTS:
+            raise ConfigError(f"{path}: rights must be one of {USER_RIGHTS}, got {rights!r}")
+        name = _typed(item, "name", str, path, None)
+        users.append(UserConfig(name, _typed(item, "password_hash", str, path, None), rights))
+    names = [user.name for user in users]
+    if len(set(names)) != len(names) or "admin" in names:
+        raise ConfigError(f"{path}: user names must be unique and not 'admin', got {names}")
+    return tuple(users)
 
 
 def _parse_node(item: Any, path: Path) -> NodeConfig:
@@ -167,6 +205,7 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
         max_machine_version=cap,
         peer_addresses=dict(peers),
         metrics_port=_port(item, "metrics_port", path) if "metrics_port" in item else None,
+        http_port=_port(item, "http_port", path) if "http_port" in item else None,
     )
 
 
@@ -199,6 +238,8 @@ def dumps(config: ClusterConfig) -> str:
         lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
     if config.tls:
         lines.append("tls = true")
+    if config.http_bind != "127.0.0.1":
+        lines.append(f"http_bind = {_toml_str(config.http_bind)}")
     if config.founders:
         lines.append(f"founders = [{', '.join(_toml_str(f) for f in config.founders)}]")
     for node in config.nodes:
@@ -215,11 +256,21 @@ def dumps(config: ClusterConfig) -> str:
             lines.append(f"max_machine_version = {node.max_machine_version}")
         if node.metrics_port is not None:
             lines.append(f"metrics_port = {node.metrics_port}")
+        if node.http_port is not None:
+            lines.append(f"http_port = {node.http_port}")
         if node.peer_addresses:
             pairs = ", ".join(
                 f"{_toml_str(k)} = {_toml_str(v)}" for k, v in sorted(node.peer_addresses.items())
             )
             lines.append(f"peer_addresses = {{ {pairs} }}")
+    for user in config.users:
+        lines += [
+            "",
+            "[[users]]",
+            f"name = {_toml_str(user.name)}",
+            f"password_hash = {_toml_str(user.password_hash)}",
+            f"rights = {_toml_str(user.rights)}",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -86,11 +86,13 @@ def init_cluster(
     metrics_base_port: int | None = None,
     caps: dict[str, int] | None = None,
     tls: bool = False,
+    http_base_port: int | None = None,
 ) -> ClusterConfig:
     """Write `D/cluster.toml`, `D/secret` and `D/client.key` for a new local cluster
     (node i serves Prometheus metrics on `metrics_base_port + i` when that is given; `caps`
     gives single nodes their own `max_machine_version`; `tls`: peer traffic over mutual TLS,
-    whose certificates `start_cluster` creates)."""
+    whose certificates `start_cluster` creates; node i serves the management API on
+    `http_base_port + i` when that is given, on free ports when it is 0)."""
     if nodes < 1:
         raise LaunchRefused("a cluster needs at least one node")
     ports = (
@@ -104,6 +106,7 @@ def init_cluster(
         raise LaunchRefused(
             f"--metrics-base-port {metrics_base_port} leaves no room for {nodes} nodes"
         )
+    http_ports = _http_ports(http_base_port, nodes)
     data_dir = data_dir.resolve()
     members = tuple(
         NodeConfig(
@@ -114,6 +117,7 @@ def init_cluster(
             data_dir=data_dir / f"n{i + 1}",
             max_machine_version=(caps or {}).get(f"n{i + 1}", max_machine_version),
             metrics_port=None if metrics_base_port is None else metrics_base_port + i,
+            http_port=None if http_ports is None else http_ports[i],
         )
         for i in range(nodes)
     )
@@ -132,6 +136,17 @@ def init_cluster(
     for node in members:
         node.data_dir.mkdir(parents=True, exist_ok=True)
     return config
+
+
+def _http_ports(base: int | None, nodes: int) -> list[int] | None:
+    """The management ports of a new cluster: none, free ones (base 0), or base + i."""
+    if base is None:
+        return None
+    if base == 0:
+        return free_ports(nodes)
+    if base + nodes - 1 > 65535:
+        raise LaunchRefused(f"--http-base-port {base} leaves no room for {nodes} nodes")
+    return list(range(base, base + nodes))
 
 
 def client_key(data_dir: Path) -> bytes:
@@ -363,6 +378,7 @@ def start_cluster(
     metrics_base_port: int | None = None,
     wait_leader: bool = True,
     tls: bool = False,
+    http_base_port: int | None = None,
 ) -> LocalCluster:
     """Create (or reuse a stopped) cluster in `data_dir`, start every node and (unless
     `wait_leader` is False) wait until every answering node agrees on one leader.
@@ -396,6 +412,7 @@ def start_cluster(
             metrics_base_port=metrics_base_port,
             caps=caps,
             tls=tls,
+            http_base_port=http_base_port,
         )
     cluster_tls.ensure_certificates(data_dir, config)  # before any node: a clear error first
     if max_machine_version is not None:  # a restart with a new cap keeps it for later starts

@@ -89,6 +89,13 @@ def cluster_group() -> None:
     "(metrics_port in cluster.toml). Default: off.",
 )
 @click.option(
+    "--http-base-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Management API and web UI of a new cluster: node i serves http://127.0.0.1:(base+i)/ "
+    "(http_port in cluster.toml; 0: free ports). Default: off.",
+)
+@click.option(
     "--tls",
     is_flag=True,
     default=False,
@@ -110,6 +117,7 @@ def start(
     max_machine_version: int | None,
     fsync: str | None,
     metrics_base_port: int | None,
+    http_base_port: int | None,
     tls: bool,
     timeout_s: float,
 ) -> None:
@@ -124,6 +132,7 @@ def start(
     Example:
       quorumq cluster start --nodes 3 --data-dir /tmp/qq
       quorumq cluster start --nodes 3 --data-dir /tmp/qq --metrics-base-port 9419
+      quorumq cluster start --nodes 3 --data-dir /tmp/qq --http-base-port 15672
       quorumq cluster start --nodes 3 --data-dir /tmp/qq-tls --tls
     """
     data_dir = resolve_data_dir(ctx, local_data_dir)
@@ -136,6 +145,7 @@ def start(
         timeout_s=timeout_s,
         metrics_base_port=metrics_base_port,
         tls=tls,
+        http_base_port=http_base_port,
     )
     config, leader = cluster.config, cluster.leader(timeout_s=timeout_s)
     rows = [
@@ -159,6 +169,9 @@ def start(
         metrics = [f"http://{bind}:{port}/metrics" for port in ports]
         if metrics:
             click.echo(f"metrics: {', '.join(metrics)}")
+        http = [f"http://{config.http_bind}:{n.http_port}/" for n in config.nodes if n.http_port]
+        if http:
+            click.echo(f"management: {', '.join(http)} (user admin, password: the client key)")
     else:
         emit(ctx, {"data_dir": str(data_dir.resolve()), "leader": leader, "nodes": rows})
 
