@@ -7,8 +7,9 @@
   SameSite=Strict) signed with a key derived from the cluster secret (valid on every node).
 - A write (POST/PUT/DELETE) is refused (403) when its Origin (or Referer) names another site;
   with a cookie it must also carry `X-CSRF-Token` (a value derived from the session, given by
-  `/api/login` and `/api/whoami`); with Basic credentials it must be `application/json` (an HTML
-  form cannot send that cross-site without a CORS preflight, which this server never grants).
+  `/api/login` and `/api/whoami`); with Basic credentials a POST must be `application/json` (an HTML
+  form cannot send that, nor a PUT or DELETE, cross-site without a CORS preflight, which this
+  server never grants).
 """
 
 from __future__ import annotations
@@ -165,8 +166,8 @@ class Authenticator:
             sent = request.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(sent, self.csrf_token(principal.session)):
                 raise Refused(403, f"missing or wrong {CSRF_HEADER} header")
-        elif request.content_type != "application/json":
-            raise Refused(403, "a write with Basic credentials must be application/json")
+        elif request.method == "POST" and request.content_type != "application/json":
+            raise Refused(403, "a POST with Basic credentials must be application/json")
         if principal.rights != "admin":
             raise Refused(403, f"user {principal.name!r} has read-only rights")
 
