@@ -15,6 +15,7 @@ from cluster import config as cluster_config
 from cluster.config import UserConfig
 from cluster.launcher import LocalCluster, init_cluster, start_cluster
 from cluster.management.passwords import hash_password
+from tests.cluster.client_cluster import on_latest_machine
 from tests.management.helpers import VIEWER
 
 CHROMIUM = "/usr/bin/chromium"
@@ -31,7 +32,7 @@ def mgmt_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
     cluster_config.write(data_dir, dataclasses.replace(config, users=(viewer,)))
     cluster = start_cluster(data_dir, 3)
     try:
-        yield cluster
+        yield on_latest_machine(cluster)
     finally:
         cluster.stop()
 

@@ -18,7 +18,7 @@ from tests.management.helpers import VIEWER, admin_auth, base_url, http
 
 pytestmark = pytest.mark.cluster
 
-WRITES = [
+WRITES: list[tuple[str, str, Any]] = [
     ("PUT", "/api/queues/forbidden", {"config": {}}),
     ("DELETE", "/api/queues/forbidden", None),
     ("POST", "/api/queues/forbidden/purge", {}),
