@@ -82,8 +82,10 @@ class Sampler:
         replica: Callable[[], Replica],
         metrics: NoMetrics,
         period_s: float = SAMPLE_PERIOD_S,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._replica = replica
+        self._wall_ms = wall_ms  # the time stamped on samples (the UI's time axis)
         self._metrics = metrics
         self.period_s = period_s
         self._rings: dict[str, deque[Sample]] = {}
@@ -101,7 +103,7 @@ class Sampler:
 
     def sample(self) -> None:
         """Append one sample per queue (and one of the totals) to the rings."""
-        now_ms = int(time.time() * 1000)
+        now_ms = self._wall_ms()
         gauges = self._replica().read(queue_gauges)
         counters = queue_counters(self._metrics)
         totals = [0] * (len(GAUGES) + len(COUNTERS))
@@ -149,7 +151,7 @@ class Sampler:
 
     def _track_groups(self) -> None:
         assignments = self._replica().read(_group_assignments)
-        now_ms = int(time.time() * 1000)
+        now_ms = self._wall_ms()
         for name, (epoch, assignment) in assignments.items():
             track = self.groups.get(name)
             if track is None:

@@ -36,7 +36,7 @@ PARTITIONS = 4
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1280,900",
+    "--disable-dev-shm-usage", "--window-size=1280,1000",
 )  # fmt: skip
 MEMBER = """
 import sys, time

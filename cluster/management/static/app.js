@@ -240,22 +240,24 @@ async function queuePage(state) {
       h("td", {}, c.connection), h("td", {}, c.status), h("td", {}, c.active ? "yes" : ""),
       h("td", {class: "num"}, c.credit), h("td", {class: "num"}, c.num_checked_out),
       h("td", {class: "num"}, c.priority))));
-  const config = h("pre", {id: "queue-config"}, JSON.stringify(data.config, null, 1));
-  const info = [h("h1", {}, `Queue ${name}`), staleNote(data.stale), cards,
-    h("h2", {}, "Consumers" + (sac ? ` (single active consumer: ${data.active_consumer ?? "none"})` : "")),
+  const config = table("config-table", [["setting"], ["value"]], Object.entries(data.config)
+    .filter(([k]) => k !== "type").map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, v ?? "–"))));
+  const details = [h("h2", {}, "Consumers" + (sac ? ` (single active consumer: ${data.active_consumer ?? "none"})` : "")),
     consumers, h("h2", {}, "Config"), config];
   if (!state.built) {
     state.info = h("div", {});
+    state.details = h("div", {});
     state.peek = h("div", {id: "peek"});
     setMain(state.info, h("h2", {}, "Depth"), chartBox("chart-queue-depth", DEPTH),
       h("h2", {}, "Rates (this node's clients)"), chartBox("chart-queue-rates", RATES, "/s"),
-      h("h2", {}, "Messages (peek, nothing consumed)"), state.peek,
+      state.details, h("h2", {}, "Messages (peek, nothing consumed)"), state.peek,
       isAdmin() ? queueActions(name) : null);
     const base = "/api/queues/" + q(name) + "/samples";
     startCharts([["chart-queue-depth", base, DEPTH], ["chart-queue-rates", base, RATES]]);
     state.built = true;
   }
-  state.info.replaceChildren(...info.filter((x) => x));
+  state.info.replaceChildren(...[h("h1", {}, `Queue ${name}`), staleNote(data.stale), cards].filter((x) => x));
+  state.details.replaceChildren(...details);
   const peek = await api("/api/queues/" + q(name) + "/messages?limit=10");
   state.peek.replaceChildren(table("peek-table", [["position", "num"], ["returned"], ["delivery count", "num"],
     ["body"]], peek.messages.map((m) => h("tr", {}, h("td", {class: "num"}, m.position),
