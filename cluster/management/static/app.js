@@ -29,7 +29,7 @@ function card(label, value, id) {
 }
 function setMain(...children) {
   const main = document.getElementById("main");
-  main.replaceChildren(...children);
+  main.replaceChildren(...children.filter((c) => c !== null && c !== undefined));
 }
 function status(text, isError) {
   const el = document.getElementById("status");

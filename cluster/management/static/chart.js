@@ -42,6 +42,13 @@ function drawChart(canvas, t, series, unit) {
       drawing = true;
     });
     g.stroke();
+    g.fillStyle = g.strokeStyle;
+    s.values.forEach((v, i) => {  // a point with no neighbour draws no line: a dot shows it
+      const alone = (i === 0 || s.values[i - 1] == null) && s.values[i + 1] == null;
+      if (v !== null && v !== undefined && alone) {
+        g.beginPath(); g.arc(x(t[i]), y(v), 3, 0, 2 * Math.PI); g.fill();
+      }
+    });
   });
 }
 
