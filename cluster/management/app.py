@@ -24,7 +24,7 @@ from cluster.management.node import ManagedNode
 from cluster.management.peers import PeerStatuses
 from cluster.management.reads import Reads
 from cluster.management.samples import Sampler
-from cluster.node.metrics import NodeMetrics
+from cluster.node.metrics import MetricsUnavailable, NodeMetrics
 
 log = structlog.get_logger("cluster.management")
 
@@ -83,10 +83,17 @@ class ManagementServer:
         return app
 
     async def start(self) -> None:
-        """Listen on `http_bind:http_port` and start sampling (OSError if the port is taken)."""
+        """Listen on `http_bind:http_port` and start sampling; MetricsUnavailable when the port
+        cannot be bound (the node exits 69 and says so)."""
         self._runner = web.AppRunner(self.application(), access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.bind, self.port).start()
+        try:
+            await web.TCPSite(self._runner, self.bind, self.port).start()
+        except OSError as err:
+            await self._runner.cleanup()
+            raise MetricsUnavailable(
+                f"cannot serve the management API on {self.bind}:{self.port}: {err}"
+            ) from err
         self._task = asyncio.create_task(self._sample_forever())
         log.info("management_started", url=f"http://{self.bind}:{self.port}/")
 
