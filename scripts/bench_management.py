@@ -107,6 +107,7 @@ class HttpViewer:
         self.url = url
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
+        self.request_ms: dict[str, list[float]] = {}  # path -> each answer's wall time
 
     def show(self) -> None:
         """Start polling."""
@@ -135,8 +136,11 @@ class HttpViewer:
                 due, last_slow = due + slow, time.monotonic()
             for path in due:
                 request = urllib.request.Request(self.url + path, headers=self.header)
+                started = time.perf_counter()
                 with urllib.request.urlopen(request, timeout=10) as response:
                     response.read()
+                elapsed = (time.perf_counter() - started) * 1000
+                self.request_ms.setdefault(path.split("?")[0], []).append(elapsed)
             self.stop.wait(UI_REFRESH_S)
 
 
@@ -163,7 +167,11 @@ def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
                 on.append(publish_rate(client, args.count, args.window))
     finally:
         viewer.close()
+    answers = getattr(viewer, "request_ms", {})
     return {
+        "api_request_ms_median": {
+            path: round(statistics.median(times), 2) for path, times in answers.items()
+        },
         "viewer": args.viewer,
         "leader": leader,
         "rounds": args.rounds,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
@@ -19,7 +20,13 @@ from aiohttp import web
 
 from cluster.client.tls import data_dir_ca
 from cluster.management.actions import ActionError, Actions, json_error
-from cluster.management.auth import UI_HEADER, Authenticator, Principal, Refused
+from cluster.management.auth import (
+    UI_HEADER,
+    Authenticator,
+    Principal,
+    Refused,
+    check_same_origin,
+)
 from cluster.management.node import ManagedNode
 from cluster.management.peers import PeerStatuses
 from cluster.management.reads import Reads
@@ -137,12 +144,10 @@ class ManagementServer:
     # --- login ----------------------------------------------------------------------------
 
     async def _login(self, request: web.Request) -> web.Response:
-        from cluster.management.auth import check_same_origin
-
         check_same_origin(request)
         raw = await request.content.read(LOGIN_BYTES_MAX)
         try:
-            found = await _login_fields(raw)
+            found = _login_fields(raw)
         except ValueError as err:
             return json_error(400, str(err))
         principal = self.auth.check_password(*found)
@@ -190,9 +195,7 @@ async def _index(request: web.Request) -> web.Response:
     )  # fmt: skip
 
 
-async def _login_fields(raw: bytes) -> tuple[str, str]:
-    import json
-
+def _login_fields(raw: bytes) -> tuple[str, str]:
     if len(raw) >= LOGIN_BYTES_MAX:
         raise ValueError(f"a login body of less than {LOGIN_BYTES_MAX} bytes")
     try:

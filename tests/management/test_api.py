@@ -127,6 +127,11 @@ def test_admin_declares_publishes_peeks_gets_purges_and_deletes(
     assert http(q + "/purge", "POST", auth=auth, body={})[1] == {"type": "PurgeOk", "count": 2}
     status, found, _ = http(q + "/get", "POST", auth=auth, body={"count": 101})
     assert status == 400 and "count" in found["error"]
+    bad = {"config": {"delivery_limit": -3}}
+    status, found, _ = http(url + "/api/queues/bad", "PUT", auth=auth, body=bad)
+    assert (status, found["error"]) == (409, "invalid_argument: delivery_limit out of range")
+    status, found, _ = http(url + "/api/queues/bad", "PUT", auth=auth, body={"config": {"x": 1}})
+    assert status == 400 and "unknown config fields ['x']" in found["error"]
     assert http(q, "DELETE", auth=auth)[0] == 200
     assert http(q, auth=auth)[0] == 404
 
