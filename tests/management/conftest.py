@@ -23,9 +23,10 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 APT_TIMEOUT_S = 900
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mgmt_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """3 nodes with http ports and a read-only user `viewer`; stopped after the module."""
+    """3 nodes with http ports and a read-only user `viewer`, shared by the API and browser
+    tests (the browser test restarts the node it kills); stopped at the end of the session."""
     data_dir = tmp_path_factory.mktemp("mgmt") / "D"
     config = init_cluster(data_dir, 3, http_base_port=0)
     viewer = UserConfig(VIEWER[0], hash_password(VIEWER[1]), "read")
