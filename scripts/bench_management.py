@@ -6,9 +6,10 @@ leader, `--rounds` times without the UI and with it, alternated (off, on, off, o
 medians are compared. "With the UI": `--viewer browser` opens headless Debian Chromium (Selenium,
 /usr/bin/chromedriver) on the leader's UI, the overview in one window and the bench queue's page
 in another, both refreshing as an operator's would (tables every 1.5 s, charts every 5 s),
-against the same browser left on about:blank;
-`--viewer http` replays the same requests from a thread instead (the server's cost without the
-browser's CPU, which on an operator's desk is not the node's). Prints JSON.
+against the same browser left on about:blank; `--viewer http` replays the same requests from
+another process instead (the server's cost without the browser's CPU, which on an operator's
+desk is not the node's). Before the rounds, the leader's CPU time per second with no client
+traffic is sampled without and with the viewer (`--idle-s` each). Prints JSON.
 
   python scripts/bench_management.py --rounds 5 --count 4000 --viewer browser
 """
@@ -20,15 +21,15 @@ import base64
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from cluster.client import Client
-from cluster.launcher import LocalCluster, start_cluster
+from cluster.launcher import LocalCluster, node_pid, start_cluster
 
 BODY = b"x" * 100
 QUEUE = "bench"
@@ -98,50 +99,71 @@ class BrowserViewer:
         self.driver.quit()
 
 
+POLLER = """
+import sys, time, urllib.request
+url, header, fast, slow, period, chart_period = sys.argv[1], sys.argv[2], sys.argv[3].split(","), \\
+    sys.argv[4].split(","), float(sys.argv[5]), float(sys.argv[6])
+last_slow = 0.0
+while True:
+    due = list(fast)
+    if time.monotonic() - last_slow >= chart_period:
+        due, last_slow = due + slow, time.monotonic()
+    for path in due:
+        started = time.perf_counter()
+        request = urllib.request.Request(url + path, headers={"Authorization": header})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+        print(path.split("?")[0], (time.perf_counter() - started) * 1000, flush=True)
+    time.sleep(period)
+"""
+
+
 class HttpViewer:
-    """A thread sending what the two open pages send, at their periods, while shown."""
+    """A separate process (not the publisher's GIL) sending what the two open pages send, at
+    their periods, while shown; each answer's wall time is kept per path."""
 
     def __init__(self, url: str, password: str) -> None:
-        auth = base64.b64encode(f"admin:{password}".encode()).decode()
-        self.header = {"Authorization": "Basic " + auth}
+        self.header = "Basic " + base64.b64encode(f"admin:{password}".encode()).decode()
         self.url = url
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.process: subprocess.Popen[str] | None = None
         self.request_ms: dict[str, list[float]] = {}  # path -> each answer's wall time
 
     def show(self) -> None:
-        """Start polling."""
-        self.stop.clear()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-
-    def hide(self) -> None:
-        """Stop polling."""
-        self.stop.set()
-        if self.thread is not None:
-            self.thread.join(10)
-
-    def close(self) -> None:
-        """Stop polling."""
-        self.hide()
-
-    def _poll(self) -> None:
+        """Start the poller."""
         fast = ["/api/whoami", "/api/overview", f"/api/queues/{QUEUE}",
                 f"/api/queues/{QUEUE}/messages?limit=10"]  # fmt: skip
         slow = ["/api/samples", f"/api/queues/{QUEUE}/samples"]
-        last_slow = 0.0
-        while not self.stop.is_set():
-            due = list(fast)
-            if time.monotonic() - last_slow >= CHART_REFRESH_S:
-                due, last_slow = due + slow, time.monotonic()
-            for path in due:
-                request = urllib.request.Request(self.url + path, headers=self.header)
-                started = time.perf_counter()
-                with urllib.request.urlopen(request, timeout=10) as response:
-                    response.read()
-                elapsed = (time.perf_counter() - started) * 1000
-                self.request_ms.setdefault(path.split("?")[0], []).append(elapsed)
-            self.stop.wait(UI_REFRESH_S)
+        command = [sys.executable, "-c", POLLER, self.url, self.header, ",".join(fast),
+                   ",".join(slow), str(UI_REFRESH_S), str(CHART_REFRESH_S)]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+    def hide(self) -> None:
+        """Stop the poller; keep its answer times."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.terminate()
+        out, _ = process.communicate(timeout=10)
+        for line in out.splitlines():
+            path, elapsed = line.rsplit(" ", 1)
+            self.request_ms.setdefault(path, []).append(float(elapsed))
+
+    def close(self) -> None:
+        """Stop the poller."""
+        self.hide()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu_ms_per_s(pid: int, seconds: float) -> float:
+    """CPU ms per second a node spends over `seconds` of no client traffic."""
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return 1000 * (cpu_seconds(pid) - before) / (time.monotonic() - started)
 
 
 def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
@@ -152,10 +174,17 @@ def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     viewer = (BrowserViewer if args.viewer == "browser" else HttpViewer)(url, password)
     off: list[float] = []
     on: list[float] = []
+    pid = node_pid(cluster.config.node(leader))
+    assert pid is not None, f"no pid for {leader}"
+    idle: dict[str, float] = {}
     try:
         with cluster.client(leader) as client:
             client.declare_queue(QUEUE)
             publish_rate(client, args.count // 4, args.window)  # warm up
+            viewer.hide()
+            idle["without_ui"] = round(idle_cpu_ms_per_s(pid, args.idle_s), 1)
+            viewer.show()
+            idle["with_ui"] = round(idle_cpu_ms_per_s(pid, args.idle_s), 1)
             for _ in range(args.rounds):
                 client.purge_queue(QUEUE)
                 viewer.hide()
@@ -169,6 +198,7 @@ def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         viewer.close()
     answers = getattr(viewer, "request_ms", {})
     return {
+        "leader_cpu_ms_per_s_idle": idle,
         "api_request_ms_median": {
             path: round(statistics.median(times), 2) for path, times in answers.items()
         },
@@ -193,6 +223,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=4000, help="publishes per round")
     parser.add_argument("--window", type=int, default=100, help="unconfirmed in flight")
     parser.add_argument("--viewer", choices=("browser", "http"), default="browser")
+    parser.add_argument("--idle-s", type=float, default=10.0, help="CPU sampled this long")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="qq-bench-mgmt-") as tmp:
         cluster = start_cluster(Path(tmp) / "D", 3, http_base_port=0)
