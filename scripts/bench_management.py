@@ -25,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cluster.client import Client
 from cluster.launcher import LocalCluster, node_pid, start_cluster
@@ -41,6 +42,15 @@ CHROMIUM_FLAGS = (
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--disable-dev-shm-usage", "--window-size=1280,1000",
 )  # fmt: skip
+
+
+class Viewer(Protocol):
+    """The UI open (`show`) or closed (`hide`), and the processes that show it."""
+
+    def show(self) -> None: ...
+    def hide(self) -> None: ...
+    def close(self) -> None: ...
+    def pids(self) -> list[int]: ...
 
 
 def publish_rate(client: Client, count: int, window: int) -> float:
@@ -70,6 +80,7 @@ class BrowserViewer:
         for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
             options.add_argument(flag)
         self.url = url
+        self.profile = profile
         self.driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
         self.driver.get(url + "/")
         deadline = time.monotonic() + 20
@@ -81,6 +92,18 @@ class BrowserViewer:
         time.sleep(1.0)
         self.driver.switch_to.new_window("window")
         self.windows = list(self.driver.window_handles)
+
+    def pids(self) -> list[int]:
+        """The browser's processes (their command lines name its profile dir)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if self.profile.encode() in (entry / "cmdline").read_bytes():
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found
 
     def show(self) -> None:
         """The overview in one window, the bench queue's page in the other."""
@@ -128,6 +151,10 @@ class HttpViewer:
         self.process: subprocess.Popen[str] | None = None
         self.request_ms: dict[str, list[float]] = {}  # path -> each answer's wall time
 
+    def pids(self) -> list[int]:
+        """The poller's process."""
+        return [self.process.pid] if self.process is not None else []
+
     def show(self) -> None:
         """Start the poller."""
         fast = ["/api/whoami", "/api/overview", f"/api/queues/{QUEUE}",
@@ -159,59 +186,93 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def idle_cpu_ms_per_s(pid: int, seconds: float) -> float:
-    """CPU ms per second a node spends over `seconds` of no client traffic."""
-    before, started = cpu_seconds(pid), time.monotonic()
+def processes_cpu(pids: list[int]) -> float:
+    """CPU seconds of processes so far (one gone meanwhile counts 0)."""
+    spent = 0.0
+    for pid in pids:
+        try:
+            spent += cpu_seconds(pid)
+        except OSError:
+            continue
+    return spent
+
+
+def idle_cpu_ms_per_s(pids: list[int], seconds: float) -> float:
+    """CPU ms per second processes spend over `seconds` (of no client traffic)."""
+    before, started = processes_cpu(pids), time.monotonic()
     time.sleep(seconds)
-    return 1000 * (cpu_seconds(pid) - before) / (time.monotonic() - started)
+    return 1000 * (processes_cpu(pids) - before) / (time.monotonic() - started)
+
+
+@dataclass
+class Phase:
+    """One side of the comparison: throughput, the leader's CPU per message, the viewer's CPU."""
+
+    rates: list[float] = field(default_factory=list)
+    leader_us_per_message: list[float] = field(default_factory=list)
+    viewer_ms_per_s: list[float] = field(default_factory=list)
+
+    def run(self, client: Client, args: argparse.Namespace, pid: int, viewer: Viewer) -> None:
+        """One round of publishes, with the CPU the leader and the viewer spent on it."""
+        client.purge_queue(QUEUE)
+        time.sleep(SETTLE_S)  # after a switch: the pages loaded and polling, or closed
+        leader, watching, started = cpu_seconds(pid), processes_cpu(viewer.pids()), time.monotonic()
+        self.rates.append(publish_rate(client, args.count, args.window))
+        self.leader_us_per_message.append(1e6 * (cpu_seconds(pid) - leader) / args.count)
+        spent = processes_cpu(viewer.pids()) - watching
+        self.viewer_ms_per_s.append(1000 * spent / (time.monotonic() - started))
+
+    def summary(self) -> dict[str, Any]:
+        """Each round's throughput and the medians."""
+        return {
+            "publish_per_s": [round(x) for x in self.rates],
+            "median_publish_per_s": round(statistics.median(self.rates)),
+            "leader_cpu_us_per_message": round(statistics.median(self.leader_us_per_message), 1),
+            "viewer_cpu_ms_per_s": round(statistics.median(self.viewer_ms_per_s), 1),
+        }
 
 
 def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
-    """Alternated rounds without and with the viewer on the leader's UI."""
+    """Idle CPU without and with the viewer, then alternated publish rounds without and with
+    it, on the leader's UI."""
     leader = cluster.leader()
-    port = cluster.config.node(leader).http_port
-    url, password = f"http://127.0.0.1:{port}", cluster.key.decode()
-    viewer = (BrowserViewer if args.viewer == "browser" else HttpViewer)(url, password)
-    off: list[float] = []
-    on: list[float] = []
     pid = node_pid(cluster.config.node(leader))
     assert pid is not None, f"no pid for {leader}"
-    idle: dict[str, float] = {}
+    url = f"http://127.0.0.1:{cluster.config.node(leader).http_port}"
+    viewer: Viewer = (BrowserViewer if args.viewer == "browser" else HttpViewer)(
+        url, cluster.key.decode()
+    )
+    off, on, idle = Phase(), Phase(), {}
     try:
         with cluster.client(leader) as client:
             client.declare_queue(QUEUE)
             publish_rate(client, args.count // 4, args.window)  # warm up
-            viewer.hide()
-            idle["without_ui"] = round(idle_cpu_ms_per_s(pid, args.idle_s), 1)
+            idle["leader_without_ui"] = round(idle_cpu_ms_per_s([pid], args.idle_s), 1)
             viewer.show()
-            idle["with_ui"] = round(idle_cpu_ms_per_s(pid, args.idle_s), 1)
+            time.sleep(SETTLE_S)
+            idle["leader_with_ui"] = round(idle_cpu_ms_per_s([pid], args.idle_s), 1)
+            idle["viewer"] = round(idle_cpu_ms_per_s(viewer.pids(), args.idle_s), 1)
             for _ in range(args.rounds):
-                client.purge_queue(QUEUE)
                 viewer.hide()
-                time.sleep(SETTLE_S)
-                off.append(publish_rate(client, args.count, args.window))
-                client.purge_queue(QUEUE)
+                off.run(client, args, pid, viewer)
                 viewer.show()
-                time.sleep(SETTLE_S)  # the pages loaded and polling
-                on.append(publish_rate(client, args.count, args.window))
+                on.run(client, args, pid, viewer)
     finally:
         viewer.close()
     answers = getattr(viewer, "request_ms", {})
     return {
-        "leader_cpu_ms_per_s_idle": idle,
-        "api_request_ms_median": {
-            path: round(statistics.median(times), 2) for path, times in answers.items()
-        },
         "viewer": args.viewer,
         "leader": leader,
         "rounds": args.rounds,
         "count": args.count,
         "window": args.window,
-        "publish_per_s_without_ui": [round(x) for x in off],
-        "publish_per_s_with_ui": [round(x) for x in on],
-        "median_without_ui": round(statistics.median(off)),
-        "median_with_ui": round(statistics.median(on)),
-        "ratio_with_to_without": round(statistics.median(on) / statistics.median(off), 3),
+        "idle_cpu_ms_per_s": idle,
+        "without_ui": off.summary(),
+        "with_ui": on.summary(),
+        "ratio_with_to_without": round(
+            statistics.median(on.rates) / statistics.median(off.rates), 3
+        ),
+        "api_request_ms_median": {p: round(statistics.median(t), 2) for p, t in answers.items()},
         "load_average": os.getloadavg(),
     }
 
