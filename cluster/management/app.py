@@ -22,6 +22,7 @@ from cluster.client.tls import data_dir_ca
 from cluster.management.actions import ActionError, Actions, json_error
 from cluster.management.auth import (
     UI_HEADER,
+    WRITE_METHODS,
     Authenticator,
     Principal,
     Refused,
@@ -128,8 +129,8 @@ class ManagementServer:
         path = request.path
         try:
             if (path.startswith("/api/") or path == "/metrics") and path not in PUBLIC:
-                principal = self.auth.authenticate(request)
-                if request.method in ("POST", "PUT", "DELETE", "PATCH") and path != "/api/logout":
+                principal = await self.auth.authenticate(request)
+                if request.method in WRITE_METHODS and path != "/api/logout":
                     self.auth.check_write(request, principal)
                 request[PRINCIPAL] = principal
             return await handler(request)
@@ -150,7 +151,7 @@ class ManagementServer:
             found = _login_fields(raw)
         except ValueError as err:
             return json_error(400, str(err))
-        principal = self.auth.check_password(*found)
+        principal = await self.auth.check_password(*found)
         token = self.auth.new_session(principal)
         response = web.json_response(self._who(principal, token))
         response.set_cookie(self.auth.cookie, token, httponly=True, samesite="Strict", path="/")

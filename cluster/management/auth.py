@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -38,6 +39,7 @@ CSRF_HEADER = "X-CSRF-Token"
 UI_HEADER = "X-Requested-With"  # the UI sends it: no browser login prompt on its 401s
 VERIFIED_CACHE_MAX = 256  # scrypt costs ~50 ms: a Basic user is verified once, then remembered
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+HASHES_IN_FLIGHT_MAX = 2  # scrypt takes 16 MiB and a core for ~50 ms each
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,8 @@ class Authenticator:
         self._users = {user.name: user for user in users}
         self._session_key = hmac.new(client_key, SESSION_LABEL, hashlib.sha256).digest()
         self._cache_key = secrets.token_bytes(32)
-        self._verified: OrderedDict[bytes, bool] = OrderedDict()
+        self._verified: OrderedDict[bytes, bool] = OrderedDict()  # touched on the loop only
+        self._hashing = asyncio.Semaphore(HASHES_IN_FLIGHT_MAX)
         self.cookie = cookie
 
     def rights_of(self, name: str) -> UserRights | None:
@@ -76,28 +79,28 @@ class Authenticator:
         user = self._users.get(name)
         return user.rights if user is not None else None
 
-    def check_password(self, name: str, password: str) -> Principal:
-        """The principal for a name and password; Refused(401) when they do not match."""
+    async def check_password(self, name: str, password: str) -> Principal:
+        """The principal for a name and password; Refused(401) when they do not match. A
+        configured user's scrypt runs in a worker thread (it would hold the node's loop ~50 ms),
+        at most HASHES_IN_FLIGHT_MAX at once; its result is remembered on the loop."""
         if name == ADMIN_USER:
             if hmac.compare_digest(password.encode("utf-8"), self._admin_password.encode()):
                 return Principal(ADMIN_USER, "admin")
             raise Refused(401, "wrong user name or password")
         user = self._users.get(name)
-        if user is None or not self._verify(user, password):
+        if user is None or not await self._verify(user, password):
             raise Refused(401, "wrong user name or password")
         return Principal(user.name, user.rights)
 
-    def _verify(self, user: UserConfig, password: str) -> bool:
+    async def _verify(self, user: UserConfig, password: str) -> bool:
         token = hmac.new(
             self._cache_key, f"{user.name}\0{password}\0{user.password_hash}".encode(), "sha256"
         ).digest()
         known = self._verified.get(token)
         if known is not None:
             return known
-        try:
-            ok = verify_password(password, user.password_hash)
-        except BadPasswordHash:
-            ok = False
+        async with self._hashing:
+            ok = await asyncio.to_thread(_matches, password, user.password_hash)
         self._verified[token] = ok
         if len(self._verified) > VERIFIED_CACHE_MAX:
             self._verified.popitem(last=False)
@@ -141,7 +144,7 @@ class Authenticator:
 
     # --- per request ----------------------------------------------------------------------
 
-    def authenticate(self, request: web.Request) -> Principal:
+    async def authenticate(self, request: web.Request) -> Principal:
         """The caller of `request` (Basic first, then the session cookie); Refused(401)."""
         header = request.headers.get("Authorization", "")
         if header.startswith("Basic "):
@@ -150,7 +153,7 @@ class Authenticator:
             except (binascii.Error, UnicodeDecodeError) as err:
                 raise Refused(401, "malformed Basic credentials") from err
             name, _, password = decoded.partition(":")
-            return self.check_password(name, password)
+            return await self.check_password(name, password)
         token = request.cookies.get(self.cookie)
         if token:
             principal = self.from_session(token)
@@ -170,6 +173,14 @@ class Authenticator:
             raise Refused(403, "a POST with Basic credentials must be application/json")
         if principal.rights != "admin":
             raise Refused(403, f"user {principal.name!r} has read-only rights")
+
+
+def _matches(password: str, encoded: str) -> bool:
+    """Whether `password` matches `encoded` (a malformed hash matches nothing)."""
+    try:
+        return verify_password(password, encoded)
+    except BadPasswordHash:
+        return False
 
 
 def check_same_origin(request: web.Request) -> None:

@@ -3,6 +3,7 @@ and CSRF tokens, and the samples' rates (the counters of /metrics, differenced).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
@@ -59,7 +60,7 @@ def test_sessions_are_signed_and_a_tampered_or_foreign_one_is_refused() -> None:
     CSRF token is stable for it and differs between sessions."""
     user = UserConfig("ops", hash_password("pw"), "read")
     auth = Authenticator(KEY, (user,), "cookie")
-    principal = auth.check_password("ops", "pw")
+    principal = asyncio.run(auth.check_password("ops", "pw"))
     assert principal == Principal("ops", "read")
     token = auth.new_session(principal)
     assert auth.from_session(token) == Principal("ops", "read", token)
@@ -68,9 +69,9 @@ def test_sessions_are_signed_and_a_tampered_or_foreign_one_is_refused() -> None:
     flipped = token[:5] + ("A" if token[5] != "A" else "B") + token[6:]
     assert auth.from_session(flipped) is None
     assert Authenticator(b"cd" * 32, (user,), "cookie").from_session(token) is None
-    assert auth.check_password("admin", KEY.decode()) == Principal("admin", "admin")
+    assert asyncio.run(auth.check_password("admin", KEY.decode())) == Principal("admin", "admin")
     with pytest.raises(Refused):
-        auth.check_password("ops", "wrong")
+        asyncio.run(auth.check_password("ops", "wrong"))
     gone = Authenticator(KEY, (), "cookie")  # the user was removed from cluster.toml
     assert gone.from_session(token) is None
 
