@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,12 +50,12 @@ with Client.from_data_dir(Path(sys.argv[1]), name=sys.argv[2]) as client:
 
 
 @pytest.fixture
-def browser(chromium: tuple[str, str]) -> Iterator[WebDriver]:
+def browser(chromium: tuple[str, str], tmp_path: Path) -> Iterator[WebDriver]:
     """A headless Chromium with a fresh profile, driven by Debian's chromedriver."""
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never download anything
     options = webdriver.ChromeOptions()
     options.binary_location = chromium[0]
-    profile = tempfile.mkdtemp(prefix="quorumq-chromium-")
+    profile = tmp_path / "chromium-profile"  # fresh for each test
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(chromium[1]), options=options)
