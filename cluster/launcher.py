@@ -89,10 +89,10 @@ def init_cluster(
     http_base_port: int | None = None,
 ) -> ClusterConfig:
     """Write `D/cluster.toml`, `D/secret` and `D/client.key` for a new local cluster
-    (node i serves Prometheus metrics on `metrics_base_port + i` when that is given; `caps`
-    gives single nodes their own `max_machine_version`; `tls`: peer traffic over mutual TLS,
-    whose certificates `start_cluster` creates; node i serves the management API on
-    `http_base_port + i` when that is given, on free ports when it is 0)."""
+    (node i serves Prometheus metrics on `metrics_base_port + i` and the management API on
+    `http_base_port + i` (0: free ports) when given; `caps` gives single nodes their own
+    `max_machine_version`; `tls`: peer traffic over mutual TLS, whose certificates
+    `start_cluster` creates)."""
     if nodes < 1:
         raise LaunchRefused("a cluster needs at least one node")
     ports = (
@@ -102,10 +102,7 @@ def init_cluster(
     )
     if ports[-1] > 65535:
         raise LaunchRefused(f"--base-port {base_port} leaves no room for {nodes} nodes")
-    if metrics_base_port is not None and metrics_base_port + nodes - 1 > 65535:
-        raise LaunchRefused(
-            f"--metrics-base-port {metrics_base_port} leaves no room for {nodes} nodes"
-        )
+    _check_room("--metrics-base-port", metrics_base_port, nodes)
     http_ports = _http_ports(http_base_port, nodes)
     data_dir = data_dir.resolve()
     members = tuple(
@@ -138,14 +135,19 @@ def init_cluster(
     return config
 
 
+def _check_room(flag: str, base: int | None, nodes: int) -> None:
+    """LaunchRefused when ports `base` .. `base + nodes - 1` do not all exist."""
+    if base is not None and base + nodes - 1 > 65535:
+        raise LaunchRefused(f"{flag} {base} leaves no room for {nodes} nodes")
+
+
 def _http_ports(base: int | None, nodes: int) -> list[int] | None:
     """The management ports of a new cluster: none, free ones (base 0), or base + i."""
     if base is None:
         return None
     if base == 0:
         return free_ports(nodes)
-    if base + nodes - 1 > 65535:
-        raise LaunchRefused(f"--http-base-port {base} leaves no room for {nodes} nodes")
+    _check_room("--http-base-port", base, nodes)
     return list(range(base, base + nodes))
 
 

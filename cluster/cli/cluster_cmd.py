@@ -23,7 +23,7 @@ from cluster.cli.common import (
     wait_timeout_option,
 )
 from cluster.cli.exits import FAILURE, UNAVAILABLE, CliError
-from cluster.config import FSYNC_POLICIES, FsyncPolicy, NodeConfig
+from cluster.config import FSYNC_POLICIES, ClusterConfig, FsyncPolicy, NodeConfig
 from cluster.launcher import (
     client_key,
     cluster_status,
@@ -164,16 +164,20 @@ def start(
                 f"TLS: on for peer and client traffic (CA and node certificates in {tls_dir}; "
                 f"clients verify the nodes with {tls_dir / 'ca.crt'}: --tls-ca with --endpoints)"
             )
-        bind = config.metrics_bind
-        ports = [n.metrics_port for n in config.nodes if n.metrics_port]
-        metrics = [f"http://{bind}:{port}/metrics" for port in ports]
-        if metrics:
-            click.echo(f"metrics: {', '.join(metrics)}")
-        http = [f"http://{config.http_bind}:{n.http_port}/" for n in config.nodes if n.http_port]
-        if http:
-            click.echo(f"management: {', '.join(http)} (user admin, password: the client key)")
+        _echo_http_urls(config)
     else:
         emit(ctx, {"data_dir": str(data_dir.resolve()), "leader": leader, "nodes": rows})
+
+
+def _echo_http_urls(config: ClusterConfig) -> None:
+    """The nodes' /metrics and management URLs, when they serve them."""
+    bind = config.metrics_bind
+    metrics = [f"http://{bind}:{n.metrics_port}/metrics" for n in config.nodes if n.metrics_port]
+    if metrics:
+        click.echo(f"metrics: {', '.join(metrics)}")
+    http = [f"http://{config.http_bind}:{n.http_port}/" for n in config.nodes if n.http_port]
+    if http:
+        click.echo(f"management: {', '.join(http)} (user admin, password: the client key)")
 
 
 @cluster_group.command("stop")
