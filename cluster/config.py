@@ -28,6 +28,15 @@ CONFIG_FILE = "cluster.toml"
 SNAPSHOT_EVERY_ENTRIES_DEFAULT = 5000
 SNAPSHOT_EVERY_ENTRIES_MIN = 10
 SNAPSHOT_EVERY_ENTRIES_MAX = 10_000_000
+# client connections one node serves at once, and of them from one source address (host);
+# a node also caps the first by its open-file limit (cluster/node/limits.py)
+CONNECTIONS_MAX_DEFAULT = 4096
+CONNECTIONS_PER_SOURCE_MAX_DEFAULT = 1024
+CONNECTIONS_MAX_LIMIT = 1_000_000
+LOG_FILE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
+LOG_FILE_BYTES_MIN = 64 * 1024
+LOG_FILES_KEPT_DEFAULT = 5
+LOG_FILES_KEPT_MAX = 100
 SECRET_FILE = "secret"
 CLIENT_KEY_FILE = "client.key"
 CLIENT_KEY_LABEL = b"quorumq client v1"
@@ -88,6 +97,11 @@ class ClusterConfig:
     founders: tuple[str, ...] = ()
     # mutual TLS on the peer (Raft) connections, with the certificates in D/tls (cluster.tls)
     tls: bool = False
+    connections_max: int = CONNECTIONS_MAX_DEFAULT
+    connections_per_source_max: int = CONNECTIONS_PER_SOURCE_MAX_DEFAULT
+    # node.log rotates past this size, keeping this many older files (cluster/node/logs.py)
+    log_file_bytes_max: int = LOG_FILE_BYTES_MAX_DEFAULT
+    log_files_kept: int = LOG_FILES_KEPT_DEFAULT
     http_bind: str = "127.0.0.1"  # where nodes with an http_port serve the management API
     # management users besides `admin` (whose password is the client key): [[users]] tables
     users: tuple[UserConfig, ...] = ()
@@ -161,7 +175,32 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         tls=_typed(section, "tls", bool, path, False),
         http_bind=_typed(section, "http_bind", str, path, "127.0.0.1"),
         users=_parse_users(raw.get("users", []), path),
-    )
+        connections_max=_bounded(section, "connections_max", CONNECTIONS_MAX_DEFAULT, path),
+        connections_per_source_max=_bounded(
+            section, "connections_per_source_max", CONNECTIONS_PER_SOURCE_MAX_DEFAULT, path
+        ),
+        log_file_bytes_max=_bounded(
+            section, "log_file_bytes_max", LOG_FILE_BYTES_MAX_DEFAULT, path,
+            low=LOG_FILE_BYTES_MIN, high=2**40,
+        ),
+        log_files_kept=_bounded(
+            section, "log_files_kept", LOG_FILES_KEPT_DEFAULT, path, high=LOG_FILES_KEPT_MAX
+        ),
+    )  # fmt: skip
+
+
+def _bounded(
+    section: dict[str, Any],
+    key: str,
+    default: int,
+    path: Path,
+    low: int = 1,
+    high: int = CONNECTIONS_MAX_LIMIT,
+) -> int:
+    value: int = _typed(section, key, int, path, default)
+    if not low <= value <= high:
+        raise ConfigError(f"{path}: {key} must be within [{low}, {high}], got {value}")
+    return value
 
 
 def _parse_users(items: Any, path: Path) -> tuple[UserConfig, ...]:
@@ -240,6 +279,14 @@ def dumps(config: ClusterConfig) -> str:
         lines.append("tls = true")
     if config.http_bind != "127.0.0.1":
         lines.append(f"http_bind = {_toml_str(config.http_bind)}")
+    if config.connections_max != CONNECTIONS_MAX_DEFAULT:
+        lines.append(f"connections_max = {config.connections_max}")
+    if config.connections_per_source_max != CONNECTIONS_PER_SOURCE_MAX_DEFAULT:
+        lines.append(f"connections_per_source_max = {config.connections_per_source_max}")
+    if config.log_file_bytes_max != LOG_FILE_BYTES_MAX_DEFAULT:
+        lines.append(f"log_file_bytes_max = {config.log_file_bytes_max}")
+    if config.log_files_kept != LOG_FILES_KEPT_DEFAULT:
+        lines.append(f"log_files_kept = {config.log_files_kept}")
     if config.founders:
         lines.append(f"founders = [{', '.join(_toml_str(f) for f in config.founders)}]")
     for node in config.nodes:

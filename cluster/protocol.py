@@ -83,6 +83,8 @@ REFUSED: Final = "refused"
 REPLY_TOO_LARGE: Final = "reply_too_large"  # a query result over the frame limit
 DISK_FULL: Final = "disk_full"  # journal write hit ENOSPC: no commands until space returns
 TLS_REQUIRED: Final = "tls_required"  # sent in the clear by a TLS client port, then closed
+# sent instead of the challenge by a node at its connection cap, then closed (retry elsewhere)
+CONNECTION_LIMIT: Final = "connection_limit"
 # errors after which the server closes the connection
 FATAL_CODES: Final = frozenset({FRAME_TOO_LARGE, AUTH_FAILED, NOT_AUTHENTICATED})
 

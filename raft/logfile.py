@@ -24,6 +24,7 @@ A file without its `end` record was cut short.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,8 +280,11 @@ class LogWriter:
 
     @classmethod
     def open(cls, path: Path) -> LogWriter:
-        """A writer to a new file at `path` (closed with the writer)."""
-        return cls(open(path, "wb"))  # owned and closed by the writer
+        """A writer to a new file at `path`, readable by its owner only (0600: it holds every
+        message body), closed with the writer."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+        return cls(os.fdopen(fd, "wb"))  # owned and closed by the writer
 
     def write(self, record: Record) -> None:
         """Append one record."""

@@ -22,11 +22,15 @@ from cluster.cli.exits import DATA, UNAVAILABLE, USAGE, CliError
 from cluster.client.client import Client
 from cluster.config import ClusterConfig
 from cluster.errors import ConfigError
-from cluster.launcher import NoLeader, client_key, cluster_status, wait_for_leader
+from cluster.launcher import NoLeader, client_key, cluster_status, stop_node, wait_for_leader
 
 NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ADMIN_TIMEOUT_S = 40.0  # the node answers within 30 s (cluster.node.membership)
 LEADER_WAIT_S = 10.0
+FORCE_HELP = (
+    "Make the change even if it leaves the cluster unable to lose a node (a member that "
+    "does not answer, or too few left)."
+)
 
 
 @click.group("member")
@@ -105,15 +109,20 @@ def _check_address(address: str, what: str) -> None:
 @click.argument("node_id")
 @click.option("--raft-address", required=True, help="host:port of the new node's peer port.")
 @click.option("--client-address", required=True, help="host:port of its client port.")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 @connection_options
 @click.pass_context
 @translate_errors
-def add(ctx: click.Context, node_id: str, raft_address: str, client_address: str) -> None:
+def add(
+    ctx: click.Context, node_id: str, raft_address: str, client_address: str, force: bool
+) -> None:
     """Add a voting member through the Raft log, then start it with `node start`.
 
-    The leader refuses (exit 65) a duplicate id or address, and (exit 69) a change while
-    another one is in flight or when the members that answer would not be a majority of the
-    new set: to replace a dead node, remove it first, then add its replacement. With
+    The leader refuses (exit 65) a duplicate id or address, or (without --force) an add while
+    another member does not answer (an earlier add whose node never started: start it or
+    remove it first); and (exit 69) a change while another one is in flight or when the
+    members that answer would not be a majority of the new set: to replace a dead node,
+    remove it first, then add its replacement. With
     --data-dir, cluster.toml gets the node once the change is committed; the new node starts
     empty and is rebuilt from its peers (snapshot and log) before it may vote.
 
@@ -134,6 +143,8 @@ def add(ctx: click.Context, node_id: str, raft_address: str, client_address: str
         "raft_address": raft_address,
         "client_address": client_address,
     }
+    if force:
+        args["force"] = True
     result = _admin_on_leader(ctx, "member_add", args)
     if data_dir is not None:
         config = _config_after_add(Path(data_dir), node_id, raft_address, client_address)
@@ -203,32 +214,41 @@ def _config_after_add(
 
 @member_group.command("remove")
 @click.argument("node_id")
+@click.option("--force", is_flag=True, help=FORCE_HELP)
 @connection_options
 @click.pass_context
 @translate_errors
-def remove(ctx: click.Context, node_id: str) -> None:
-    """Remove a voting member through the Raft log (stop its process afterwards).
+def remove(ctx: click.Context, node_id: str, force: bool) -> None:
+    """Remove a voting member through the Raft log; with --data-dir, stop its process if it
+    runs on this host and drop it from cluster.toml once the change is committed.
 
-    Refused (exit 65) for a node that is not a member or the last one; (exit 69) while another
-    change is in flight, when the members left that answer would not be a majority, or when
-    the node leads (it hands leadership over at once: run the command again). With
-    --data-dir, cluster.toml drops the node once the change is committed.
+    Refused (exit 65) for a node that is not a member or the last one, or (without --force)
+    an answering member whose removal leaves the cluster unable to lose another (add its
+    replacement first); (exit 69) while another change is in flight, when the members left
+    that answer would not be a majority, or when the node leads (it hands leadership over at
+    once: run the command again).
 
     \b
     Example:
       quorumq --data-dir /tmp/qq member remove n3
-      quorumq --data-dir /tmp/qq node stop n3
     """
     _check_node_id(node_id)
-    result = _admin_on_leader(ctx, "member_remove", {"node": node_id})
+    args: dict[str, str | int] = {"node": node_id}
+    if force:
+        args["force"] = True
+    result = _admin_on_leader(ctx, "member_remove", args)
     data_dir = ctx.find_root().obj.data_dir
+    stopped = False
     if data_dir is not None:
         config = load_config(Path(data_dir))
         if node_id in config.node_ids():
+            # a removed member is no voter: its process would run on, unmanaged (cluster.toml
+            # no longer names it, so `node stop` could not find it)
+            stopped = stop_node(config.node(node_id))
             cluster_config.write(
                 Path(data_dir), cluster_config.with_member_removed(config, node_id)
             )
     if output_format(ctx) == "table":
-        click.echo(f"member {node_id} removed")
+        click.echo(f"member {node_id} removed{'; its process stopped' if stopped else ''}")
     else:
-        emit(ctx, {"node": node_id, "result": result})
+        emit(ctx, {"node": node_id, "result": result, "stopped": stopped})

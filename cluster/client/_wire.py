@@ -11,7 +11,7 @@ from typing import Any
 import cbor2
 
 from cluster import protocol
-from cluster.client.errors import TlsError
+from cluster.client.errors import TlsError, Unavailable
 from cluster.errors import AuthError, ProtocolError
 from fifo.codec import decode, encode, schema
 from fifo.commands import GROUP_KEY_DEFAULT as GROUP_KEY
@@ -106,6 +106,9 @@ class Handshake:
         if frame.get("op") == protocol.ERROR and frame.get("code") == protocol.TLS_REQUIRED:
             # the node's message names it and says what to pass (tls=, --tls-ca)
             raise TlsError(str(frame.get("message") or f"{self.address} speaks TLS"))
+        if frame.get("op") == protocol.ERROR and frame.get("code") == protocol.CONNECTION_LIMIT:
+            # the node is at its connection cap: another node (or later) may take us
+            raise Unavailable(str(frame.get("message") or f"{self.address} is at its cap"))
         nonce = frame.get("nonce")
         if frame.get("op") != protocol.CHALLENGE or not isinstance(nonce, bytes):
             raise ProtocolError(protocol.BAD_FRAME, f"expected a challenge, got {frame!r}")

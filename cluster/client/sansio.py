@@ -78,6 +78,8 @@ from fifo.replies import CheckoutOk, Error, NotEnqueued, Ok
 log = structlog.get_logger("quorumq.client")
 
 RETRY_CODES = frozenset({protocol.NOT_LEADER_TIMEOUT, protocol.UNAVAILABLE})
+# refusals of this node alone (nothing was written): retried at once on another node
+RETRY_ELSEWHERE_CODES = frozenset({protocol.DISK_FULL})
 # set on an answer frame when an earlier attempt of the same request may have been applied
 UNCERTAIN = "uncertain"
 RETRY_DELAY_S = 0.1
@@ -423,14 +425,17 @@ class ClientProtocol:
             return
         if op == protocol.ERROR:
             code = str(frame.get("code"))
-            if code in RETRY_CODES:
+            elsewhere = code in RETRY_ELSEWHERE_CODES and self.reconnect and len(self.endpoints) > 1
+            if code in RETRY_CODES or elsewhere:
                 request.refusal = f"{code}: {frame.get('message', '')}"
-            if code in RETRY_CODES and not self._expired(request):
+            if (code in RETRY_CODES or elsewhere) and not self._expired(request):
                 request.uncertain = True
                 request.retry_at = self._now + RETRY_DELAY_S
                 self._inflight[request.request_id] = request
                 self._retries.append(request)
                 self._unavailable_since = self._unavailable_since or self._now
+                if elsewhere:  # this node cannot take it, another can: switch at the next tick
+                    self._unavailable_since = self._now - SWITCH_NODE_AFTER_S - TICK_S
                 return
             self._finish(request, None, _frame_error(frame))
             return

@@ -18,7 +18,7 @@ import ssl
 from pathlib import Path
 from typing import TypeAlias
 
-from cluster.client.errors import ConfigError, TlsError
+from cluster.client.errors import ClusterError, ConfigError, TlsError, Unavailable
 
 TlsOption: TypeAlias = ssl.SSLContext | str | os.PathLike[str] | None
 
@@ -61,9 +61,16 @@ def server_hostname(address: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-def handshake_failed(address: str, err: ssl.SSLError | OSError) -> TlsError:
+def handshake_failed(address: str, err: ssl.SSLError | OSError) -> ClusterError:
     """The error for a TLS handshake with `address` that failed with `err`: a certificate that
-    does not verify, a node that does not speak TLS, or another TLS failure."""
+    does not verify, a node that does not speak TLS (both `TlsError`: a setting to fix), a
+    handshake the node cut short (`Unavailable`: retried), or another TLS failure."""
+    if isinstance(err, ssl.SSLEOFError | ssl.SSLZeroReturnError | ConnectionError):
+        # a busy node closes its slowest pending handshakes first (cluster/node/client_tls.py)
+        return Unavailable(
+            f"the TLS handshake with {address} was cut short by the node ({err}): it closes "
+            "the slowest pending handshakes when too many are open at once; retrying"
+        )
     if isinstance(err, ssl.SSLCertVerificationError):
         return TlsError(
             f"the TLS certificate of {address} does not verify: "

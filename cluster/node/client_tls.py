@@ -6,6 +6,12 @@ its first byte: 0x16 starts the TLS handshake (asyncio's, in the background, bou
 TLS_HANDSHAKE_TIMEOUT_S); any other byte, or silence for FIRST_BYTE_WAIT_S, gets a
 `tls_required` error frame in the clear saying what to do, then the socket is closed. Either
 failure is logged once per connection; the loop never waits on a stranger's bytes.
+
+Connections between accept and the end of their handshake are bounded (PENDING_TLS_MAX, and
+PENDING_TLS_PER_SOURCE_MAX per source address): past a bound the node closes the OLDEST such
+connection, not the new one. An honest client finishes its handshake in milliseconds, so a
+stranger holding slots open (a ClientHello cut short, then silence) is what gets closed, and a
+flood of them cannot keep honest clients out; a client whose handshake was cut retries it.
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ TLS_HANDSHAKE_TIMEOUT_S = 5.0
 TLS_SHUTDOWN_TIMEOUT_S = 2.0
 # connections between accept and the end of their TLS handshake; more are closed at once
 PENDING_TLS_MAX = 64
+PENDING_TLS_PER_SOURCE_MAX = 16  # of them from one source address (host, without the port)
 LISTEN_BACKLOG = 100
 DISCARD_BYTES_MAX = 64 * 1024  # read (and dropped) before closing a plaintext connection
 ACCEPT_RETRY_S = 0.1  # after accept failed (out of file descriptors, ...)
+EVICTED_LOG_EVERY = 100  # a flood logs its first closed handshake, then every this many
 
 ClientHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -53,9 +61,12 @@ class TlsClientListener:
             )
         )
         self._listeners: list[socket.socket] = []
+        self.evicted = 0  # pending handshakes closed to make room (the slowest first)
         self._tasks: set[asyncio.Task[None]] = set()  # accept loops, connections in handshake
         self._sessions: set[asyncio.Task[None]] = set()  # left running by close(), like
-        self._pending = 0  # asyncio.Server's: the node closes its sessions itself
+        # asyncio.Server's: the node closes its sessions itself
+        # connections before the end of their handshake -> source host, oldest first
+        self._pending: dict[asyncio.Task[None], str] = {}
 
     async def start(self, host: str, port: int) -> None:
         """Bind and listen on every address of `host` (OSError when the port is taken)."""
@@ -100,22 +111,46 @@ class TlsClientListener:
                 log.error("client_accept_failed", error=str(err))
                 await asyncio.sleep(ACCEPT_RETRY_S)
                 continue
-            if self._pending >= PENDING_TLS_MAX:
-                log.warning("client_tls_refused", peer=str(peer), reason="too many handshakes")
-                sock.close()
-                continue
-            self._pending += 1
-            self._spawn(self._serve(sock, str(peer)))
+            source = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+            self._make_room(source)
+            task: asyncio.Task[None] = asyncio.ensure_future(self._serve(sock, str(peer)))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            self._pending[task] = source
+            task.add_done_callback(self._forget_pending)
+
+    def _make_room(self, source: str) -> None:
+        """Close the oldest pending handshake of `source` when it holds its share of the
+        slots, else the oldest of all when every slot is taken (see the module docstring)."""
+        mine = [task for task, host in self._pending.items() if host == source]
+        if len(mine) >= PENDING_TLS_PER_SOURCE_MAX:
+            oldest = mine[0]
+        elif len(self._pending) >= PENDING_TLS_MAX:
+            oldest = next(iter(self._pending))
+        else:
+            return
+        self._forget_pending(oldest)
+        oldest.cancel()  # its _handshake closes the socket
+        self.evicted += 1
+        if self.evicted == 1 or self.evicted % EVICTED_LOG_EVERY == 0:
+            log.warning(
+                "client_tls_slowest_closed",
+                source=source,
+                pending=len(self._pending),
+                closed_so_far=self.evicted,
+            )
+
+    def _forget_pending(self, task: asyncio.Task[None]) -> None:
+        self._pending.pop(task, None)
 
     async def _serve(self, sock: socket.socket, peer: str) -> None:
         """One accepted connection: the TLS handshake, then the session (closed on failure)."""
-        try:
-            opened = await self._handshake(sock, peer)
-        finally:
-            self._pending -= 1
+        opened = await self._handshake(sock, peer)
+        task = asyncio.current_task()
+        if task is not None:
+            self._forget_pending(task)
         if opened is None:
             return
-        task = asyncio.current_task()
         if task is not None:  # from now on a session: close() must not cancel it
             self._tasks.discard(task)
             self._sessions.add(task)

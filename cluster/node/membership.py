@@ -5,6 +5,11 @@ raft and client addresses: the replicated set's addresses once a change recorded
 that cluster.toml's). Only the leader appends a change; what only the leader can check at the
 moment it appends (another change in flight, a quorum left, a duplicate) is checked there, in
 a raft tick (raft/node.py), and comes back as a `Refusal`.
+
+Before that, the node refuses (unless the request says `force`) the two mistakes that leave a
+healthy cluster unable to lose a node: adding a member while another member does not answer
+(an earlier `member add` whose node never started: each such member raises the quorum without
+adding a voter), and removing an answering member when the members left could not lose one.
 """
 
 from __future__ import annotations
@@ -87,6 +92,38 @@ def requested_change(session: ClientSession, action: str, args: Any) -> MemberCh
     return change
 
 
+def tolerance_refusal(session: ClientSession, change: MemberChange) -> str | None:
+    """Why `change` would leave the cluster unable to lose a node (see the module docstring),
+    judged from the members this node hears from now; None when it would not (or when it is
+    raft's no-quorum refusal to make, in the tick)."""
+    server = session.server
+    members = list(current_members(session))
+    answering = {
+        node for node in members
+        if node == server.node_id or server.replica.peer_connected(node)
+    }  # fmt: skip
+    if change.op == "add":
+        silent = sorted(set(members) - answering)
+        if not silent or len(answering) < (len(members) + 1) // 2 + 1:
+            return None
+        return (
+            f"{', '.join(silent)} {'is a member' if len(silent) == 1 else 'are members'} but "
+            "does not answer (never started, or down): each silent member raises the quorum "
+            f"without adding a voter; start it (`node start`) or `member remove` it before "
+            "adding another member, or pass --force"
+        )
+    left = answering - {change.node}
+    before = len(answering) - (len(members) // 2 + 1)
+    after = len(left) - ((len(members) - 1) // 2 + 1)
+    if after >= 1 or after >= before:
+        return None
+    return (
+        f"after removing {change.node} the cluster could not lose another member "
+        f"({len(left)} of {len(members) - 1} would answer, {(len(members) - 1) // 2 + 1} are "
+        "needed): add its replacement first (`member add`, `node start`), or pass --force"
+    )
+
+
 def refused(message: str, unavailable: bool = False, leader: str | None = None) -> dict[str, Any]:
     """The result of a change that was not made (a result, not an error frame: clients retry
     `unavailable` errors on their own until they time out, and the caller must hear why at
@@ -115,6 +152,10 @@ def handle_member_admin(session: ClientSession, request_id: int, action: str, ar
             reply(refused("no leader: the cluster has no quorum", unavailable=True))
         else:
             reply(refused(f"this node is not the leader ({leader} is)", True, leader))
+        return
+    mistake = None if args.get("force") is True else tolerance_refusal(session, change)
+    if mistake is not None:
+        reply(refused(mistake))
         return
     if change.op == "remove" and change.node == session.server.node_id:
         replica.transfer_leadership()

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import json
@@ -27,6 +28,13 @@ from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.client_tls import TlsClientListener
 from cluster.node.effects import EffectRouter
+from cluster.node.limits import (
+    ConnectionCaps,
+    RefusalLog,
+    effective_connections_max,
+    raise_open_files_limit,
+    source_address,
+)
 from cluster.node.logs import setup_logging
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
@@ -63,6 +71,7 @@ CONNECTION_DOWN_RESUBMIT_S = 2.0
 # a node with no reachable leader for this long "knows" there is none: it answers commands and
 # data queries with `unavailable` at once instead of holding them (an election takes less)
 LEADERLESS_REFUSE_AFTER_S = 2.0
+REFUSAL_WRITE_TIMEOUT_S = 1.0  # to hand a refused connection its reason
 NO_LEADER = "no leader/quorum"  # starts every such message (clients and operators grep for it)
 
 
@@ -98,6 +107,13 @@ class NodeServer:
         self._down_submitted: dict[int, float] = {}  # connection number -> last submit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: set[ClientSession] = set()
+        self.open_files = raise_open_files_limit()  # (soft, hard) RLIMIT_NOFILE
+        self.refusals = RefusalLog()  # of unauthenticated or over-the-cap clients
+        self.connection_caps = ConnectionCaps(
+            effective_connections_max(cluster.connections_max, self.open_files[0]),
+            cluster.connections_per_source_max,
+            self.refusals,
+        )
         self._leaderless_since: float | None = time.monotonic()  # None while a leader is reachable
         self._had_leader = False  # this incarnation has seen a reachable leader
         self.exit_code = EX_OK
@@ -249,6 +265,8 @@ class NodeServer:
             raft=self.node.raft_address,
             incarnation=self.incarnation,
             supported=self.settings.supported_version,
+            open_files=self.open_files[0],
+            connections_max=self.connection_caps.total_max,
         )
         tasks = [
             asyncio.create_task(self._periodic(stop)),
@@ -287,12 +305,26 @@ class NodeServer:
         return listener
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        source = source_address(writer)
+        refused = self.connection_caps.admit(source)
+        if refused is not None:
+            await self._refuse_connection(writer, refused)
+            return
         session = ClientSession(self, reader, writer)
         self._sessions.add(session)
         try:
             await session.run()
         finally:
             self._sessions.discard(session)
+            self.connection_caps.release(source)
+
+    async def _refuse_connection(self, writer: asyncio.StreamWriter, reason: str) -> None:
+        """Tell a connection past a cap why (instead of the challenge) and close it."""
+        text = f"{self.node_id} refuses new client connections: {reason}; try another node"
+        writer.write(protocol.encode_frame(protocol.error(protocol.CONNECTION_LIMIT, text)))
+        with contextlib.suppress(OSError, asyncio.TimeoutError):
+            await asyncio.wait_for(writer.drain(), REFUSAL_WRITE_TIMEOUT_S)
+        writer.close()
 
     async def _periodic(self, stop: asyncio.Event) -> None:
         last_status = 0.0
@@ -449,7 +481,9 @@ def run_node(
     node_dir = node.data_dir if node.data_dir.is_absolute() else data_dir / node.data_dir
     os.umask(0o077)  # journal, snapshot, meta and logs are for the node's owner only (0600)
     storage.private_dir(node_dir)
-    setup_logging(node_dir / "node.log", node_id)
+    setup_logging(
+        node_dir / "node.log", node_id, cluster.log_file_bytes_max, cluster.log_files_kept
+    )
     # raft ticks on the loop thread; the metrics thread (if any) must not hold the GIL 5 ms
     # (the default switch interval) while the loop returns from an fsync or a poll
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)

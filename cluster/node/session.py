@@ -18,6 +18,7 @@ import fifo
 from cluster import protocol
 from cluster.errors import ProtocolError
 from cluster.node.effects import EFFECT_BYTES_MAX
+from cluster.node.limits import source_address
 from cluster.node.membership import handle_member_admin
 from cluster.node.queries import QueryError, run_query
 from fifo import limits as fifo_limits
@@ -245,7 +246,9 @@ class ClientSession:
     async def _handshake(self) -> bool:
         global _pending_handshakes
         if _pending_handshakes >= PENDING_HANDSHAKES_MAX:
-            log.warning("handshake_refused", pending=_pending_handshakes)
+            self.server.refusals.note(
+                "handshake_refused", source_address(self.writer), pending=_pending_handshakes
+            )
             self.error(protocol.UNAVAILABLE, "too many connections waiting to authenticate")
             return False
         _pending_handshakes += 1
@@ -264,7 +267,7 @@ class ClientSession:
             self.error(protocol.NOT_AUTHENTICATED, "the first frame must be a 'hello'")
             return False
         if not protocol.verify_proof(self.server.client_key, nonce, hello.get("proof")):
-            log.warning("auth_failed", peer=str(self.writer.get_extra_info("peername")))
+            self.server.refusals.note("auth_failed", source_address(self.writer))
             self.error(protocol.AUTH_FAILED, "authentication failed: wrong client credentials")
             return False
         self.connection = self.server.new_connection()

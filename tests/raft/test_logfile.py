@@ -317,3 +317,15 @@ def test_a_failed_export_leaves_no_partial_file(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="not a journal"):
         export_to_file(tmp_path / "n1", "n1", MEMBERS, out)
     assert not out.exists()
+
+
+def test_an_exported_log_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """An export holds every message body: 0600, as journals and snapshots are, even when a
+    file of that name existed with wider rights."""
+    fresh, existing = tmp_path / "fresh.qlog", tmp_path / "existing.qlog"
+    existing.write_bytes(b"")
+    existing.chmod(0o644)
+    for path in (fresh, existing):
+        with LogWriter.open(path):
+            pass
+        assert path.stat().st_mode & 0o777 == 0o600
