@@ -21,6 +21,8 @@ from raft.replica import ReplicaView
 PEEK_DEFAULT = 20
 PEEK_MAX = 500  # bodies travel as JSON: a page of them, not a backlog
 GROUPS_DEFAULT = 200
+QUEUES_LISTED_MAX = 2000  # /api/queues answers the first ones by name, and says how many exist
+CONSUMERS_LISTED_MAX = 1000  # a queue's page lists at most these (the count is exact)
 
 
 class Reads:
@@ -93,11 +95,11 @@ class Reads:
     async def queues(self, request: web.Request) -> web.Response:
         """Every queue: config, depth, bytes, consumers, counters and rates."""
         counters = queue_counters(self.node.metrics)
-        rows = self._read(_overviews)
+        rows, count = self._read(_overviews)
         for row in rows:
             row["counters"] = counters.get(row["name"], {})
             row["rates"] = self.sampler.latest_rates(row["name"])
-        return web.json_response({"queues": rows, "stale": self._stale()})
+        return web.json_response({"queues": rows, "count": count, "stale": self._stale()})
 
     async def queue(self, request: web.Request) -> web.Response:
         """One queue, with its consumers (and its single-active-consumer state)."""
@@ -185,15 +187,16 @@ def _overview_row(view: ReplicaView, name: str) -> dict[str, Any] | None:
     return row
 
 
-def _overviews(view: ReplicaView) -> list[dict[str, Any]]:
-    rows = (_overview_row(view, name) for name in fifo.list_queues(view.state))
-    return [row for row in rows if row is not None]
+def _overviews(view: ReplicaView) -> tuple[list[dict[str, Any]], int]:
+    names = fifo.list_queues(view.state)
+    rows = (_overview_row(view, name) for name in sorted(names)[:QUEUES_LISTED_MAX])
+    return [row for row in rows if row is not None], len(names)
 
 
 def _queue_detail(view: ReplicaView, name: str) -> dict[str, Any] | None:
     row = _overview_row(view, name)
     if row is not None:
-        row["consumers_list"] = to_json(fifo.consumers(view.state, name))
+        row["consumers_list"] = to_json(fifo.consumers(view.state, name)[:CONSUMERS_LISTED_MAX])
     return row
 
 

@@ -63,6 +63,8 @@ def test_a_read_only_user_reads_everything_and_every_write_is_403(
         status, found, _ = http(url + path, method, auth=VIEWER, body=body)
         assert (status, found["error"]) == (403, "user 'viewer' has read-only rights"), path
     assert "forbidden" not in queue_names(mgmt_cluster)
+    listed = http(url + "/api/queues", auth=VIEWER)[1]
+    assert listed["count"] == len(listed["queues"])
 
 
 def login(url: str, user: str, password: str) -> tuple[str, str]:

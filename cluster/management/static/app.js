@@ -209,7 +209,9 @@ async function queuesPage(state) {
     setMain(h("h1", {}, "Queues"), state.list, isAdmin() ? declareForm() : null);
     state.built = true;
   }
-  state.list.replaceChildren(...[staleNote(data.stale), list].filter((x) => x));
+  const more = data.count > data.queues.length
+    ? h("p", {class: "muted"}, `The first ${data.queues.length} of ${data.count} queues, by name.`) : null;
+  state.list.replaceChildren(...[staleNote(data.stale), list, more].filter((x) => x));
 }
 function declareForm() {
   const name = h("input", {id: "declare-name", placeholder: "queue name", required: true});
