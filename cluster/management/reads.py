@@ -21,6 +21,8 @@ from raft.replica import ReplicaView
 PEEK_DEFAULT = 20
 PEEK_MAX = 500  # bodies travel as JSON: a page of them, not a backlog
 GROUPS_DEFAULT = 200
+# a peek at a grouped queue sorts all its waiting messages (fifo.messages): refused past this
+PEEK_GROUPED_MESSAGES_MAX = 200_000
 QUEUES_LISTED_MAX = 2000  # /api/queues answers the first ones by name, and says how many exist
 CONSUMERS_LISTED_MAX = 1000  # a queue's page lists at most these (the count is exact)
 
@@ -122,7 +124,9 @@ class Reads:
         """Peek: the first `limit` waiting messages, nothing consumed."""
         name = request.match_info["name"]
         limit = _int_arg(request, "limit", PEEK_DEFAULT, min(PEEK_MAX, MESSAGES_LIMIT_MAX))
-        found = self._read(lambda view: fifo.messages(view.state, name, limit))
+        found = self._read(lambda view: _peek(view, name, limit))
+        if isinstance(found, str):
+            return web.json_response({"error": found}, status=409)
         return web.json_response({"messages": to_json(found), "stale": self._stale()})
 
     async def groups(self, request: web.Request) -> web.Response:
@@ -198,6 +202,17 @@ def _queue_detail(view: ReplicaView, name: str) -> dict[str, Any] | None:
     if row is not None:
         row["consumers_list"] = to_json(fifo.consumers(view.state, name)[:CONSUMERS_LISTED_MAX])
     return row
+
+
+def _peek(view: ReplicaView, name: str, limit: int) -> list[Any] | str:
+    """The first `limit` waiting messages, or why a peek is refused."""
+    grouped = fifo.state_version(view.state) >= 3 and fifo.group_config(view.state, name)
+    o = fifo.overview(view.state, name)
+    if grouped and o is not None and o.ready + o.returned > PEEK_GROUPED_MESSAGES_MAX:
+        waiting = o.ready + o.returned
+        return (f"a peek at the grouped queue {name} sorts its {waiting} waiting messages "
+                f"on the node's loop: refused above {PEEK_GROUPED_MESSAGES_MAX}")  # fmt: skip
+    return list(fifo.messages(view.state, name, limit))
 
 
 def _message_groups(view: ReplicaView, name: str, limit: int) -> list[Any]:

@@ -3,6 +3,7 @@
 
 const REFRESH_MS = 1500;       // tables and node states
 const CHART_REFRESH_MS = 5000; // the node samples every 5 s
+const AUTO_PEEK_MAX = 10000;   // larger queues are peeked on request (a grouped one sorts them all)
 let session = null;            // {user, rights, csrf, node, cluster}
 let timer = null, chartTimer = null, generation = 0;
 
@@ -260,11 +261,21 @@ async function queuePage(state) {
   }
   state.info.replaceChildren(...[h("h1", {}, `Queue ${name}`), staleNote(data.stale), cards].filter((x) => x));
   state.details.replaceChildren(...details);
+  if (data.total <= AUTO_PEEK_MAX) await renderPeek(state, name, null);
+  else if (!state.peek.firstChild) {  // a large queue: peeked when asked, never on each refresh
+    const button = h("button", {id: "peek-button", type: "button",
+      onclick: () => renderPeek(state, name, button).catch((e) => status(e.message, true))},
+      "Peek at the first 10");
+    state.peek.replaceChildren(button);
+  }
+}
+async function renderPeek(state, name, button) {
   const peek = await api("/api/queues/" + q(name) + "/messages?limit=10");
-  state.peek.replaceChildren(table("peek-table", [["position", "num"], ["returned"], ["delivery count", "num"],
-    ["body"]], peek.messages.map((m) => h("tr", {}, h("td", {class: "num"}, m.position),
-      h("td", {}, m.returned ? "yes" : ""), h("td", {class: "num"}, m.delivery_count),
-      h("td", {}, h("pre", {}, bodyText(m.body)))))));
+  state.peek.replaceChildren(...[button, table("peek-table", [["position", "num"], ["returned"],
+    ["delivery count", "num"], ["body"]], peek.messages.map((m) => h("tr", {},
+      h("td", {class: "num"}, m.position), h("td", {}, m.returned ? "yes" : ""),
+      h("td", {class: "num"}, m.delivery_count), h("td", {}, h("pre", {}, bodyText(m.body))))))]
+    .filter((x) => x));
 }
 function bodyText(body) {
   const text = body.text !== undefined ? body.text : "base64: " + body.base64;
