@@ -21,6 +21,9 @@ from cluster.errors import ConfigError, ConfigMissing
 
 FsyncPolicy = Literal["always", "batch", "never"]
 FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "batch", "never")
+UserRights = Literal["read", "admin"]
+USER_RIGHTS: tuple[UserRights, ...] = ("read", "admin")
+USERS_MAX = 100
 CONFIG_FILE = "cluster.toml"
 SNAPSHOT_EVERY_ENTRIES_DEFAULT = 5000
 SNAPSHOT_EVERY_ENTRIES_MIN = 10
@@ -58,6 +61,7 @@ class NodeConfig:
     # chaos partitions); the peer keeps its raft address as its identity
     peer_addresses: dict[str, str] = field(default_factory=dict)
     metrics_port: int | None = None  # Prometheus /metrics (off when None)
+    http_port: int | None = None  # the management HTTP API and web UI (off when None)
 
     @property
     def raft_address(self) -> str:
@@ -68,6 +72,16 @@ class NodeConfig:
     def client_address(self) -> str:
         """The client endpoint `host:client_port`."""
         return f"{self.host}:{self.client_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class UserConfig:
+    """A management user from a `[[users]]` table: its name, its password's hash (written by
+    `python -m cluster.management hash-password`) and its rights."""
+
+    name: str
+    password_hash: str
+    rights: UserRights = "read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +109,9 @@ class ClusterConfig:
     # node.log rotates past this size, keeping this many older files (cluster/node/logs.py)
     log_file_bytes_max: int = LOG_FILE_BYTES_MAX_DEFAULT
     log_files_kept: int = LOG_FILES_KEPT_DEFAULT
+    http_bind: str = "127.0.0.1"  # where nodes with an http_port serve the management API
+    # management users besides `admin` (whose password is the client key): [[users]] tables
+    users: tuple[UserConfig, ...] = ()
 
     def founder_ids(self) -> list[str]:
         """The members the cluster was created with."""
@@ -170,6 +187,8 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         snapshot_every_s=every_s,
         metrics_bind=_typed(section, "metrics_bind", str, path, "127.0.0.1"),
         tls=_typed(section, "tls", bool, path, False),
+        http_bind=_typed(section, "http_bind", str, path, "127.0.0.1"),
+        users=_parse_users(raw.get("users", []), path),
         connections_max=_bounded(section, "connections_max", CONNECTIONS_MAX_DEFAULT, path),
         connections_per_source_max=_bounded(
             section, "connections_per_source_max", CONNECTIONS_PER_SOURCE_MAX_DEFAULT, path
@@ -198,6 +217,25 @@ def _bounded(
     return value
 
 
+def _parse_users(items: Any, path: Path) -> tuple[UserConfig, ...]:
+    """The `[[users]]` tables: unique names (never `admin`), a hash, rights read | admin."""
+    if not isinstance(items, list) or len(items) > USERS_MAX:
+        raise ConfigError(f"{path}: users must be at most {USERS_MAX} [[users]] tables")
+    users = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: each [[users]] entry must be a table")
+        rights = item.get("rights", "read")
+        if rights not in USER_RIGHTS:
+            raise ConfigError(f"{path}: rights must be one of {USER_RIGHTS}, got {rights!r}")
+        name = _typed(item, "name", str, path, None)
+        users.append(UserConfig(name, _typed(item, "password_hash", str, path, None), rights))
+    names = [user.name for user in users]
+    if len(set(names)) != len(names) or "admin" in names:
+        raise ConfigError(f"{path}: user names must be unique and not 'admin', got {names}")
+    return tuple(users)
+
+
 def _parse_node(item: Any, path: Path) -> NodeConfig:
     if not isinstance(item, dict):
         raise ConfigError(f"{path}: each [[nodes]] entry must be a table")
@@ -220,6 +258,7 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
         max_machine_version=cap,
         peer_addresses=dict(peers),
         metrics_port=_port(item, "metrics_port", path) if "metrics_port" in item else None,
+        http_port=_port(item, "http_port", path) if "http_port" in item else None,
     )
 
 
@@ -254,6 +293,8 @@ def dumps(config: ClusterConfig) -> str:
         lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
     if config.tls:
         lines.append("tls = true")
+    if config.http_bind != "127.0.0.1":
+        lines.append(f"http_bind = {_toml_str(config.http_bind)}")
     if config.connections_max != CONNECTIONS_MAX_DEFAULT:
         lines.append(f"connections_max = {config.connections_max}")
     if config.connections_per_source_max != CONNECTIONS_PER_SOURCE_MAX_DEFAULT:
@@ -278,11 +319,21 @@ def dumps(config: ClusterConfig) -> str:
             lines.append(f"max_machine_version = {node.max_machine_version}")
         if node.metrics_port is not None:
             lines.append(f"metrics_port = {node.metrics_port}")
+        if node.http_port is not None:
+            lines.append(f"http_port = {node.http_port}")
         if node.peer_addresses:
             pairs = ", ".join(
                 f"{_toml_str(k)} = {_toml_str(v)}" for k, v in sorted(node.peer_addresses.items())
             )
             lines.append(f"peer_addresses = {{ {pairs} }}")
+    for user in config.users:
+        lines += [
+            "",
+            "[[users]]",
+            f"name = {_toml_str(user.name)}",
+            f"password_hash = {_toml_str(user.password_hash)}",
+            f"rights = {_toml_str(user.rights)}",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -87,11 +87,13 @@ def init_cluster(
     metrics_base_port: int | None = None,
     caps: dict[str, int] | None = None,
     tls: bool = False,
+    http_base_port: int | None = None,
 ) -> ClusterConfig:
     """Write `D/cluster.toml`, `D/secret` and `D/client.key` for a new local cluster
-    (node i serves Prometheus metrics on `metrics_base_port + i` when that is given; `caps`
-    gives single nodes their own `max_machine_version`; `tls`: peer traffic over mutual TLS,
-    whose certificates `start_cluster` creates)."""
+    (node i serves Prometheus metrics on `metrics_base_port + i` and the management API on
+    `http_base_port + i` (0: free ports) when given; `caps` gives single nodes their own
+    `max_machine_version`; `tls`: peer traffic over mutual TLS, whose certificates
+    `start_cluster` creates)."""
     if nodes < 1:
         raise LaunchRefused("a cluster needs at least one node")
     ports = (
@@ -101,10 +103,8 @@ def init_cluster(
     )
     if ports[-1] > 65535:
         raise LaunchRefused(f"--base-port {base_port} leaves no room for {nodes} nodes")
-    if metrics_base_port is not None and metrics_base_port + nodes - 1 > 65535:
-        raise LaunchRefused(
-            f"--metrics-base-port {metrics_base_port} leaves no room for {nodes} nodes"
-        )
+    _check_room("--metrics-base-port", metrics_base_port, nodes)
+    http_ports = _http_ports(http_base_port, nodes)
     data_dir = data_dir.resolve()
     members = tuple(
         NodeConfig(
@@ -115,6 +115,7 @@ def init_cluster(
             data_dir=data_dir / f"n{i + 1}",
             max_machine_version=(caps or {}).get(f"n{i + 1}", max_machine_version),
             metrics_port=None if metrics_base_port is None else metrics_base_port + i,
+            http_port=None if http_ports is None else http_ports[i],
         )
         for i in range(nodes)
     )
@@ -133,6 +134,22 @@ def init_cluster(
     for node in members:
         node.data_dir.mkdir(parents=True, exist_ok=True)
     return config
+
+
+def _check_room(flag: str, base: int | None, nodes: int) -> None:
+    """LaunchRefused when ports `base` .. `base + nodes - 1` do not all exist."""
+    if base is not None and base + nodes - 1 > 65535:
+        raise LaunchRefused(f"{flag} {base} leaves no room for {nodes} nodes")
+
+
+def _http_ports(base: int | None, nodes: int) -> list[int] | None:
+    """The management ports of a new cluster: none, free ones (base 0), or base + i."""
+    if base is None:
+        return None
+    if base == 0:
+        return free_ports(nodes)
+    _check_room("--http-base-port", base, nodes)
+    return list(range(base, base + nodes))
 
 
 def client_key(data_dir: Path) -> bytes:
@@ -368,6 +385,7 @@ def start_cluster(
     metrics_base_port: int | None = None,
     wait_leader: bool = True,
     tls: bool = False,
+    http_base_port: int | None = None,
 ) -> LocalCluster:
     """Create (or reuse) a cluster in `data_dir`, start every node that is not running, wait
     until each of them answers and (unless `wait_leader` is False) until every answering node
@@ -394,6 +412,7 @@ def start_cluster(
             metrics_base_port=metrics_base_port,
             caps=caps,
             tls=tls,
+            http_base_port=http_base_port,
         ),
     )
     cluster_tls.ensure_certificates(data_dir, config)  # before any node: a clear error first

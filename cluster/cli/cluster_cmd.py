@@ -23,7 +23,7 @@ from cluster.cli.common import (
     wait_timeout_option,
 )
 from cluster.cli.exits import FAILURE, UNAVAILABLE, USAGE, CliError
-from cluster.config import CONFIG_FILE, FSYNC_POLICIES, FsyncPolicy, NodeConfig
+from cluster.config import CONFIG_FILE, FSYNC_POLICIES, ClusterConfig, FsyncPolicy, NodeConfig
 from cluster.launcher import (
     LocalCluster,
     client_key,
@@ -91,6 +91,13 @@ def cluster_group() -> None:
     "(metrics_port in cluster.toml). Default: off.",
 )
 @click.option(
+    "--http-base-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Management API and web UI of a new cluster: node i serves http://127.0.0.1:(base+i)/ "
+    "(http_port in cluster.toml; 0: free ports). Default: off.",
+)
+@click.option(
     "--tls",
     is_flag=True,
     default=False,
@@ -112,6 +119,7 @@ def start(
     max_machine_version: int | None,
     fsync: str | None,
     metrics_base_port: int | None,
+    http_base_port: int | None,
     tls: bool,
     timeout_s: float,
 ) -> None:
@@ -131,6 +139,7 @@ def start(
     Example:
       quorumq cluster start --nodes 3 --data-dir /tmp/qq
       quorumq cluster start --nodes 3 --data-dir /tmp/qq --metrics-base-port 9419
+      quorumq cluster start --nodes 3 --data-dir /tmp/qq --http-base-port 15672
       quorumq cluster start --nodes 3 --data-dir /tmp/qq-tls --tls
     """
     data_dir = resolve_data_dir(ctx, local_data_dir)
@@ -144,6 +153,7 @@ def start(
         timeout_s=timeout_s,
         metrics_base_port=metrics_base_port,
         tls=tls,
+        http_base_port=http_base_port,
     )
     leader = cluster.leader(timeout_s=timeout_s)
     rows = [
@@ -183,11 +193,7 @@ def _print_started(
             f"TLS: on for peer and client traffic (CA and node certificates in {tls_dir}; "
             f"clients verify the nodes with {tls_dir / 'ca.crt'}: --tls-ca with --endpoints)"
         )
-    bind = config.metrics_bind
-    ports = [n.metrics_port for n in config.nodes if n.metrics_port]
-    metrics = [f"http://{bind}:{port}/metrics" for port in ports]
-    if metrics:
-        click.echo(f"metrics: {', '.join(metrics)}")
+    _echo_http_urls(config)
 
 
 def _check_node_count(data_dir: Path, nodes: int | None) -> None:
@@ -203,6 +209,17 @@ def _check_node_count(data_dir: Path, nodes: int | None) -> None:
             "--client-address HOST:PORT` and start each with `quorumq node start ID`",
             USAGE,
         )
+
+
+def _echo_http_urls(config: ClusterConfig) -> None:
+    """The nodes' /metrics and management URLs, when they serve them."""
+    bind = config.metrics_bind
+    metrics = [f"http://{bind}:{n.metrics_port}/metrics" for n in config.nodes if n.metrics_port]
+    if metrics:
+        click.echo(f"metrics: {', '.join(metrics)}")
+    http = [f"http://{config.http_bind}:{n.http_port}/" for n in config.nodes if n.http_port]
+    if http:
+        click.echo(f"management: {', '.join(http)} (user admin, password: the client key)")
 
 
 @cluster_group.command("stop")

@@ -80,7 +80,7 @@ class NodeMetrics(NoMetrics):
         node_id: str,
         replica: Callable[[], Replica],
         connections: Callable[[], int],
-        port: int,
+        port: int | None,
         bind: str = "127.0.0.1",
     ) -> None:
         try:
@@ -227,6 +227,8 @@ class NodeMetrics(NoMetrics):
         from prometheus_client import start_http_server
 
         self._replica().observe_io(self.observe_fsync, self.observe_apply)
+        if self.port is None:  # counted for the management API only, which serves /metrics
+            return
         try:
             self._server, _thread = start_http_server(self.port, self.bind, self.registry)
         except OSError as err:

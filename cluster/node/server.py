@@ -18,7 +18,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -47,6 +47,9 @@ from raft import storage
 from raft.errors import StorageError, SubmitError
 from raft.node import RaftSettings
 from raft.replica import Applied, Replica, ReplicaView, Reply
+
+if TYPE_CHECKING:
+    from cluster.management import ManagementServer
 
 log = structlog.get_logger("cluster.node")
 
@@ -137,7 +140,8 @@ class NodeServer:
         self.replica: Replica
         self.timers: LeaderTimers
         self.metrics: NoMetrics = NoMetrics()
-        if metrics_port is not None:
+        self.management: ManagementServer | None = None  # set by run_node (http_port)
+        if metrics_port is not None or node.http_port is not None:  # the API shows the counters
             self.metrics = NodeMetrics(
                 node.id,
                 lambda: self.replica,
@@ -149,6 +153,17 @@ class NodeServer:
     def new_connection(self) -> ConnectionId:
         """A fresh connection id owned by this node incarnation."""
         return ConnectionId(self.node_id, self.incarnation, next(self._numbers))
+
+    def client_connections(self) -> list[dict[str, Any]]:
+        """The client connections this node serves now: connection id and peer address."""
+        return [
+            {
+                "connection": f"{c.node}/{c.incarnation}/{c.number}",
+                "peer": str(session.writer.get_extra_info("peername")),
+            }
+            for session in list(self._sessions)
+            if (c := session.connection) is not None
+        ]
 
     def status_extra(self) -> dict[str, Any]:
         """Fields of the status map that the raft node does not know."""
@@ -243,6 +258,8 @@ class NodeServer:
         try:
             server = await self._listen()
             self.metrics.start()
+            if self.management is not None:
+                await self.management.start()
         except (OSError, MetricsUnavailable):
             self.replica.destroy()
             raise
@@ -264,6 +281,8 @@ class NodeServer:
         self.stopping = True
         log.info("node_stopping")
         server.close()
+        if self.management is not None:
+            await self.management.stop()
         for task in tasks:
             task.cancel()
         for session in list(self._sessions):
@@ -499,6 +518,8 @@ def run_node(
             peer_tls,
             client_tls,
         )
+        if node.http_port is not None:
+            server.management = _management(server, data_dir)
     except MetricsUnavailable as err:
         pid_file.unlink(missing_ok=True)
         print(f"error: {err}", file=sys.stderr)
@@ -551,6 +572,17 @@ def _lock_node_dir(data_dir: Path, node_id: str, node_dir: Path) -> int | None:
             file=sys.stderr,
         )
         return None
+
+
+def _management(server: NodeServer, data_dir: Path) -> ManagementServer:
+    """The node's management API (`http_port`); MetricsUnavailable without its extra."""
+    try:
+        from cluster.management import ManagementServer
+    except ImportError as err:
+        raise MetricsUnavailable(
+            f"http_port needs aiohttp: pip install 'quorumq[management]' ({err})"
+        ) from err
+    return ManagementServer(server, data_dir)
 
 
 def tune_gc() -> None:
