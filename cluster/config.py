@@ -45,6 +45,7 @@ class NodeConfig:
     # chaos partitions); the peer keeps its raft address as its identity
     peer_addresses: dict[str, str] = field(default_factory=dict)
     metrics_port: int | None = None  # Prometheus /metrics (off when None)
+    amqp_port: int | None = None  # AMQP 0-9-1 (cluster/amqp; off when None)
 
     @property
     def raft_address(self) -> str:
@@ -74,6 +75,8 @@ class ClusterConfig:
     founders: tuple[str, ...] = ()
     # mutual TLS on the peer (Raft) connections, with the certificates in D/tls (cluster.tls)
     tls: bool = False
+    # AMQP: RabbitMQ's guest/guest is accepted from loopback addresses (bench scripts, demos)
+    amqp_guest: bool = False
 
     def founder_ids(self) -> list[str]:
         """The members the cluster was created with."""
@@ -142,6 +145,7 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         snapshot_every_entries=every,
         metrics_bind=_typed(section, "metrics_bind", str, path, "127.0.0.1"),
         tls=_typed(section, "tls", bool, path, False),
+        amqp_guest=_typed(section, "amqp_guest", bool, path, False),
     )
 
 
@@ -167,6 +171,7 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
         max_machine_version=cap,
         peer_addresses=dict(peers),
         metrics_port=_port(item, "metrics_port", path) if "metrics_port" in item else None,
+        amqp_port=_port(item, "amqp_port", path) if "amqp_port" in item else None,
     )
 
 
@@ -199,6 +204,8 @@ def dumps(config: ClusterConfig) -> str:
         lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
     if config.tls:
         lines.append("tls = true")
+    if config.amqp_guest:
+        lines.append("amqp_guest = true")
     if config.founders:
         lines.append(f"founders = [{', '.join(_toml_str(f) for f in config.founders)}]")
     for node in config.nodes:
@@ -215,6 +222,8 @@ def dumps(config: ClusterConfig) -> str:
             lines.append(f"max_machine_version = {node.max_machine_version}")
         if node.metrics_port is not None:
             lines.append(f"metrics_port = {node.metrics_port}")
+        if node.amqp_port is not None:
+            lines.append(f"amqp_port = {node.amqp_port}")
         if node.peer_addresses:
             pairs = ", ".join(
                 f"{_toml_str(k)} = {_toml_str(v)}" for k, v in sorted(node.peer_addresses.items())

@@ -45,6 +45,7 @@ class EffectRouter:
         self.node_id = node_id
         self.incarnation = incarnation
         self._live: dict[int, Send] = {}
+        self._handlers: dict[int, Callable[[Any], None]] = {}  # AMQP connections: raw effects
         self.sent = 0
         self.dropped = 0
 
@@ -52,13 +53,19 @@ class EffectRouter:
         """Start routing effects for a connection to `send`."""
         self._live[connection.number] = send
 
+    def register_effects(self, connection: ConnectionId, handler: Callable[[Any], None]) -> None:
+        """Start handing a connection's effects, as they are, to `handler` (AMQP connections:
+        they translate effects themselves, never a native frame)."""
+        self._handlers[connection.number] = handler
+
     def unregister(self, connection: ConnectionId) -> None:
         """Stop routing effects for a closed connection."""
         self._live.pop(connection.number, None)
+        self._handlers.pop(connection.number, None)
 
     def is_live(self, number: int) -> bool:
         """Whether the connection with this number (of this incarnation) has a session."""
-        return number in self._live
+        return number in self._live or number in self._handlers
 
     def owns(self, connection: ConnectionId) -> bool:
         """Whether `connection` belongs to this node incarnation."""
@@ -71,6 +78,12 @@ class EffectRouter:
             if not isinstance(connection, ConnectionId) or connection.node != self.node_id:
                 continue
             send = self._live.get(connection.number) if self.owns(connection) else None
+            if send is None and self._handlers and self.owns(connection):
+                handler = self._handlers.get(connection.number)
+                if handler is not None:
+                    handler(effect)
+                    self.sent += 1
+                    continue
             if send is None:
                 self.dropped += 1  # replayed effect, or the client is gone
                 continue
