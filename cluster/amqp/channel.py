@@ -27,6 +27,7 @@ from fifo.commands import (
     Discard,
     Enqueue,
     Modify,
+    Remove,
     Return,
     Settle,
     SimplePrefetch,
@@ -291,13 +292,22 @@ class Channel:
                 node_link.propose(self.server, command(queue, key, part), _ignore)
 
     def release(self) -> None:
-        """The channel is closing: cancel its consumers and return what they hold."""
+        """The channel is closing: its consumers leave and what they hold goes back to their
+        queues, ahead of the ready messages (v2+: Remove returns a consumer's messages at once,
+        before the next single active consumer starts; v1 has no Remove: cancel, then return)."""
+        removing = node_link.effective_version(self.server) >= 2
+        spec = Remove() if removing else Cancel()
+        removed = set()
         for consumer in list(self.consumers.values()):
             self._forget(consumer)
+            removed.add((consumer.queue, consumer.key))
             node_link.propose(self.server, Checkout(
-                consumer.queue, self._consumer_id(consumer.fifo_tag), Cancel()
+                consumer.queue, self._consumer_id(consumer.fifo_tag), spec
             ), _ignore)  # fmt: skip
-        self._settle(self.unacked.take_all(), Return)
+        batches = self.unacked.take_all()
+        if removing:
+            batches = {where: ids for where, ids in batches.items() if where not in removed}
+        self._settle(batches, Return)
 
 
 def _ttl_ms(properties: bytes) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -73,6 +74,8 @@ class AmqpConnection:
         self._reading.set()
         self._configs: dict[str, tuple[float, QueueConfig | None]] = {}
         self._closing_connection = False
+        self._splitter = frames.FrameSplitter(limits.frame_bytes_max)
+        self._frames = self._read_frames()
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -198,40 +201,42 @@ class AmqpConnection:
             raise ConnectionRefusal(FRAME_ERROR, f"frame_max {tune_ok.frame_max} below 4096")
         if tune_ok.frame_max:
             self.frame_bytes_max = min(tune_ok.frame_max, limits.frame_bytes_max)
+            self._splitter.frame_bytes_max = self.frame_bytes_max
         if tune_ok.channel_max:
             self.channel_max = min(tune_ok.channel_max, limits.channels_per_connection_max)
         self.heartbeat_s = tune_ok.heartbeat
 
     async def _next_method(self, expected: type[Any]) -> Any:
         """The next method on channel 0 during negotiation (heartbeats skipped)."""
-        splitter = frames.FrameSplitter(limits.frame_bytes_max)
-        while True:
-            data = await self.reader.read(limits.read_bytes)
-            if not data:
-                raise ConnectionClosed()
-            for kind, channel, payload in splitter.feed(data):
-                if kind == frames.HEARTBEAT:
-                    continue
-                method = frames.decode_method(payload) if kind == frames.METHOD else None
-                if channel != 0 or not isinstance(method, expected):
-                    raise ConnectionRefusal(
-                        UNEXPECTED_FRAME, f"expected '{expected.name}', got {method or kind}"
-                    )
-                return method
+        async for kind, channel, payload in self._frames:
+            if kind == frames.HEARTBEAT:
+                continue
+            method = frames.decode_method(payload) if kind == frames.METHOD else None
+            if channel != 0 or not isinstance(method, expected):
+                raise ConnectionRefusal(
+                    UNEXPECTED_FRAME, f"expected '{expected.name}', got {method or kind}"
+                )
+            return method
+        raise ConnectionClosed()
 
-    async def _serve(self) -> None:
-        splitter = frames.FrameSplitter(self.frame_bytes_max)
-        while not self.closed:
+    async def _read_frames(self) -> AsyncIterator[frames.Frame]:
+        """Every frame the client sends, in order (reading pauses while too many publishes
+        wait for their confirms; what was written is drained after each read)."""
+        while not self.is_closed():
             await self._reading.wait()
             data = await self.reader.read(limits.read_bytes)
             if not data:
                 return
             self._last_read = time.monotonic()
-            for kind, channel, payload in splitter.feed(data):
-                await self._frame(kind, channel, payload)
+            for frame in self._splitter.feed(data):
+                yield frame
                 if self.is_closed():
                     return
             await self.writer.drain()
+
+    async def _serve(self) -> None:
+        async for kind, channel, payload in self._frames:
+            await self._frame(kind, channel, payload)
 
     async def _frame(self, kind: int, channel: int, payload: bytes) -> None:
         if kind == frames.HEARTBEAT:
