@@ -166,4 +166,3 @@ def inequivalence(queue: str, asked: QueueConfig, current: QueueConfig) -> Chann
 
 def _shown(value: Any) -> str:
     return "none" if value is None else f"the value '{value}'"
-

@@ -187,9 +187,7 @@ class Channel:
     def _check_exclusive(self, queue: str, exclusive: bool) -> None:
         tags = node_link.consumer_tags(self.server, queue)
         if any(tag.startswith(EXCLUSIVE_MARK) for tag in tags) or (exclusive and tags):
-            raise ChannelRefusal(
-                ACCESS_REFUSED, f"queue '{queue}' in vhost '/' in exclusive use"
-            )
+            raise ChannelRefusal(ACCESS_REFUSED, f"queue '{queue}' in vhost '/' in exclusive use")
 
     def _consumer_id(self, fifo_tag: str) -> ConsumerId:
         return ConsumerId(fifo_tag, self.connection.connection_id)

@@ -47,7 +47,7 @@ def test_quorum_arguments_map_to_the_queue_config() -> None:
         ({"x-made-up": 1}, "x-made-up"),
     ],
 )
-def test_what_quorumq_lacks_is_refused_with_540_naming_it(args: dict[str, object], names: str) -> None:
+def test_what_quorumq_lacks_is_refused_with_540(args: dict[str, object], names: str) -> None:
     """Refused, never accepted and ignored."""
     with pytest.raises(ConnectionRefusal) as info:
         arguments.queue_config("q", args)
