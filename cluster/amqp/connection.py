@@ -156,7 +156,7 @@ class AmqpConnection:
             finally:
                 heartbeats.cancel()
         except ConnectionRefusal as refusal:
-            await self._close_with(refusal, 0, 0)
+            await self._close_with(refusal, *refusal.method_ids)
         except (ConnectionClosed, asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             pass
         finally:
@@ -286,6 +286,9 @@ class AmqpConnection:
             await self._channel_step(channel, method)
         except ChannelRefusal as refusal:
             self._close_channel(channel, refusal, method)
+        except ConnectionRefusal as refusal:
+            refusal.method_ids = _ids(method)  # connection.close names the failed method
+            raise
 
     async def _channel_step(self, channel: Channel, method: base.Frame) -> None:
         if isinstance(method, commands.Channel.Close):
@@ -331,6 +334,9 @@ class AmqpConnection:
             channel.publish(method, properties, b"".join(chunks))
         except ChannelRefusal as refusal:
             self._close_channel(channel, refusal, method)
+        except ConnectionRefusal as refusal:
+            refusal.method_ids = _ids(method)
+            raise
 
     def _close_channel(self, channel: Channel, refusal: AmqpError, method: base.Frame) -> None:
         """Close one channel with a soft error (RabbitMQ's channel.close), keep the others."""
@@ -395,7 +401,15 @@ class AmqpConnection:
     # --- effects the node routes here ---------------------------------------------------------
 
     def on_effect(self, effect: Any) -> None:
-        """An effect of an applied entry addressed to this connection (loop thread)."""
+        """An effect of an applied entry addressed to this connection (loop thread); a failure
+        closes this connection only (its ConnectionDown returns what it held)."""
+        try:
+            self._effect(effect)
+        except Exception:
+            log.exception("amqp_effect_failed", connection=self.connection_id.number)
+            self.close()
+
+    def _effect(self, effect: Any) -> None:
         if isinstance(effect, Deliver):
             self._on_deliver(effect)
         elif isinstance(effect, ConsumerCancelled) and effect.reason == "queue_deleted":

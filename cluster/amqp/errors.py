@@ -55,6 +55,7 @@ class AmqpError(Exception):
         super().__init__(reply_text(code, text))
         self.code = code
         self.text = text
+        self.method_ids = (0, 0)  # class and method id of the method that failed, when known
 
     @property
     def reply_text(self) -> str:

@@ -211,3 +211,54 @@ def test_what_is_not_implemented_is_refused_with_540(
         refused(opened)
     assert info.value.reply_code == 540
     assert "NOT_IMPLEMENTED" in info.value.reply_text
+
+
+def test_consumer_timeout_closes_the_channel_with_406(channel: BlockingChannel) -> None:
+    """x-consumer-timeout: a delivery held past it closes the channel with RabbitMQ's text,
+    and the message goes back to the queue."""
+    queue = _queue(channel, **{"x-consumer-timeout": 1000})
+    channel.basic_publish("", queue, b"slow")
+    consumer = channel.connection.channel()
+    held: list[bytes] = []
+    reasons: list[Any] = []
+    consumer._impl.add_on_close_callback(lambda _channel, reason: reasons.append(reason))
+    consumer.basic_consume(queue, lambda _c, _m, _p, body: held.append(body))
+    _pump(channel.connection, lambda: bool(reasons), "the channel to be closed", timeout_s=15)
+    assert held == [b"slow"]
+    assert isinstance(reasons[0], ChannelClosedByBroker) and reasons[0].reply_code == 406
+    assert "delivery acknowledgement on channel" in reasons[0].reply_text
+    assert "timed out. Timeout value used: 1000 ms" in reasons[0].reply_text
+    again = channel.basic_get(queue, auto_ack=True)
+    assert again[2] == b"slow" and again[0].redelivered
+
+
+def test_deleting_the_queue_cancels_its_consumers(channel: BlockingChannel) -> None:
+    """consumer_cancel_notify: the client is sent basic.cancel when the queue is deleted."""
+    queue = _queue(channel)
+    consumer = channel.connection.channel()
+    cancelled: list[Any] = []
+    consumer.add_on_cancel_callback(cancelled.append)
+    consumer.basic_consume(queue, lambda *_args: None)
+    channel.queue_delete(queue)
+    _pump(channel.connection, lambda: bool(cancelled), "basic.cancel from the node")
+
+
+def test_the_native_client_reads_what_amqp_published(
+    amqp_cluster: AmqpCluster, channel: BlockingChannel
+) -> None:
+    """A bare body for the native client; with properties, `envelope.split` gives both."""
+    from cluster.amqp import envelope
+
+    queue = _queue(channel)
+    channel.basic_publish("", queue, b"plain", pika.BasicProperties(delivery_mode=2))
+    channel.basic_publish("", queue, b"rich", pika.BasicProperties(message_id="id-7"))
+    client = amqp_cluster.cluster.client()
+    try:
+        first = client.get(queue, settled=True)
+        second = client.get(queue, settled=True)
+    finally:
+        client.close()
+    assert first is not None and first.body == b"plain"
+    assert second is not None
+    properties, body = envelope.split(second.body)
+    assert body == b"rich" and envelope.properties_of(properties).message_id == "id-7"
