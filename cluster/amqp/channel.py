@@ -39,7 +39,10 @@ from raft.replica import Reply
 if TYPE_CHECKING:
     from cluster.amqp.connection import AmqpConnection
 
-EXCLUSIVE_MARK = "x"  # fifo tags of exclusive consumers start with it (seen from every node)
+# the fifo tags of this listener's consumers: `amqp.c<channel>.<n>`, exclusive ones `amqp.x...`
+# (seen from every node: a consumer on any node refuses to share the queue with one)
+TAG_PREFIX = "amqp."
+EXCLUSIVE_MARK = TAG_PREFIX + "x"
 CONSUME_ARGUMENTS = ("x-priority",)
 # the properties of a message stored bare (see `envelope`)
 PERSISTENT_PROPERTIES = envelope.properties_of(None).marshal()
@@ -66,7 +69,7 @@ class Channel:
         self.connection.send_method(self.number, method)
 
     def _new_fifo_tag(self, kind: str) -> str:
-        return f"{kind}{self.number}.{next(self._serials)}"
+        return f"{TAG_PREFIX}{kind}{self.number}.{next(self._serials)}"
 
     # --- publishing ---------------------------------------------------------------------------
 
@@ -155,7 +158,10 @@ class Channel:
 
     async def consume(self, method: commands.Basic.Consume) -> None:
         """basic.consume: a Checkout with simple prefetch (consume-ok before any delivery)."""
-        queue, tag = method.queue, method.consumer_tag or f"amq.ctag-{self._new_fifo_tag('')}"
+        queue, tag = (
+            method.queue,
+            method.consumer_tag or f"amq.ctag-{self.number}.{next(self._serials)}",
+        )
         if tag in self.consumers:
             raise ChannelRefusal(PRECONDITION_FAILED, f"consumer tag '{tag}' already in use")
         if len(self.consumers) >= limits.consumers_per_channel_max:

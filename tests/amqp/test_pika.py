@@ -262,3 +262,18 @@ def test_the_native_client_reads_what_amqp_published(
     assert second is not None
     properties, body = envelope.split(second.body)
     assert body == b"rich" and envelope.properties_of(properties).message_id == "id-7"
+
+
+def test_an_exclusive_consumer_keeps_the_queue_to_itself(
+    amqp_cluster: AmqpCluster, channel: BlockingChannel
+) -> None:
+    """basic.consume exclusive: another consumer (another connection) gets 403."""
+    queue = _queue(channel)
+    channel.basic_consume(queue, lambda *_args: None, exclusive=True)
+    other = pika.BlockingConnection(amqp_cluster.params(0))
+    try:
+        with pytest.raises(ChannelClosedByBroker) as info:
+            other.channel().basic_consume(queue, lambda *_args: None)
+        assert info.value.reply_code == 403 and "in exclusive use" in info.value.reply_text
+    finally:
+        other.close()
