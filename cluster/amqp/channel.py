@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import base, commands
 
-from cluster.amqp import envelope, limits, node_link
+from cluster.amqp import envelope, frames, limits, node_link
 from cluster.amqp.consumers import Batches, Consumer, UnackedMap, chunks
 from cluster.amqp.errors import (
     ACCESS_REFUSED,
@@ -140,8 +140,7 @@ class Channel:
 
     def _confirm(self, seq: int, ok: bool) -> None:
         if seq and not self.closing:
-            method = commands.Basic.Ack if ok else commands.Basic.Nack
-            self.send(method(delivery_tag=seq))
+            self.connection.send_bytes(frames.encode_confirm(self.number, seq, ok))
 
     # --- consuming ----------------------------------------------------------------------------
 
@@ -216,11 +215,12 @@ class Channel:
                 tag = self.unacked.skip_tag()
             else:
                 tag = self.unacked.add(effect.queue, effect.consumer_key, message.msg_id)
-            method = commands.Basic.Deliver(consumer.tag, tag, message.redelivered, "",
-                                            effect.queue)  # fmt: skip
+            method = frames.encode_deliver(
+                self.number, consumer.tag, tag, message.redelivered, effect.queue
+            )
             self._send_message(method, message)
 
-    def _send_message(self, method: base.Frame, message: Delivery | Any) -> None:
+    def _send_message(self, method: base.Frame | bytes, message: Delivery | Any) -> None:
         properties, body = envelope.split(message.body)
         if message.delivery_count > 0:
             properties = _with_delivery_count(properties, message.delivery_count)

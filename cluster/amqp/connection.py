@@ -102,8 +102,12 @@ class AmqpConnection:
         """Queue one method frame."""
         self._write(frames.encode_method(channel, method))
 
+    def send_bytes(self, data: bytes) -> None:
+        """Queue frames encoded already (the fast paths of `frames`)."""
+        self._write(data)
+
     def send_content(
-        self, channel: int, method: base.Frame, properties: bytes, body: bytes
+        self, channel: int, method: base.Frame | bytes, properties: bytes, body: bytes
     ) -> None:
         """Queue a content method with its header and body frames."""
         self._write(frames.encode_content(channel, method, properties, body, self.frame_bytes_max))

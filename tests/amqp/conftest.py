@@ -13,6 +13,8 @@ import fifo
 from cluster.launcher import LocalCluster, start_cluster, wait_until
 
 pika = pytest.importorskip("pika")
+# pika's defaults (10 s socket, 15 s handshake) are short for a 2-core machine shared by many
+SLOW_MACHINE = {"socket_timeout": 30, "stack_timeout": 60}
 
 
 @dataclass
@@ -32,7 +34,7 @@ class AmqpCluster:
         """pika connection parameters for node `index` as the `quorumq` user."""
         credentials = pika.PlainCredentials("quorumq", self.password)
         return pika.ConnectionParameters(
-            "127.0.0.1", self.port(index), credentials=credentials, **kwargs
+            "127.0.0.1", self.port(index), credentials=credentials, **{**SLOW_MACHINE, **kwargs}
         )
 
     def url(self, index: int = 0) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster.launcher import LocalCluster
+from tests.amqp.conftest import SLOW_MACHINE
 
 pika = pytest.importorskip("pika")
 
@@ -35,7 +36,7 @@ def test_a_tls_cluster_speaks_amqps(tmp_path: Path) -> None:
         assert cluster.tls is not None
         params = pika.ConnectionParameters(
             "127.0.0.1", ports[0], ssl_options=pika.SSLOptions(cluster.tls, "127.0.0.1"),
-            credentials=pika.PlainCredentials("quorumq", cluster.key.decode()),
+            credentials=pika.PlainCredentials("quorumq", cluster.key.decode()), **SLOW_MACHINE,
         )  # fmt: skip
         connection = pika.BlockingConnection(params)
         declared = connection.channel().queue_declare("over-tls", durable=True)

@@ -144,3 +144,35 @@ def test_content_is_split_into_body_frames_of_the_negotiated_size() -> None:
     data = frames.encode_content(1, deliver, b"\x00\x00", b"x" * 10_000, 4096)
     kinds = [kind for kind, _ch, _p in frames.FrameSplitter(4096).feed(data)]
     assert kinds == [frames.METHOD, frames.HEADER, frames.BODY, frames.BODY, frames.BODY]
+
+
+@pytest.mark.parametrize("tag", [1, 255, 2**40 + 5, 2**63 - 1])
+def test_the_fast_paths_write_and_read_what_pamqp_does(tag: int) -> None:
+    """Confirms, deliveries, publishes and acks (one per message) skip pamqp's generic codec:
+    the bytes and objects must be pamqp's own."""
+    from pamqp import frame
+
+    assert frames.encode_confirm(3, tag, True) == frame.marshal(
+        commands.Basic.Ack(delivery_tag=tag), 3
+    )
+    assert frames.encode_confirm(3, tag, False) == frame.marshal(
+        commands.Basic.Nack(delivery_tag=tag, requeue=False), 3
+    )
+    for redelivered in (False, True):
+        deliver = commands.Basic.Deliver("ctäg-1", tag, redelivered, "", "queue.é")
+        assert frames.encode_deliver(2, "ctäg-1", tag, redelivered, "queue.é") == frame.marshal(
+            deliver, 2
+        )
+    for mandatory, immediate in ((False, False), (True, False), (False, True)):
+        publish = commands.Basic.Publish(
+            exchange="ex", routing_key="rk.ü", mandatory=mandatory, immediate=immediate
+        )
+        decoded = frames.decode_method(frame.marshal(publish, 1)[7:-1])
+        assert isinstance(decoded, commands.Basic.Publish)
+        assert dict(decoded) == dict(publish)
+    for multiple in (False, True):
+        ack = commands.Basic.Ack(delivery_tag=tag, multiple=multiple)
+        decoded_ack = frames.decode_method(frame.marshal(ack, 1)[7:-1])
+        assert isinstance(decoded_ack, commands.Basic.Ack) and dict(decoded_ack) == dict(ack)
+    with pytest.raises(ConnectionRefusal):
+        frames.decode_method(frame.marshal(commands.Basic.Publish(routing_key="q"), 1)[7:-2])
