@@ -62,10 +62,14 @@ FIELD_OF_ARGUMENT: dict[str, tuple[str, Callable[[str, Any, str], Any]]] = {
     "x-overflow": ("overflow", _overflow),
     "x-message-ttl": ("message_ttl_ms", _int),
     "x-consumer-timeout": ("consumer_timeout_ms", lambda n, v, q: _int(n, v, q, low=1)),
+    # quorumq's own: how long a consumer whose node is unreachable keeps its messages
+    "x-quorumq-disconnected-timeout": (
+        "disconnected_timeout_ms",
+        lambda n, v, q: _int(n, v, q, low=1),
+    ),
 }
 ARGUMENT_OF_FIELD = {field: name for name, (field, _parse) in FIELD_OF_ARGUMENT.items()}
 ARGUMENT_OF_FIELD["dead_letter_queue"] = "x-dead-letter-routing-key"
-ARGUMENT_OF_FIELD["disconnected_timeout_ms"] = "disconnected_timeout_ms (quorumq's own)"
 # RabbitMQ arguments quorumq refuses, with the feature they name
 REFUSED_ARGUMENTS = {
     "x-max-priority": "x-max-priority (priority queues)",

@@ -26,12 +26,12 @@ def test_quorum_arguments_map_to_the_queue_config() -> None:
         "x-queue-type": "quorum", "x-single-active-consumer": True, "x-delivery-limit": 3,
         "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlq", "x-max-length": 10,
         "x-max-length-bytes": 1000, "x-overflow": "reject-publish", "x-message-ttl": 500,
-        "x-consumer-timeout": 60_000,
+        "x-consumer-timeout": 60_000, "x-quorumq-disconnected-timeout": 5_000,
     })  # fmt: skip
     assert config == QueueConfig(
         single_active_consumer=True, delivery_limit=3, max_length=10, max_bytes=1000,
         overflow="reject_publish", message_ttl_ms=500, dead_letter_queue="dlq",
-        consumer_timeout_ms=60_000,
+        consumer_timeout_ms=60_000, disconnected_timeout_ms=5_000,
     )  # fmt: skip
     assert arguments.queue_config("q", None) == QueueConfig()
 
