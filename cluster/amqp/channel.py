@@ -29,7 +29,6 @@ from fifo.commands import (
     Modify,
     Remove,
     Return,
-    Settle,
     SimplePrefetch,
 )
 from fifo.effects import Deliver, Delivery
@@ -107,7 +106,7 @@ class Channel:
             self.connection.publish_done()
             self._published(method, properties, body, seq, reply)
 
-        node_link.propose(self.server, command, sink)
+        self.connection.propose(command, sink)
 
     def _next_publish_seq(self) -> int:
         self._publish_seq += 1
@@ -174,7 +173,7 @@ class Channel:
         self.consumers[tag] = consumer
         self.connection.consumers[consumer.fifo_tag] = (self, consumer)
         prefetch = self.prefetch or limits.prefetch_unlimited
-        reply = await node_link.submit(self.server, Checkout(
+        reply = await self.connection.submit(Checkout(
             queue, self._consumer_id(consumer.fifo_tag), SimplePrefetch(prefetch), priority
         ))  # fmt: skip
         if not isinstance(reply, CheckoutOk):
@@ -207,9 +206,9 @@ class Channel:
             consumer.held.append(effect)
             return
         if consumer.no_ack:
-            node_link.propose(self.server, Settle(
-                effect.queue, effect.consumer_key, tuple(m.msg_id for m in effect.messages)
-            ), _ignore)  # fmt: skip
+            self.connection.settle_later(
+                effect.queue, effect.consumer_key, [message.msg_id for message in effect.messages]
+            )
         for message in effect.messages:
             if consumer.no_ack:
                 tag = self.unacked.skip_tag()
@@ -233,7 +232,7 @@ class Channel:
         consumer = self.consumers.get(method.consumer_tag or "")
         if consumer is not None:
             self._forget(consumer)
-            await node_link.submit(self.server, Checkout(
+            await self.connection.submit(Checkout(
                 consumer.queue, self._consumer_id(consumer.fifo_tag), Cancel()
             ))  # fmt: skip
         if not method.nowait:
@@ -248,7 +247,7 @@ class Channel:
     async def get(self, method: commands.Basic.Get) -> None:
         """basic.get: a Dequeue (settled when no-ack) under a fresh consumer id."""
         fifo_tag = self._new_fifo_tag("g")
-        reply = await node_link.submit(self.server, Checkout(
+        reply = await self.connection.submit(Checkout(
             method.queue, self._consumer_id(fifo_tag), Dequeue(settled=method.no_ack)
         ))  # fmt: skip
         cluster_failure(reply)
@@ -268,8 +267,10 @@ class Channel:
     # --- acknowledgements ---------------------------------------------------------------------
 
     def ack(self, method: commands.Basic.Ack) -> None:
-        """basic.ack (multiple): Settle, one command per queue and consumer."""
-        self._settle(self.unacked.take(method.delivery_tag or 0, method.multiple), Settle)
+        """basic.ack (multiple): Settle, gathered with the connection's other acks."""
+        batches = self.unacked.take(method.delivery_tag or 0, method.multiple)
+        for (queue, key), msg_ids in batches.items():
+            self.connection.settle_later(queue, key, msg_ids)
 
     def nack(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
         """basic.nack / reject: requeue as a failed delivery (counted against x-delivery-limit),
@@ -280,7 +281,7 @@ class Channel:
         elif node_link.effective_version(self.server) >= 2:
             for (queue, key), ids in batches.items():
                 for part in chunks(ids):
-                    node_link.propose(self.server, Modify(queue, key, part, True, False), _ignore)
+                    self.connection.propose(Modify(queue, key, part, True, False), _ignore)
         else:  # v1 counts every return as a failed delivery
             self._settle(batches, Return)
 
@@ -290,10 +291,10 @@ class Channel:
             raise not_implemented("basic.recover with requeue=false")
         self._settle(self.unacked.take_all(), Return)
 
-    def _settle(self, batches: Batches, command: type[Settle | Return | Discard]) -> None:
+    def _settle(self, batches: Batches, command: type[Return | Discard]) -> None:
         for (queue, key), ids in batches.items():
             for part in chunks(ids):
-                node_link.propose(self.server, command(queue, key, part), _ignore)
+                self.connection.propose(command(queue, key, part), _ignore)
 
     def release(self) -> None:
         """The channel is closing: its consumers leave and what they hold goes back to their
@@ -305,7 +306,7 @@ class Channel:
         for consumer in list(self.consumers.values()):
             self._forget(consumer)
             removed.add((consumer.queue, consumer.key))
-            node_link.propose(self.server, Checkout(
+            self.connection.propose(Checkout(
                 consumer.queue, self._consumer_id(consumer.fifo_tag), spec
             ), _ignore)  # fmt: skip
         batches = self.unacked.take_all()

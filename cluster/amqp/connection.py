@@ -15,7 +15,7 @@ from pamqp import base, commands
 
 from cluster.amqp import auth, frames, limits, node_link
 from cluster.amqp.channel import Channel
-from cluster.amqp.consumers import Consumer
+from cluster.amqp.consumers import Consumer, chunks
 from cluster.amqp.dispatch import dispatch_method
 from cluster.amqp.errors import (
     CHANNEL_ERROR,
@@ -28,8 +28,16 @@ from cluster.amqp.errors import (
     ChannelRefusal,
     ConnectionRefusal,
 )
-from fifo.commands import ConnectionDown, ConnectionId, QueueConfig, Return
+from fifo.commands import (
+    ConnectionDown,
+    ConnectionId,
+    ConsumerKey,
+    QueueConfig,
+    Return,
+    Settle,
+)
 from fifo.effects import ConsumerCancelled, Deliver, Released
+from raft.replica import Reply
 
 if TYPE_CHECKING:
     from cluster.node.server import NodeServer
@@ -75,6 +83,7 @@ class AmqpConnection:
         self._configs: dict[str, tuple[float, QueueConfig | None]] = {}
         self._closing_connection = False
         self._splitter = frames.FrameSplitter(limits.frame_bytes_max)
+        self._settles: dict[tuple[str, ConsumerKey], list[int]] = {}
         self._frames = self._read_frames()
 
     # --- writing ------------------------------------------------------------------------------
@@ -122,6 +131,34 @@ class AmqpConnection:
             self._flush()
             self.closed = True
             self.writer.close()
+
+    # --- commands: acks coalesced, everything else in order after them ----------------------
+
+    def settle_later(self, queue: str, key: ConsumerKey, msg_ids: list[int]) -> None:
+        """Acknowledge messages with the other acks of this loop iteration: clients ack one
+        message per frame, and one Settle per queue and consumer is far cheaper than one each."""
+        if not self._settles:
+            asyncio.get_running_loop().call_soon(self.flush_settles)
+        self._settles.setdefault((queue, key), []).extend(msg_ids)
+
+    def flush_settles(self) -> None:
+        """Submit the acks gathered so far (before any other command of this connection)."""
+        settles, self._settles = self._settles, {}
+        for (queue, key), msg_ids in settles.items():
+            for part in chunks(msg_ids):
+                node_link.propose(self.server, Settle(queue, key, part), _ignore)
+
+    def propose(self, command: Any, sink: node_link.Sink) -> None:
+        """Submit a command after the acks gathered before it."""
+        if self._settles:
+            self.flush_settles()
+        node_link.propose(self.server, command, sink)
+
+    async def submit(self, command: Any) -> Reply:
+        """Submit a command after the acks gathered before it, and wait for its reply."""
+        if self._settles:
+            self.flush_settles()
+        return await node_link.submit(self.server, command)
 
     # --- flow control of publishes ------------------------------------------------------------
 
@@ -395,12 +432,13 @@ class AmqpConnection:
         self.close()
         if not self.registered:
             return
+        self.flush_settles()  # acks read before the close still count
         self.server.router.unregister(self.connection_id)
         log.info("amqp_disconnected", connection=self.connection_id.number)
         connection = self.connection_id
         listed = node_link.read(self.server, lambda view: view.lists_connection(connection))
         if listed and not self.server.stopping:
-            node_link.propose(self.server, ConnectionDown(connection, "normal"), _ignore)
+            self.propose(ConnectionDown(connection, "normal"), _ignore)
 
     # --- effects the node routes here ---------------------------------------------------------
 
@@ -427,7 +465,7 @@ class AmqpConnection:
         found = self.consumers.get(effect.tag)
         if found is None:  # its channel closed meanwhile: give the messages back
             ids = tuple(message.msg_id for message in effect.messages)
-            node_link.propose(self.server, Return(effect.queue, effect.consumer_key, ids), _ignore)
+            self.propose(Return(effect.queue, effect.consumer_key, ids), _ignore)
             return
         found[0].deliver(found[1], effect)
 

@@ -39,6 +39,7 @@ async def dispatch_method(channel: Channel, method: base.Frame) -> None:
 
 async def _queue_or_refused(channel: Channel, method: base.Frame) -> None:
     server = channel.server
+    channel.connection.flush_settles()  # queue methods go to the log after earlier acks
     if isinstance(method, commands.Queue.Declare):
         declare_ok = await queues.declare(server, method)
         if not method.nowait:
