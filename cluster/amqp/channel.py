@@ -3,6 +3,7 @@ each turned into the replicated command the native client would send."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from cluster.amqp.errors import (
     not_implemented,
 )
 from cluster.amqp.queues import cluster_failure, not_found
+from fifo.codec import constructor
 from fifo.commands import (
     Cancel,
     Checkout,
@@ -43,6 +45,10 @@ if TYPE_CHECKING:
 TAG_PREFIX = "amqp."
 EXCLUSIVE_MARK = TAG_PREFIX + "x"
 CONSUME_ARGUMENTS = ("x-priority",)
+# Enqueue without its frozen __init__'s setattrs (the publish path), while its fields are known
+_ENQUEUE_FIELDS = ("queue", "body", "enqueuer", "seq", "connection", "ttl_ms")
+_FIELDS_KNOWN = tuple(field.name for field in dataclasses.fields(Enqueue)) == _ENQUEUE_FIELDS
+make_enqueue = constructor(Enqueue) if _FIELDS_KNOWN else Enqueue
 # the properties of a message stored bare (see `envelope`)
 PERSISTENT_PROPERTIES = envelope.properties_of(None).marshal()
 
@@ -95,8 +101,10 @@ class Channel:
             )
         ttl_ms = _ttl_ms(properties)
         seq = self._next_publish_seq() if self.confirming else 0
-        command = Enqueue(method.routing_key, envelope.wrap(properties, body), None, None,
-                          self.connection.connection_id, ttl_ms)  # fmt: skip
+        command = make_enqueue(  # == Enqueue(queue, body, enqueuer, seq, connection, ttl_ms)
+            method.routing_key, envelope.wrap(properties, body), None, None,
+            self.connection.connection_id, ttl_ms,
+        )  # fmt: skip
         if self._over_limit(method.routing_key):
             self._confirm(seq, ok=False)
             return
