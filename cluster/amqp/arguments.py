@@ -17,7 +17,7 @@ from cluster.amqp.errors import (
     not_implemented,
 )
 from fifo import limits as fifo_limits
-from fifo.commands import QueueConfig
+from fifo.commands import GROUP_KEY_DEFAULT, GroupConfig, QueueConfig
 
 VHOST = "/"
 QUORUM = "quorum"
@@ -84,6 +84,33 @@ REFUSED_ARGUMENTS = {
     "x-delivery-limit-strategy": "x-delivery-limit-strategy",
 }
 DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
+# message groups (machine v3): a queue declared with any of these is a grouped queue
+GROUP_ARGUMENTS = (
+    "x-quorumq-group-key",
+    "x-quorumq-group-policy",
+    "x-quorumq-rebalance-groups-on-join",
+)
+GROUP_POLICIES = ("sequenced", "exclusive")
+
+
+def group_config(queue: str, arguments: dict[str, Any]) -> GroupConfig | None:
+    """The message-group config the x-quorumq-group-* arguments ask for (popped from
+    `arguments`), None when there is none."""
+    given = {name: arguments.pop(name) for name in GROUP_ARGUMENTS if name in arguments}
+    if not given:
+        return None
+    key = given.get("x-quorumq-group-key", GROUP_KEY_DEFAULT)
+    if not isinstance(key, str) or not 0 < len(key.encode("utf-8")) <= 255:
+        raise invalid_arg("x-quorumq-group-key", queue, f"{{unacceptable_value,{key!r}}}")
+    policy = given.get("x-quorumq-group-policy", "sequenced")
+    if policy not in GROUP_POLICIES:
+        raise invalid_arg("x-quorumq-group-policy", queue, f"{{unacceptable_value,{policy!r}}}")
+    rebalance = _bool(
+        "x-quorumq-rebalance-groups-on-join",
+        given.get("x-quorumq-rebalance-groups-on-join", False),
+        queue,
+    )
+    return GroupConfig(key, policy, rebalance)
 
 
 def check_flags(queue: str, durable: bool, exclusive: bool, auto_delete: bool, typed: bool) -> None:

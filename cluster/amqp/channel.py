@@ -22,6 +22,7 @@ from cluster.amqp.errors import (
 from cluster.amqp.queues import cluster_failure, not_found
 from fifo.codec import constructor
 from fifo.commands import (
+    AnnotatedEnqueue,
     Cancel,
     Checkout,
     ConsumerId,
@@ -29,6 +30,7 @@ from fifo.commands import (
     Discard,
     Enqueue,
     Modify,
+    QueueConfig,
     Remove,
     Return,
     SimplePrefetch,
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 TAG_PREFIX = "amqp."
 EXCLUSIVE_MARK = TAG_PREFIX + "x"
 CONSUME_ARGUMENTS = ("x-priority",)
+HEADERS_FLAG_HIGH_BYTE = commands.Basic.Properties.flags["headers"] >> 8
 # Enqueue without its frozen __init__'s setattrs (the publish path), while its fields are known
 _ENQUEUE_FIELDS = ("queue", "body", "enqueuer", "seq", "connection", "ttl_ms")
 _FIELDS_KNOWN = tuple(field.name for field in dataclasses.fields(Enqueue)) == _ENQUEUE_FIELDS
@@ -101,11 +104,19 @@ class Channel:
             )
         ttl_ms = _ttl_ms(properties)
         seq = self._next_publish_seq() if self.confirming else 0
-        command = make_enqueue(  # == Enqueue(queue, body, enqueuer, seq, connection, ttl_ms)
-            method.routing_key, envelope.wrap(properties, body), None, None,
-            self.connection.connection_id, ttl_ms,
-        )  # fmt: skip
-        if self._over_limit(method.routing_key):
+        config, group_key = self.connection.cached_config(method.routing_key)
+        stored = envelope.wrap(properties, body)
+        group = _group_of(properties, group_key) if group_key else None
+        if group is not None:  # a grouped queue (v3) reads the group from the annotation
+            command: Enqueue = AnnotatedEnqueue(
+                method.routing_key, stored, None, None, self.connection.connection_id, ttl_ms,
+                ((group_key or "", group),),
+            )  # fmt: skip
+        else:
+            command = make_enqueue(  # == Enqueue(queue, body, enqueuer, seq, connection, ttl_ms)
+                method.routing_key, stored, None, None, self.connection.connection_id, ttl_ms
+            )
+        if config is not None and self._over_limit(method.routing_key, config):
             self._confirm(seq, ok=False)
             return
         self.connection.publish_started()
@@ -120,10 +131,9 @@ class Channel:
         self._publish_seq += 1
         return self._publish_seq
 
-    def _over_limit(self, queue: str) -> bool:
+    def _over_limit(self, queue: str, config: QueueConfig) -> bool:
         """x-overflow reject-publish: refuse (nack) while the queue is at its limit here."""
-        config = self.connection.cached_config(queue)
-        if config is None or config.overflow != "reject_publish":
+        if config.overflow != "reject_publish":
             return False
         found = node_link.overview(self.server, queue)
         if found is None:
@@ -321,6 +331,19 @@ class Channel:
         if removing:
             batches = {where: ids for where, ids in batches.items() if where not in removed}
         self._settle(batches, Return)
+
+
+def _group_of(properties: bytes, group_key: str | None) -> str | int | None:
+    """The message's group: its header named by the queue's group key, when a str or int."""
+    if len(properties) < 2 or not properties[0] & HEADERS_FLAG_HIGH_BYTE:
+        return None
+    headers = envelope.properties_of(properties).headers or {}
+    value = headers.get(group_key or "")
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return value
 
 
 def _ttl_ms(properties: bytes) -> int | None:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("cluster.amqp")
 
 CONFIG_CACHE_S = 1.0  # how long a queue's config is trusted for x-overflow reject-publish
+CONFIG_CACHE_QUEUES_MAX = 1_000
 CLOSE_OK_WAIT_S = 2.0  # after our connection.close, how long the client may take to answer
 PRODUCT = "quorumq"
 
@@ -80,7 +81,7 @@ class AmqpConnection:
         self._in_flight = 0
         self._reading = asyncio.Event()
         self._reading.set()
-        self._configs: dict[str, tuple[float, QueueConfig | None]] = {}
+        self._configs: dict[str, tuple[float, QueueConfig | None, str | None]] = {}
         self._closing_connection = False
         self._splitter = frames.FrameSplitter(limits.frame_bytes_max)
         self._settles: dict[tuple[str, ConsumerKey], list[int]] = {}
@@ -174,16 +175,19 @@ class AmqpConnection:
         if self._in_flight < limits.publishes_in_flight_max // 2:
             self._reading.set()
 
-    def cached_config(self, queue: str) -> QueueConfig | None:
-        """The config of `queue`, read again at most once a CONFIG_CACHE_S."""
+    def cached_config(self, queue: str) -> tuple[QueueConfig | None, str | None]:
+        """The config of `queue` and its message-group key (None: not grouped), read again at
+        most once a CONFIG_CACHE_S."""
         now = time.monotonic()
         cached = self._configs.get(queue)
         if cached is None or now - cached[0] > CONFIG_CACHE_S:
-            if len(self._configs) > 1000:
+            if len(self._configs) > CONFIG_CACHE_QUEUES_MAX:
                 self._configs.clear()
-            cached = (now, node_link.queue_config(self.server, queue))
+            groups = node_link.group_config(self.server, queue)
+            group_key = None if groups is None else groups.group_key
+            cached = (now, node_link.queue_config(self.server, queue), group_key)
             self._configs[queue] = cached
-        return cached[1]
+        return cached[1], cached[2]
 
     # --- the connection's life ----------------------------------------------------------------
 

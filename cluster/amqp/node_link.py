@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import fifo
-from fifo.commands import QueueConfig
+from fifo.commands import GroupConfig, QueueConfig
 from fifo.queries import QueueOverview
 from raft.errors import SubmitError
 from raft.replica import ReplicaView, Reply
@@ -67,6 +67,11 @@ def queue_config(server: NodeServer, queue: str) -> QueueConfig | None:
     """The config of `queue`, None when it does not exist."""
     found = overview(server, queue)
     return None if found is None else found.config
+
+
+def group_config(server: NodeServer, queue: str) -> GroupConfig | None:
+    """The message-group config of `queue` (machine v3), None when it is not grouped."""
+    return read(server, lambda view: fifo.group_config(view.state, queue))
 
 
 def effective_version(server: NodeServer) -> int:

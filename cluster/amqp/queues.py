@@ -13,11 +13,19 @@ from cluster.amqp.errors import (
     INTERNAL_ERROR,
     NOT_FOUND,
     PRECONDITION_FAILED,
+    AmqpError,
     ChannelRefusal,
     ConnectionRefusal,
     not_implemented,
 )
-from fifo.commands import DeclareQueue, DeleteQueue, Purge
+from fifo.commands import (
+    DeclareGroupedQueue,
+    DeclareQueue,
+    DeleteQueue,
+    GroupConfig,
+    Purge,
+    QueueConfig,
+)
 from fifo.replies import DeclareOk, DeleteOk, Error, PurgeOk
 from raft.replica import Reply
 
@@ -49,15 +57,36 @@ async def declare(server: NodeServer, method: commands.Queue.Declare) -> command
     arguments.check_flags(
         method.queue or "amq.gen", method.durable, method.exclusive, method.auto_delete, typed
     )
+    groups = arguments.group_config(queue, args)
     config = arguments.queue_config(queue, args)
-    reply = await node_link.submit(server, DeclareQueue(queue, config))
+    command = DeclareQueue(queue, config) if groups is None else DeclareGroupedQueue(
+        queue, config, groups
+    )  # fmt: skip
+    reply = await node_link.submit(server, command)
     cluster_failure(reply)
     if isinstance(reply, Error):
-        current = node_link.queue_config(server, queue)
-        refusal = arguments.inequivalence(queue, config, current) if current else None
-        raise refusal or ChannelRefusal(PRECONDITION_FAILED, f"queue '{queue}': {reply.message}")
+        raise _declare_refusal(server, queue, config, groups, reply)
     assert isinstance(reply, DeclareOk), reply
     return _declare_ok(server, queue)
+
+
+def _declare_refusal(
+    server: NodeServer, queue: str, config: QueueConfig, groups: GroupConfig | None, reply: Error
+) -> AmqpError:
+    """Why a declare was refused, in RabbitMQ's words where it has them."""
+    if reply.code == "unknown_command":
+        return not_implemented("message groups before machine v3 (quorumq machine upgrade --to 3)")
+    current = node_link.queue_config(server, queue)
+    refusal = arguments.inequivalence(queue, config, current) if current else None
+    if refusal is None and current is not None:
+        have = node_link.group_config(server, queue)
+        if have != groups:
+            refusal = ChannelRefusal(
+                PRECONDITION_FAILED,
+                f"inequivalent arg 'x-quorumq-group-*' for queue '{queue}' in vhost '{VHOST}': "
+                f"received {groups} but current is {have}",
+            )
+    return refusal or ChannelRefusal(PRECONDITION_FAILED, f"queue '{queue}': {reply.message}")
 
 
 def _declare_ok(server: NodeServer, queue: str) -> commands.Queue.DeclareOk:

@@ -277,3 +277,23 @@ def test_an_exclusive_consumer_keeps_the_queue_to_itself(
         assert info.value.reply_code == 403 and "in exclusive use" in info.value.reply_text
     finally:
         other.close()
+
+
+def test_message_groups_through_x_quorumq_arguments(
+    amqp_cluster: AmqpCluster, channel: BlockingChannel
+) -> None:
+    """x-quorumq-group-policy makes a grouped queue (machine v3); the x-group-id header of a
+    publish names the message's group; redeclaring it ungrouped is 406."""
+    queue = _queue(channel, **{"x-quorumq-group-policy": "sequenced"})
+    for group in ("a", "a", "b"):
+        channel.basic_publish("", queue, group.encode(), pika.BasicProperties(
+            headers={"x-group-id": group}))  # fmt: skip
+    client = amqp_cluster.cluster.client()
+    try:
+        waiting = {info.group: info.ready for info in client.groups(queue)}
+    finally:
+        client.close()
+    assert waiting == {"a": 2, "b": 1}
+    with pytest.raises(ChannelClosedByBroker) as info:
+        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    assert info.value.reply_code == 406 and "x-quorumq-group" in info.value.reply_text

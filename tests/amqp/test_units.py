@@ -176,3 +176,16 @@ def test_the_fast_paths_write_and_read_what_pamqp_does(tag: int) -> None:
         assert isinstance(decoded_ack, commands.Basic.Ack) and dict(decoded_ack) == dict(ack)
     with pytest.raises(ConnectionRefusal):
         frames.decode_method(frame.marshal(commands.Basic.Publish(routing_key="q"), 1)[7:-2])
+
+
+def test_group_arguments_make_a_group_config() -> None:
+    """x-quorumq-group-*: popped from the arguments into a GroupConfig; bad values are 406."""
+    given: dict[str, object] = {"x-quorumq-group-policy": "exclusive", "x-max-length": 3}
+    groups = arguments.group_config("q", given)
+    assert groups is not None and (groups.group_key, groups.policy) == ("x-group-id", "exclusive")
+    assert given == {"x-max-length": 3}
+    assert arguments.group_config("q", {"x-max-length": 3}) is None
+    with pytest.raises(ChannelRefusal):
+        arguments.group_config("q", {"x-quorumq-group-policy": "round-robin"})
+    with pytest.raises(ChannelRefusal):
+        arguments.group_config("q", {"x-quorumq-group-key": ""})
