@@ -295,7 +295,9 @@ class AmqpConnection:
             else:
                 await self._channel_method(channel, method)
         elif kind in (frames.HEADER, frames.BODY):
-            self._content_frame(kind, channel, payload)
+            open_channel = self.channels.get(channel)
+            if open_channel is None or not open_channel.closing:  # a closing one drops them
+                self._content_frame(kind, channel, payload)
         else:
             raise ConnectionRefusal(FRAME_ERROR, f"unknown frame type {kind}")
 

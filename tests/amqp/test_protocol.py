@@ -123,3 +123,26 @@ def test_a_frame_over_frame_max_is_501(raw: RawAmqp, amqp_cluster: AmqpCluster) 
     big = limits.frame_bytes_max
     raw.sock.sendall(b"\x03\x00\x01" + big.to_bytes(4, "big") + bytes(big) + b"\xce")
     assert _connection_close(raw).reply_code == 501
+
+
+def test_content_sent_to_a_closing_channel_is_dropped(
+    raw: RawAmqp, amqp_cluster: AmqpCluster
+) -> None:
+    """A publish already on its way when the node closes the channel (404 here) is ignored, as
+    RabbitMQ does; the connection lives on."""
+    from pamqp import body, header
+
+    raw.open(amqp_cluster.password)
+    raw.send(1, commands.Channel.Open())
+    assert isinstance(raw.next_frame()[1], commands.Channel.OpenOk)
+    raw.send(1, commands.Queue.Declare(queue="never-declared", passive=True))
+    raw.send(1, commands.Basic.Publish(exchange="", routing_key="never-declared"))
+    raw.send(1, header.ContentHeader(body_size=2))
+    raw.send(1, body.ContentBody(b"hi"))
+    channel, close = raw.next_frame()
+    assert channel == 1 and isinstance(close, commands.Channel.Close)
+    assert close.reply_code == 404
+    raw.send(1, commands.Channel.CloseOk())
+    raw.send(2, commands.Channel.Open())
+    channel, opened = raw.next_frame()
+    assert channel == 2 and isinstance(opened, commands.Channel.OpenOk)
