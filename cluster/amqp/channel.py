@@ -68,7 +68,7 @@ class Channel:
         self.confirming = False
         self._publish_seq = 0
         self.consumers: dict[str, Consumer] = {}
-        self.unacked = UnackedMap(limits.unacked_per_channel_max)
+        self.unacked = UnackedMap()
         self._serials = itertools.count(1)
         self.closing = False  # we sent channel.close: frames are dropped until close-ok
 
@@ -97,11 +97,7 @@ class Channel:
         if method.immediate:
             raise not_implemented("immediate=true")
         if len(body) > limits.body_bytes_max:
-            raise ChannelRefusal(
-                PRECONDITION_FAILED,
-                f"message size {len(body)} is larger than configured max size "
-                f"{limits.body_bytes_max}",
-            )
+            raise message_too_large(len(body))
         ttl_ms = _ttl_ms(properties)
         seq = self._next_publish_seq() if self.confirming else 0
         config, group_key = self.connection.cached_config(method.routing_key)
@@ -331,6 +327,14 @@ class Channel:
         if removing:
             batches = {where: ids for where, ids in batches.items() if where not in removed}
         self._settle(batches, Return)
+
+
+def message_too_large(size: int) -> ChannelRefusal:
+    """RabbitMQ's 406 for a message over the size limit."""
+    return ChannelRefusal(
+        PRECONDITION_FAILED,
+        f"message size {size} is larger than configured max size {limits.body_bytes_max}",
+    )
 
 
 def _group_of(properties: bytes, group_key: str | None) -> str | int | None:

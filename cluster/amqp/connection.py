@@ -14,7 +14,7 @@ import structlog
 from pamqp import base, commands
 
 from cluster.amqp import auth, frames, limits, node_link
-from cluster.amqp.channel import Channel
+from cluster.amqp.channel import Channel, message_too_large
 from cluster.amqp.consumers import Consumer, chunks
 from cluster.amqp.dispatch import dispatch_method
 from cluster.amqp.errors import (
@@ -365,6 +365,10 @@ class AmqpConnection:
             size, properties = frames.decode_content_header(payload)
             if len(properties) > limits.properties_bytes_max:
                 raise ConnectionRefusal(FRAME_ERROR, "message properties too large")
+            if size > limits.body_bytes_max:  # refused before its body is buffered
+                del self._content[number]
+                self._close_channel(self.channels[number], message_too_large(size), method)
+                return
         elif size < 0:
             raise ConnectionRefusal(UNEXPECTED_FRAME, "content body before its header")
         else:
@@ -441,9 +445,10 @@ class AmqpConnection:
         self.flush_settles()  # acks read before the close still count
         self.server.router.unregister(self.connection_id)
         log.info("amqp_disconnected", connection=self.connection_id.number)
+        if self.server.stopping:  # the next incarnation's hello closes its connections
+            return
         connection = self.connection_id
-        listed = node_link.read(self.server, lambda view: view.lists_connection(connection))
-        if listed and not self.server.stopping:
+        if node_link.read(self.server, lambda view: view.lists_connection(connection)):
             self.propose(ConnectionDown(connection, "normal"), _ignore)
 
     # --- effects the node routes here ---------------------------------------------------------

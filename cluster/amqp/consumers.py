@@ -40,8 +40,7 @@ Batches = dict[tuple[str, ConsumerKey], list[int]]
 class UnackedMap:
     """Delivery tags in the order they were given; ack/nack/reject take one or all up to one."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    def __init__(self) -> None:
         self._by_tag: dict[int, Unacked] = {}
         self._next_tag = 1
 

@@ -14,7 +14,6 @@ handshake_timeout_s = 10.0  # protocol header to connection.open (RabbitMQ: 10 s
 body_bytes_max = PUBLISH_BODY_BYTES_MAX  # a larger publish closes the channel with 406
 properties_bytes_max = 64 * 1024  # the encoded properties of one message (headers included)
 publishes_in_flight_max = 10_000  # unconfirmed publishes of one connection: reading pauses
-unacked_per_channel_max = 65_535  # deliveries not yet acked on one channel
 consumers_per_channel_max = 1_000
 prefetch_unlimited = 65_535  # prefetch 0 (unlimited in AMQP) is this many (fifo's maximum)
 read_bytes = 256 * 1024

@@ -146,3 +146,23 @@ def test_content_sent_to_a_closing_channel_is_dropped(
     raw.send(2, commands.Channel.Open())
     channel, opened = raw.next_frame()
     assert channel == 2 and isinstance(opened, commands.Channel.OpenOk)
+
+
+def test_a_message_over_the_size_limit_is_406_at_its_header(
+    raw: RawAmqp, amqp_cluster: AmqpCluster
+) -> None:
+    """A content header announcing more than the limit closes the channel (RabbitMQ's 406
+    text) before any body is buffered; the connection lives on."""
+    from pamqp import header
+
+    raw.open(amqp_cluster.password)
+    raw.send(1, commands.Channel.Open())
+    assert isinstance(raw.next_frame()[1], commands.Channel.OpenOk)
+    raw.send(1, commands.Basic.Publish(exchange="", routing_key="q"))
+    raw.send(1, header.ContentHeader(body_size=limits.body_bytes_max + 1))
+    channel, close = raw.next_frame()
+    assert channel == 1 and isinstance(close, commands.Channel.Close)
+    assert close.reply_code == 406 and "larger than configured max size" in close.reply_text
+    raw.send(1, commands.Channel.CloseOk())
+    raw.send(2, commands.Channel.Open())
+    assert raw.next_frame()[0] == 2
