@@ -116,10 +116,11 @@ class Channel:
             self._confirm(seq, ok=False)
             return
         self.connection.publish_started()
+        returnable = body if method.mandatory else b""  # kept until the reply only if needed
 
         def sink(reply: Reply) -> None:
             self.connection.publish_done()
-            self._published(method, properties, body, seq, reply)
+            self._published(method, properties, returnable, seq, reply)
 
         self.connection.propose(command, sink)
 
