@@ -62,6 +62,7 @@ class NodeConfig:
     peer_addresses: dict[str, str] = field(default_factory=dict)
     metrics_port: int | None = None  # Prometheus /metrics (off when None)
     http_port: int | None = None  # the management HTTP API and web UI (off when None)
+    amqp_port: int | None = None  # AMQP 0-9-1 (cluster/amqp; off when None)
 
     @property
     def raft_address(self) -> str:
@@ -112,6 +113,8 @@ class ClusterConfig:
     http_bind: str = "127.0.0.1"  # where nodes with an http_port serve the management API
     # management users besides `admin` (whose password is the client key): [[users]] tables
     users: tuple[UserConfig, ...] = ()
+    # AMQP: RabbitMQ's guest/guest is accepted from loopback addresses (bench scripts, demos)
+    amqp_guest: bool = False
 
     def founder_ids(self) -> list[str]:
         """The members the cluster was created with."""
@@ -200,6 +203,7 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         log_files_kept=_bounded(
             section, "log_files_kept", LOG_FILES_KEPT_DEFAULT, path, high=LOG_FILES_KEPT_MAX
         ),
+        amqp_guest=_typed(section, "amqp_guest", bool, path, False),
     )  # fmt: skip
 
 
@@ -259,6 +263,7 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
         peer_addresses=dict(peers),
         metrics_port=_port(item, "metrics_port", path) if "metrics_port" in item else None,
         http_port=_port(item, "http_port", path) if "http_port" in item else None,
+        amqp_port=_port(item, "amqp_port", path) if "amqp_port" in item else None,
     )
 
 
@@ -303,6 +308,8 @@ def dumps(config: ClusterConfig) -> str:
         lines.append(f"log_file_bytes_max = {config.log_file_bytes_max}")
     if config.log_files_kept != LOG_FILES_KEPT_DEFAULT:
         lines.append(f"log_files_kept = {config.log_files_kept}")
+    if config.amqp_guest:
+        lines.append("amqp_guest = true")
     if config.founders:
         lines.append(f"founders = [{', '.join(_toml_str(f) for f in config.founders)}]")
     for node in config.nodes:
@@ -321,6 +328,8 @@ def dumps(config: ClusterConfig) -> str:
             lines.append(f"metrics_port = {node.metrics_port}")
         if node.http_port is not None:
             lines.append(f"http_port = {node.http_port}")
+        if node.amqp_port is not None:
+            lines.append(f"amqp_port = {node.amqp_port}")
         if node.peer_addresses:
             pairs = ", ".join(
                 f"{_toml_str(k)} = {_toml_str(v)}" for k, v in sorted(node.peer_addresses.items())

@@ -96,10 +96,11 @@ def init_cluster(
     `start_cluster` creates)."""
     if nodes < 1:
         raise LaunchRefused("a cluster needs at least one node")
+    # raft and client ports in pairs, then one AMQP port per node
     ports = (
-        free_ports(2 * nodes)
+        free_ports(3 * nodes)
         if base_port is None
-        else list(range(base_port, base_port + 2 * nodes))
+        else list(range(base_port, base_port + 3 * nodes))
     )
     if ports[-1] > 65535:
         raise LaunchRefused(f"--base-port {base_port} leaves no room for {nodes} nodes")
@@ -116,6 +117,7 @@ def init_cluster(
             max_machine_version=(caps or {}).get(f"n{i + 1}", max_machine_version),
             metrics_port=None if metrics_base_port is None else metrics_base_port + i,
             http_port=None if http_ports is None else http_ports[i],
+            amqp_port=ports[2 * nodes + i],
         )
         for i in range(nodes)
     )

@@ -187,6 +187,10 @@ def _print_started(
     endpoints = ",".join(n.client_address for n in config.nodes)
     click.echo(f"\nendpoints: {endpoints}")
     click.echo(f"credentials: {data_dir / 'client.key'}")
+    amqp = [f"{n.host}:{n.amqp_port}" for n in config.nodes if n.amqp_port]
+    if amqp:
+        scheme = "amqps" if config.tls else "amqp"
+        click.echo(f"{scheme}: {','.join(amqp)} (user quorumq, password: the client key)")
     if config.tls:
         tls_dir = data_dir / "tls"
         click.echo(

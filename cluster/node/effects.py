@@ -30,6 +30,7 @@ from raft.replica import Replica, ReplicaView
 log = structlog.get_logger("cluster.effects")
 
 Send = Callable[[dict[str, Any]], None]
+Sink = Callable[[Any], None]  # takes one effect as it is (an AMQP connection translates it)
 Slot = tuple[str, ConsumerKey]  # (queue, consumer key) of one consumer of a connection
 # an effect frame's body must fit the frame limit with room for the frame's own map
 EFFECT_BYTES_MAX = protocol.FRAME_BYTES_MAX_DEFAULT - 64 * 1024
@@ -61,6 +62,7 @@ class EffectRouter:
         self.node_id = node_id
         self.incarnation = incarnation
         self._live: dict[int, Send] = {}
+        self._handlers: dict[int, Sink] = {}  # AMQP connections: raw effects
         self._replica: Replica | None = None
         # connection number -> consumer -> the lowest message id held (never sent)
         self._held: dict[int, dict[Slot, int]] = {}
@@ -77,14 +79,31 @@ class EffectRouter:
         """Start routing effects for a connection to `send`."""
         self._live[connection.number] = send
 
+    def register_effects(self, connection: ConnectionId, handler: Sink) -> None:
+        """Start handing a connection's effects, as they are, to `handler` (AMQP connections:
+        they translate effects themselves, never a native frame); deliveries are held and
+        reconciled for them as for native sessions."""
+        self._handlers[connection.number] = handler
+
     def unregister(self, connection: ConnectionId) -> None:
         """Stop routing effects for a closed connection."""
         self._live.pop(connection.number, None)
+        self._handlers.pop(connection.number, None)
         self._held.pop(connection.number, None)
 
     def is_live(self, number: int) -> bool:
         """Whether the connection with this number (of this incarnation) has a session."""
-        return number in self._live
+        return number in self._live or number in self._handlers
+
+    def _sink(self, connection: ConnectionId) -> Sink | None:
+        """Where `connection`'s effects go: its native session (framed, deliveries split to
+        fit a frame), its AMQP handler, or nowhere (replayed, or the client is gone)."""
+        if not self.owns(connection):
+            return None
+        send = self._live.get(connection.number)
+        if send is not None:
+            return lambda effect: self._send_native(effect, send)
+        return self._handlers.get(connection.number)
 
     def owns(self, connection: ConnectionId) -> bool:
         """Whether `connection` belongs to this node incarnation."""
@@ -102,8 +121,8 @@ class EffectRouter:
             connection = getattr(effect, "connection", None)
             if not isinstance(connection, ConnectionId) or connection.node != self.node_id:
                 continue
-            send = self._live.get(connection.number) if self.owns(connection) else None
-            if send is None:
+            sink = self._sink(connection)
+            if sink is None:
                 self.dropped += 1  # replayed effect, or the client is gone
                 continue
             if isinstance(effect, Deliver):
@@ -118,9 +137,7 @@ class EffectRouter:
                     effect = _unsent_part(effect, sent_by_reconcile)
                     if effect is None:
                         continue
-                self._send_delivery(effect, send)
-                continue
-            send(protocol.effect(encode_effect(effect)))
+            sink(effect)
             self.sent += 1
 
     def reconcile(self) -> None:
@@ -147,10 +164,11 @@ class EffectRouter:
         deliveries = self._replica.read(lambda view: _still_held(view, held, self))
         sent: dict[tuple[int, Slot], int] = {}
         for delivery in deliveries:
-            send = self._live.get(delivery.connection.number)
-            if send is None:
+            sink = self._sink(delivery.connection)
+            if sink is None:
                 continue
-            self._send_delivery(delivery, send)
+            sink(delivery)
+            self.sent += 1
             self.reconciled += len(delivery.messages)
             sent[(delivery.connection.number, (delivery.queue, delivery.consumer_key))] = (
                 delivery.messages[-1].msg_id
@@ -158,14 +176,14 @@ class EffectRouter:
         log.info("deliveries_reconciled", consumers=len(deliveries), messages=self.reconciled)
         return sent
 
-    def _send_delivery(self, effect: Deliver, send: Send) -> None:
+    @staticmethod
+    def _send_native(effect: Any, send: Send) -> None:
         encoded = encode_effect(effect)
-        if len(encoded) > EFFECT_BYTES_MAX:
+        if isinstance(effect, Deliver) and len(encoded) > EFFECT_BYTES_MAX:
             for part in split_delivery(effect):
                 send(protocol.effect(encode_effect(part)))
         else:
             send(protocol.effect(encoded))
-        self.sent += 1
 
 
 def _still_held(

@@ -24,6 +24,7 @@ import structlog
 
 import fifo
 from cluster import config, nodelock, protocol
+from cluster.amqp.listener import AmqpListener
 from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.client_tls import TlsClientListener
@@ -117,6 +118,9 @@ class NodeServer:
             cluster.connections_per_source_max,
             self.refusals,
         )
+        self.amqp: AmqpListener | None = None
+        if node.amqp_port is not None:
+            self.amqp = AmqpListener(self, node.amqp_port, cluster.amqp_guest)
         self._leaderless_since: float | None = time.monotonic()  # None while a leader is reachable
         self._had_leader = False  # this incarnation has seen a reachable leader
         self.exit_code = EX_OK
@@ -232,6 +236,8 @@ class NodeServer:
         the snapshot skipped were never sent; entries applied again would send duplicates). Each
         close becomes a ConnectionDown, so their checked-out messages come back, and the clients
         reconnect and attach again: at-least-once, nothing stuck."""
+        if self.amqp is not None:
+            self.amqp.close_all()
         if not self._sessions:
             return
         log.warning("sessions_reset_after_snapshot", index=index, sessions=len(self._sessions))
@@ -257,6 +263,8 @@ class NodeServer:
         self.timers = LeaderTimers(self.replica)
         try:
             server = await self._listen()
+            if self.amqp is not None:
+                await self.amqp.start(self.cluster.bind)
             self.metrics.start()
             if self.management is not None:
                 await self.management.start()
@@ -283,6 +291,8 @@ class NodeServer:
         server.close()
         if self.management is not None:
             await self.management.stop()
+        if self.amqp is not None:
+            self.amqp.stop()
         for task in tasks:
             task.cancel()
         for session in list(self._sessions):
