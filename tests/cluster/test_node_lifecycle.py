@@ -22,6 +22,7 @@ from cluster.launcher import (
     node_status,
     running_nodes,
     start_cluster,
+    stop_cluster,
     wait_until,
 )
 
@@ -82,12 +83,13 @@ def test_cluster_start_names_a_node_whose_client_port_is_taken(tmp_path: Path) -
     holder = _listening(config.node("n2").client_port)
     try:
         result = quorumq("cluster", "start", "--data-dir", str(data_dir))
+        assert result.returncode == 69, (result.stdout, result.stderr)
+        assert "node n2 exited at start" in result.stderr, result.stderr
+        assert "address already in use" in result.stderr.lower(), result.stderr
+        assert running_nodes(config) == {}
     finally:
         holder.close()
-    assert result.returncode == 69, (result.stdout, result.stderr)
-    assert "node n2 exited at start" in result.stderr, result.stderr
-    assert "address already in use" in result.stderr.lower(), result.stderr
-    assert running_nodes(config) == {}
+        stop_cluster(config, grace_s=2.0)  # whatever a failed assertion left running
 
 
 @pytest.mark.parametrize("cause", ["metrics port taken", "prometheus-client missing"])
@@ -111,14 +113,15 @@ def test_cluster_start_names_a_node_that_exits_at_once(tmp_path: Path, cause: st
     started = time.monotonic()
     try:
         result = quorumq("cluster", "start", "--data-dir", str(data_dir), env=env)
+        assert result.returncode == 69, (result.stdout, result.stderr)
+        assert "exited at start" in result.stderr and f"node {culprit}" in result.stderr
+        assert expected in result.stderr, result.stderr
+        assert time.monotonic() - started < LEADER_TIMEOUT_S
+        assert running_nodes(config) == {}
     finally:
         if holder is not None:
             holder.close()
-    assert result.returncode == 69, (result.stdout, result.stderr)
-    assert "exited at start" in result.stderr and f"node {culprit}" in result.stderr, result.stderr
-    assert expected in result.stderr, result.stderr
-    assert time.monotonic() - started < LEADER_TIMEOUT_S
-    assert running_nodes(config) == {}
+        stop_cluster(config, grace_s=2.0)  # whatever a failed assertion left running
 
 
 def test_cluster_start_starts_the_nodes_that_are_down_and_keeps_its_size(tmp_path: Path) -> None:

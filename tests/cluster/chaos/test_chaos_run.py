@@ -23,6 +23,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PURGE_AFTER_CONFIRMED = 1
 
 
+def assert_traffic_flowed(report: dict[str, Any], params: RunParams) -> None:
+    """The workload ran through the faults: at least one confirmed publish per second of run
+    (the rate asked for is 30/s; on a host loaded to 30 two producers confirmed 3.5/s, so a
+    fixed count such as 100 failed there without anything being wrong)."""
+    assert report["operations"]["publish"]["ok"] >= params.duration_s, report["operations"]
+
+
 def assert_nothing_lost(report: dict[str, Any]) -> None:
     """Lost 0, unexpected 0, equal digests and every queue empty on every replica, valid."""
     assert report["lost"] == 0, report["checker"]["lost"][:20]
@@ -52,7 +59,7 @@ def test_kill_pause_partition_lose_nothing_and_replicas_agree_after_the_drain(
     assert {f["kind"] for f in report["faults"]} == {"kill", "pause", "partition"}, report["faults"]
     assert report["peer_links"]["routed"], report["peer_links"]
     assert all(not fault["errors"] for fault in report["faults"]), report["faults"]
-    assert report["operations"]["publish"]["ok"] > 100, report["operations"]
+    assert_traffic_flowed(report, params)
     assert_nothing_lost(report)
     history = read_history(tmp_path / "history.jsonl")
     assert sum(1 for e in history if e.f == "fault" and e.type == "invoke") == len(report["faults"])
@@ -99,7 +106,7 @@ def test_leader_faults_and_power_losses_lose_nothing(tmp_path: Path) -> None:
     report = run(params)
     assert {f["kind"] for f in report["faults"]} == set(kinds), report["faults"]
     assert all(not fault["errors"] for fault in report["faults"]), report["faults"]
-    assert report["operations"]["publish"]["ok"] > 100, report["operations"]
+    assert_traffic_flowed(report, params)
     assert_nothing_lost(report)
     assert report["checker"]["delivered_after_ack"] == [], report["checker"]
 
@@ -124,7 +131,7 @@ def test_a_tls_cluster_under_leader_kills_partitions_and_pauses_loses_nothing(
     )
     report = run(params)
     assert all(not fault["errors"] for fault in report["faults"]), report["faults"]
-    assert report["operations"]["publish"]["ok"] > 100, report["operations"]
+    assert_traffic_flowed(report, params)
     assert_nothing_lost(report)
     started = (tmp_path / "nodes" / "n1" / "node.log").read_text()
     assert '"client_tls": true' in started  # the run really spoke TLS
