@@ -260,6 +260,7 @@ def info(ctx: click.Context, name: str, stale_ok: bool) -> None:
         overview = read_query(client, "overview", {"queue": name}, stale_ok)
         partitions = None if overview else _partition_count(client, name)
         grouping = _group_fields(client, name) if overview else {}
+        target = _missing_dead_letter_queue(client, overview)
     if partitions:
         emit(ctx, {"queue": name, "partitioned": True, "partitions": partitions,
                    "members": ", ".join(f"{name}.{i}" for i in range(partitions)),
@@ -267,7 +268,22 @@ def info(ctx: click.Context, name: str, stale_ok: bool) -> None:
         return
     if not overview:
         raise no_queue(name)
+    if target is not None:
+        click.echo(
+            f"warning: its dead-letter queue {target} does not exist: what {name} dead-letters "
+            f"is dropped (declare {target})",
+            err=True,
+        )
     emit(ctx, {**waiting_as_ready(untyped(plain(overview))), **grouping})
+
+
+def _missing_dead_letter_queue(client: Client, overview: Any) -> str | None:
+    """The dead-letter queue an overview's config names when it does not exist (else None)."""
+    config = overview.get("config") if isinstance(overview, dict) else None
+    target = config.get("dead_letter_queue") if isinstance(config, dict) else None
+    if not isinstance(target, str) or client.overview(target) is not None:
+        return None
+    return target
 
 
 def waiting_as_ready(row: Any) -> Any:

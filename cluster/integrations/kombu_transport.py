@@ -519,7 +519,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         self.declared: set[str] = set()
         self._qq: Client | None = None
         # registered while the client lives; a weak reference, so a dropped transport can go
-        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
+        self._at_exit = functools.partial(_close_transport_at_exit, weakref.ref(self))
         options = dict(client.transport_options or {})
         self.unlimited_prefetch = int(options.get("unlimited_prefetch", UNLIMITED_PREFETCH_DEFAULT))
 
@@ -637,7 +637,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             return "unknown"
 
 
-def _close_at_exit(ref: weakref.ReferenceType[Transport]) -> None:
+def _close_transport_at_exit(ref: weakref.ReferenceType[Transport]) -> None:
     transport = ref()
     if transport is not None:
         transport._close_at_exit()

@@ -377,3 +377,18 @@ def test_a_wrong_key_is_said_once_not_twice(shared_cluster3: LocalCluster, tmp_p
     assert isinstance(result.exception, CliError)
     assert result.exception.exit_code == 77
     assert str(result.exception).lower().count("authentication failed") == 1, result.exception
+
+
+def test_queue_info_warns_when_the_dead_letter_queue_is_missing(
+    shared_cluster3: LocalCluster,
+) -> None:
+    assert (
+        quorumq(shared_cluster3, "queue", "declare", "src2", "--dead-letter-queue", "gone")[0] == 0
+    )
+    assert quorumq(shared_cluster3, "queue", "delete", "gone")[0] == 0
+    result = CliRunner().invoke(
+        cli, ["--data-dir", str(shared_cluster3.data_dir), "queue", "info", "src2"],
+        standalone_mode=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "dead-letter queue gone does not exist" in result.stderr
