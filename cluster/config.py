@@ -28,6 +28,10 @@ CONFIG_FILE = "cluster.toml"
 SNAPSHOT_EVERY_ENTRIES_DEFAULT = 5000
 SNAPSHOT_EVERY_ENTRIES_MIN = 10
 SNAPSHOT_EVERY_ENTRIES_MAX = 10_000_000
+# ... and at the latest this long after the last one (pysyncobj's logCompactionMinTime)
+SNAPSHOT_EVERY_S_DEFAULT = 300
+SNAPSHOT_EVERY_S_MIN = 1
+SNAPSHOT_EVERY_S_MAX = 7 * 24 * 3600
 # client connections one node serves at once, and of them from one source address (host);
 # a node also caps the first by its open-file limit (cluster/node/limits.py)
 CONNECTIONS_MAX_DEFAULT = 4096
@@ -58,6 +62,7 @@ class NodeConfig:
     peer_addresses: dict[str, str] = field(default_factory=dict)
     metrics_port: int | None = None  # Prometheus /metrics (off when None)
     http_port: int | None = None  # the management HTTP API and web UI (off when None)
+    amqp_port: int | None = None  # AMQP 0-9-1 (cluster/amqp; off when None)
 
     @property
     def raft_address(self) -> str:
@@ -91,6 +96,9 @@ class ClusterConfig:
     bind: str = "127.0.0.1"
     # compact the Raft log into a snapshot once it holds this many entries
     snapshot_every_entries: int = SNAPSHOT_EVERY_ENTRIES_DEFAULT
+    # ... or once this many seconds passed since the last one (raise both to keep traffic in the
+    # log for `log export`, the upgrade dry run and the analytics: docs/upgrades.md)
+    snapshot_every_s: int = SNAPSHOT_EVERY_S_DEFAULT
     metrics_bind: str = "127.0.0.1"  # where nodes with a metrics_port serve /metrics
     # the members the cluster was created with, once membership changed (empty: `nodes` are
     # the founders); a node that joins starts its replicated member set from these
@@ -105,6 +113,8 @@ class ClusterConfig:
     http_bind: str = "127.0.0.1"  # where nodes with an http_port serve the management API
     # management users besides `admin` (whose password is the client key): [[users]] tables
     users: tuple[UserConfig, ...] = ()
+    # AMQP: RabbitMQ's guest/guest is accepted from loopback addresses (bench scripts, demos)
+    amqp_guest: bool = False
 
     def founder_ids(self) -> list[str]:
         """The members the cluster was created with."""
@@ -158,6 +168,12 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
             f"{path}: snapshot_every_entries must be within "
             f"[{SNAPSHOT_EVERY_ENTRIES_MIN}, {SNAPSHOT_EVERY_ENTRIES_MAX}], got {every}"
         )
+    every_s = _typed(section, "snapshot_every_s", int, path, SNAPSHOT_EVERY_S_DEFAULT)
+    if not SNAPSHOT_EVERY_S_MIN <= every_s <= SNAPSHOT_EVERY_S_MAX:
+        raise ConfigError(
+            f"{path}: snapshot_every_s must be within "
+            f"[{SNAPSHOT_EVERY_S_MIN}, {SNAPSHOT_EVERY_S_MAX}], got {every_s}"
+        )
     founders = section.get("founders", [])
     if not isinstance(founders, list) or not all(isinstance(f, str) for f in founders):
         raise ConfigError(f"{path}: founders must be a list of node ids")
@@ -171,6 +187,7 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         fsync=fsync,
         bind=_typed(section, "bind", str, path, "127.0.0.1"),
         snapshot_every_entries=every,
+        snapshot_every_s=every_s,
         metrics_bind=_typed(section, "metrics_bind", str, path, "127.0.0.1"),
         tls=_typed(section, "tls", bool, path, False),
         http_bind=_typed(section, "http_bind", str, path, "127.0.0.1"),
@@ -186,6 +203,7 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
         log_files_kept=_bounded(
             section, "log_files_kept", LOG_FILES_KEPT_DEFAULT, path, high=LOG_FILES_KEPT_MAX
         ),
+        amqp_guest=_typed(section, "amqp_guest", bool, path, False),
     )  # fmt: skip
 
 
@@ -245,6 +263,7 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
         peer_addresses=dict(peers),
         metrics_port=_port(item, "metrics_port", path) if "metrics_port" in item else None,
         http_port=_port(item, "http_port", path) if "http_port" in item else None,
+        amqp_port=_port(item, "amqp_port", path) if "amqp_port" in item else None,
     )
 
 
@@ -273,6 +292,8 @@ def dumps(config: ClusterConfig) -> str:
     ]
     if config.snapshot_every_entries != SNAPSHOT_EVERY_ENTRIES_DEFAULT:
         lines.append(f"snapshot_every_entries = {config.snapshot_every_entries}")
+    if config.snapshot_every_s != SNAPSHOT_EVERY_S_DEFAULT:
+        lines.append(f"snapshot_every_s = {config.snapshot_every_s}")
     if config.metrics_bind != "127.0.0.1":
         lines.append(f"metrics_bind = {_toml_str(config.metrics_bind)}")
     if config.tls:
@@ -287,6 +308,8 @@ def dumps(config: ClusterConfig) -> str:
         lines.append(f"log_file_bytes_max = {config.log_file_bytes_max}")
     if config.log_files_kept != LOG_FILES_KEPT_DEFAULT:
         lines.append(f"log_files_kept = {config.log_files_kept}")
+    if config.amqp_guest:
+        lines.append("amqp_guest = true")
     if config.founders:
         lines.append(f"founders = [{', '.join(_toml_str(f) for f in config.founders)}]")
     for node in config.nodes:
@@ -305,6 +328,8 @@ def dumps(config: ClusterConfig) -> str:
             lines.append(f"metrics_port = {node.metrics_port}")
         if node.http_port is not None:
             lines.append(f"http_port = {node.http_port}")
+        if node.amqp_port is not None:
+            lines.append(f"amqp_port = {node.amqp_port}")
         if node.peer_addresses:
             pairs = ", ".join(
                 f"{_toml_str(k)} = {_toml_str(v)}" for k, v in sorted(node.peer_addresses.items())

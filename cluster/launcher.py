@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from cluster import config as cluster_config
+from cluster import nodelock
 from cluster import tls as cluster_tls
 from cluster.client.client import Client
 from cluster.client.errors import ClusterError, Unavailable
@@ -95,10 +96,11 @@ def init_cluster(
     `start_cluster` creates)."""
     if nodes < 1:
         raise LaunchRefused("a cluster needs at least one node")
+    # raft and client ports in pairs, then one AMQP port per node
     ports = (
-        free_ports(2 * nodes)
+        free_ports(3 * nodes)
         if base_port is None
-        else list(range(base_port, base_port + 2 * nodes))
+        else list(range(base_port, base_port + 3 * nodes))
     )
     if ports[-1] > 65535:
         raise LaunchRefused(f"--base-port {base_port} leaves no room for {nodes} nodes")
@@ -115,6 +117,7 @@ def init_cluster(
             max_machine_version=(caps or {}).get(f"n{i + 1}", max_machine_version),
             metrics_port=None if metrics_base_port is None else metrics_base_port + i,
             http_port=None if http_ports is None else http_ports[i],
+            amqp_port=ports[2 * nodes + i],
         )
         for i in range(nodes)
     )
@@ -160,12 +163,16 @@ def client_key(data_dir: Path) -> bytes:
 
 
 def node_pid(node: NodeConfig) -> int | None:
-    """The pid of the running node process for `node`, or None (stale pid files are ignored)."""
+    """The pid of the running node process for `node`, or None (stale pid files are ignored;
+    a node whose pid file is gone is found by the lock it holds on its dir)."""
     try:
-        pid = int((node.data_dir / PID_FILE).read_text().strip())
+        pid: int | None = int((node.data_dir / PID_FILE).read_text().strip())
     except (OSError, ValueError):
-        return None
-    return pid if _is_node_process(pid, node.id) else None
+        pid = None
+    if pid is not None and _is_node_process(pid, node.id):
+        return pid
+    holder = nodelock.lock_holder(node.data_dir)
+    return holder if holder and _is_node_process(holder, node.id) else None
 
 
 def _is_node_process(pid: int, node_id: str) -> bool:
@@ -191,7 +198,7 @@ def spawn_node(
     """Start one node in the background (its own session; output in its node dir)."""
     config = cluster_config.load(data_dir)
     node = config.node(node_id)
-    if (pid := node_pid(node)) is not None:
+    if (pid := node_pid(node) or nodelock.lock_holder(node.data_dir)) is not None:
         raise LaunchRefused(f"node {node_id} is already running (pid {pid})")
     cluster_tls.ensure_certificates(data_dir, config)  # a new member's pair; a clear error
     node.data_dir.mkdir(parents=True, exist_ok=True)
@@ -382,30 +389,23 @@ def start_cluster(
     tls: bool = False,
     http_base_port: int | None = None,
 ) -> LocalCluster:
-    """Create (or reuse a stopped) cluster in `data_dir`, start every node and (unless
-    `wait_leader` is False) wait until every answering node agrees on one leader.
+    """Create (or reuse) a cluster in `data_dir`, start every node that is not running, wait
+    until each of them answers and (unless `wait_leader` is False) until every answering node
+    agrees on one leader. `LocalCluster.started` lists the nodes this call started.
+
+    A node that exits at start, or does not answer within `timeout_s`, raises NoLeader naming
+    it with the end of its stderr.log; the nodes this call started are stopped again (those
+    that were running are left alone). A cluster whose every node runs is refused.
 
     `tls` makes a new cluster's peer traffic mutual TLS (`tls = true` in cluster.toml); the
     CA and node certificates are created in `D/tls` on the first start of such a cluster and
     checked (never replaced) on every later one."""
     data_dir = data_dir.resolve()
-    if (data_dir / cluster_config.CONFIG_FILE).exists():
-        config = cluster_config.load(data_dir)
-        if running := running_nodes(config):
-            raise LaunchRefused(
-                f"{data_dir} holds a running cluster (pids {sorted(running.values())}); "
-                f"stop it first with: quorumq cluster stop --data-dir {data_dir}"
-            )
-        if tls and not config.tls:
-            raise LaunchRefused(
-                f"{data_dir} holds a cluster without TLS; to turn it on, stop it, set "
-                f"tls = true in the [cluster] table of {data_dir / cluster_config.CONFIG_FILE} "
-                "and start it again (every node must restart: a TLS node refuses plain peers)"
-            )
-    elif data_dir.exists() and any(data_dir.iterdir()):
-        raise DataDirTaken(f"{data_dir} is not empty and holds no cluster.toml; pick another dir")
-    else:
-        config = init_cluster(
+    config, running = _config_to_start(
+        data_dir,
+        nodes,
+        tls,
+        lambda: init_cluster(
             data_dir,
             nodes,
             base_port=base_port,
@@ -415,22 +415,109 @@ def start_cluster(
             caps=caps,
             tls=tls,
             http_base_port=http_base_port,
-        )
+        ),
+    )
     cluster_tls.ensure_certificates(data_dir, config)  # before any node: a clear error first
     if max_machine_version is not None:  # a restart with a new cap keeps it for later starts
         for node in config.nodes:
             set_node_cap(data_dir, node.id, max_machine_version)
     cluster = LocalCluster(data_dir, config)
+    down = [node for node in config.nodes if node.id not in running]
     try:
-        for node in config.nodes:
+        stderr_from = {node.id: _file_size(node.data_dir / "stderr.log") for node in down}
+        for node in down:
             cluster.start_node(node.id, max_machine_version)
+        wait_answering(cluster, stderr_from, timeout_s)
         if wait_leader:
             wait_for_leader(config, cluster.key, timeout_s, tls=cluster.tls)
             cluster.leader(timeout_s=timeout_s)
     except BaseException:
-        cluster.stop()
+        for node in down:
+            stop_node(node, grace_s=2.0)
+            cluster.reap(node.id, wait_s=5.0)
         raise
     return cluster
+
+
+def _config_to_start(
+    data_dir: Path, nodes: int, tls: bool, create: Callable[[], ClusterConfig]
+) -> tuple[ClusterConfig, dict[str, int]]:
+    """The config of the cluster to start (`create` makes a new one) and its running nodes;
+    LaunchRefused for a cluster already running whole, or a TLS switch it cannot make."""
+    if not (data_dir / cluster_config.CONFIG_FILE).exists():
+        if data_dir.exists() and any(data_dir.iterdir()):
+            raise DataDirTaken(
+                f"{data_dir} is not empty and holds no cluster.toml; pick another dir"
+            )
+        return create(), {}
+    config = cluster_config.load(data_dir)
+    running = running_nodes(config)
+    if len(running) == len(config.nodes):
+        raise LaunchRefused(
+            f"{data_dir} holds a running cluster (pids {sorted(running.values())}): every node "
+            f"is running, nothing to start; to restart it: quorumq cluster stop --data-dir "
+            f"{data_dir}, then start it again (one node: quorumq node restart ID)"
+        )
+    if tls and not config.tls:
+        raise LaunchRefused(
+            f"{data_dir} holds a cluster without TLS; to turn it on, stop it, set "
+            f"tls = true in the [cluster] table of {data_dir / cluster_config.CONFIG_FILE} "
+            "and start it again (every node must restart: a TLS node refuses plain peers)"
+        )
+    return config, running
+
+
+# how much of a failed node's stderr.log `cluster start` quotes
+STDERR_TAIL_LINES = 12
+STDERR_TAIL_BYTES = 4096
+
+
+def wait_answering(cluster: LocalCluster, stderr_from: dict[str, int], timeout_s: float) -> None:
+    """Wait until every node of `stderr_from` (node id -> the size of its stderr.log before it
+    was started) answers a status query; NoLeader naming the first that exits or stays silent
+    for `timeout_s`, with what it wrote to stderr since it was started."""
+    deadline = time.monotonic() + timeout_s
+    waiting = dict(stderr_from)
+    while waiting:
+        for node_id in list(waiting):
+            node = cluster.config.node(node_id)
+            if node_status(node, cluster.key, timeout_s=1.0, tls=cluster.tls) is not None:
+                del waiting[node_id]
+                continue
+            proc = cluster.procs.get(node_id)
+            code = proc.poll() if proc is not None else None
+            if code is not None or (proc is None and node_pid(node) is None):
+                tail = _stderr_tail(node, waiting[node_id])
+                raise NoLeader(f"node {node_id} exited at start (exit code {code}){tail}")
+        if waiting and time.monotonic() >= deadline:
+            node_id = sorted(waiting)[0]
+            tail = _stderr_tail(cluster.config.node(node_id), waiting[node_id])
+            raise NoLeader(f"node {node_id} did not answer within {timeout_s:.0f}s{tail}")
+        if waiting:
+            time.sleep(0.1)
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _stderr_tail(node: NodeConfig, offset: int) -> str:
+    """': <the last lines it wrote to stderr.log since `offset>' (or where to look)."""
+    path = node.data_dir / "stderr.log"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(offset, _file_size(path) - STDERR_TAIL_BYTES))
+            text = f.read(STDERR_TAIL_BYTES).decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    lines = [line for line in text.splitlines() if line.strip()][-STDERR_TAIL_LINES:]
+    if not lines:
+        return f" (nothing on its stderr; see {node.data_dir / 'node.log'})"
+    quoted = "\n  ".join(lines)
+    return f"; the end of {path}:\n  {quoted}"
 
 
 def stop_cluster(config: ClusterConfig, grace_s: float = STOP_GRACE_S) -> list[str]:
@@ -480,6 +567,7 @@ class LocalCluster:
         self.config = config if config is not None else cluster_config.load(self.data_dir)
         self.key = client_key(self.data_dir)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.started: list[str] = []  # the nodes this object started, in order
         self._tls: ssl.SSLContext | None = None
 
     @property
@@ -507,6 +595,7 @@ class LocalCluster:
         """Start one node in the background (returns at once; see `restart` to wait)."""
         self.reap(node_id)
         self.procs[node_id] = spawn_node(self.data_dir, node_id, max_machine_version)
+        self.started.append(node_id)
 
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> int | None:
         """Send `sig` to a node (SIGKILL by default: then wait until it is gone); its pid."""

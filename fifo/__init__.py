@@ -36,6 +36,7 @@ from fifo.versions import (
     LATEST_VERSION,
     MACHINES,
     SUPPORTED_VERSIONS,
+    UNRELEASED_VERSIONS,
     Machine,
     convert,
     machine_for,
@@ -48,10 +49,12 @@ def init_state(version: int = 1) -> State:
 
 
 def apply(meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect]]:
-    """Apply one command with the machine the state is shaped for; never raises.
+    """Apply one command with the machine the state is shaped for.
 
     Mutates `state` in place; an Error reply leaves it unchanged. The state's version (not
     `meta.machine_version`) picks the machine: the caller converts the state at an upgrade.
+    Bad input is an Error reply; an exception is a bug (v4 lets it out, v1-v3 answer it
+    `invalid_argument: rejected: ...`; the fuzzer reports both).
     """
     try:
         m = MACHINES[state.version]
@@ -62,7 +65,9 @@ def apply(meta: Meta, command: object, state: State) -> tuple[Reply, list[Effect
 
 __all__ = [
     "LATEST_VERSION",
+    "MACHINES",
     "SUPPORTED_VERSIONS",
+    "UNRELEASED_VERSIONS",
     "CodecError",
     "ConsumerGroupInfo",
     "ConsumerGroupOverview",

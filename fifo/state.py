@@ -324,10 +324,33 @@ class Routing:
         self.enqueuers: dict[str, Enqueuer] = {}
 
 
+LockEntry = tuple[int, int, str, ConsumerKey, int]  # (lock expiry, push number, queue, key, id)
+
+
+class LockIndex:
+    """Consumer-timeout locks ordered by deadline (v4): an index derived from the checked-out
+    messages, never replicated (the codec does not see it; it is rebuilt after a restore).
+
+    Entries are added when a lock is set and dropped lazily: an entry counts only while the
+    message it names is still checked out by that consumer with that lock (`fifo.v4.deadlines`).
+    The push number makes every entry unique, so keys of different types are never compared.
+    """
+
+    __slots__ = ("by_consumer", "entries", "pushes", "rebuild_after")
+
+    def __init__(self) -> None:
+        self.entries: list[LockEntry] = []  # a heap: the earliest lock first
+        # (queue, consumer key) -> heap of (lock expiry, message id): that consumer's locks
+        self.by_consumer: dict[tuple[str, ConsumerKey], list[tuple[int, int]]] = {}
+        self.pushes = 0  # entries pushed since the index was built
+        self.rebuild_after = 0  # rebuild (drop stale entries) once `pushes` passes this
+
+
 class State:
     """The whole replicated machine: a registry of queues plus the monotonic clock."""
 
-    __slots__ = ("consumer_groups", "last_time", "partitioned", "queues", "routing", "version")
+    __slots__ = ("consumer_groups", "deadlines", "last_time", "partitioned", "queues", "routing",
+                 "version")  # fmt: skip
 
     def __init__(self, version: int) -> None:
         self.version = version
@@ -337,3 +360,4 @@ class State:
         self.partitioned: dict[str, int] = {}
         self.consumer_groups: dict[str, ConsumerGroup] = {}
         self.routing: dict[str, Routing] = {}  # v3: per partitioned queue, same keys
+        self.deadlines: LockIndex | None = None  # v4: derived lock index (None: not built yet)

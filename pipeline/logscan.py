@@ -43,6 +43,11 @@ class LogScanError(Exception):
     """The file is not a complete quorumq log export."""
 
 
+class EmptyLog(LogScanError):
+    """Every export given holds 0 commands (its traffic was compacted into the snapshot):
+    there is nothing to analyse."""
+
+
 def _tag_of(command: object) -> int:
     tag = cbor2.loads(fifo.encode(command))
     assert isinstance(tag, cbor2.CBORTag)
@@ -110,21 +115,28 @@ def read_header(path: Path) -> dict[str, Any]:
 
 
 def pick_log(paths: list[Path]) -> tuple[Path, str]:
-    """From exports of the same cluster's nodes, the most complete one and why it was chosen."""
+    """From exports of the same cluster's nodes, the one with the most commands (then the
+    highest commit index) and why it was chosen; EmptyLog when none holds a command (a node's
+    export starts at its last snapshot, so a higher commit index may mean fewer commands)."""
     if not paths:
         raise LogScanError("no log file given")
     ranked = []
     for path in paths:
         header = read_header(path)
-        ranked.append((int(header["commit_index"]), path.stat().st_size, str(header["node"]), path))
-    ranked.sort(key=lambda r: (-r[0], -r[1], r[2]))
-    commit, size, node, path = ranked[0]
+        commands = scan_log(path).commands
+        commit, node = int(header["commit_index"]), str(header["node"])
+        ranked.append((commands, commit, path.stat().st_size, node, path))
+    ranked.sort(key=lambda r: (-r[0], -r[1], -r[2], r[3]))
+    commands, commit, size, node, path = ranked[0]
+    if commands == 0:
+        names = ", ".join(str(r[4]) for r in ranked)
+        raise EmptyLog(names)
     if len(ranked) == 1:
-        return path, f"{path} (node {node})"
-    others = ", ".join(f"{r[2]} (commit {r[0]})" for r in ranked[1:])
+        return path, f"{path} (node {node}, {commands} commands)"
+    others = ", ".join(f"{r[3]} ({r[0]} commands, commit {r[1]})" for r in ranked[1:])
     return path, (
-        f"{path} (node {node}, commit index {commit}, {size} bytes): the highest commit index "
-        f"of {len(ranked)} exports; not used: {others}"
+        f"{path} (node {node}, {commands} commands, commit index {commit}, {size} bytes): the "
+        f"most commands of {len(ranked)} exports; not used: {others}"
     )
 
 

@@ -20,7 +20,12 @@ Ordering obligations (as etcd's `Ready` documents them):
   snapshot covers are never applied here, so their effects (deliveries to this node's clients)
   never come, and entries already applied may be applied again: the listener must drop whatever
   it promised its clients;
-- nothing raised inside apply reaches pysyncobj, except the deliberate version stop;
+- nothing raised inside apply reaches pysyncobj, except the deliberate stops: older code than the
+  log needs (the version stop), or a bug (an exception out of the machine's apply). Both stop
+  applying on this node at that entry, keeping the log; a bug stops every replica at the same
+  entry, so the state never forks. `_apply_locked` is the one place such a bug is contained: it
+  logs the entry index and traceback and shows them in `status` (`cluster status`); no snapshot
+  is taken after it (the state may be half-way through the entry);
 - elections go through pre-vote (raft.prevote): pysyncobj's election deadline stays parked
   until a majority said it would vote for this node;
 - a journal record found damaged on read-back stops the node (no more ticks, peer connections
@@ -40,6 +45,7 @@ import os
 import ssl
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,13 +61,15 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
 from raft import durability, membership, safe_pickle, storage
+from raft.contact import Contact, majority_steady
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, decode_entry, encode_entry
 from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldError
 from raft.membership import MemberChange, MemberSet, MembershipError, Refusal
 from raft.metadata import member_change_refusal
 from raft.prevote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
-from raft.replicated import InternalFailure, Outcome, ReplicatedState
+from raft.replicated import Outcome, ReplicatedState
+from raft.roles import RoleChanges
 from raft.ticker import LoopPoller, LoopThread, LoopTicker
 from raft.transport import PeerConnection, QuorumTransport
 
@@ -239,6 +247,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._transfer_requested = False  # set by any thread, acted on by the next tick
         self._change_appended_at = 0  # index of the last change this node appended as leader
         self.stopped_reason: str | None = None
+        self.crash_traceback: str | None = None  # set when an apply raised (a bug): see status
         # batch id -> the decoded commands of an entry this node submitted (skips a decode):
         # from the submitting code (hand_decoded) to the apply (one pop per entry)
         self._decoded_by_batch: dict[int, tuple[Any, ...]] = {}
@@ -247,6 +256,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self._on_outcome = on_outcome
         self._on_snapshot_loaded = on_snapshot_loaded
+        # issue 24: how steadily the leader (as a follower) or each follower (as the leader) is
+        # heard, for `applied_state_current` (raft/contact.py)
+        self._leader_contact = Contact()
+        self._follower_contacts: dict[str, Contact] = {}
         # optional observers (the node's metrics): seconds per journal fsync, per entry applied
         self.observe_fsync: Callable[[float], None] | None = None
         self.observe_apply: Callable[[float], None] | None = None
@@ -255,6 +268,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._address_to_id[settings.address] = settings.node_id
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
         self._pre_vote = PreVote(conf.raftMinTimeout)
+        self.roles = RoleChanges(settings.node_id, conf.raftMinTimeout, conf.leaderFallbackTimeout)
+        conf.onStateChanged = self._on_role_changed  # every change logged with its cause
         peer_nodes = [self._tcp_node(node_id, address) for node_id, address in peers.items()]
         # the loop drives pysyncobj: its sockets are the loop's readers/writers, its ticks run
         # after socket events, after proposals and on a timer (raft/ticker.py)
@@ -411,12 +426,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self.stopped_reason = str(err)
             log.error("apply_stopped", index=index, reason=self.stopped_reason)
             raise SyncObjExceptionWrongVer(err.needed) from err
-        except Exception as err:
-            log.exception("apply_failed", index=index)
-            failure = InternalFailure(f"internal error applying entry {index}: {err!r}")
-            return Outcome(index, entry.origin, [failure] * max(1, len(entry.cmds)), [])
-        for failure_message in outcome.failures:
-            log.error("command_failed", index=index, error=failure_message)
+        except Exception as err:  # the one containment point of a bug in apply (module doc)
+            self.crash_traceback = traceback.format_exc()
+            self.stopped_reason = f"applying entry {index} raised {err!r}: a bug, stopped here"
+            log.error("apply_crashed", index=index, error=repr(err), traceback=self.crash_traceback)
+            raise SyncObjExceptionWrongVer(self.replicated_state.meta.effective_version) from err
         return outcome
 
     def _SyncObj__applyLogEntries(self) -> bool:
@@ -494,6 +508,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def _serialize_snapshot(self, file_name: str, raft_data: Any) -> None:
         last, prev, cluster = raft_data
+        if self.crash_traceback is not None:  # pysyncobj logs the failure and keeps the journal
+            raise RuntimeError("no snapshot after an apply raised: the state may be half-applied")
         with self.lock:
             body = self.replicated_state.snapshot()
         body["raft"] = {
@@ -652,6 +668,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         pre_vote.parked = now + PRE_VOTE_PARK_S
         self._SyncObj__raftElectionDeadline = pre_vote.parked
 
+    def _on_role_changed(self, old: int, new: int) -> None:
+        silent = monotonic_time() - self._pre_vote.last_leader_contact
+        self.roles.changed(old, new, self._SyncObj__raftCurrentTerm, silent)
+
     def _stand_now(self) -> None:
         """A pre-vote round was won: pysyncobj starts the election at its next tick."""
         log.info("pre_vote_won", term=self._SyncObj__raftCurrentTerm + 1)
@@ -721,6 +741,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self._SyncObj__raftCurrentTerm
         ):
             self._pre_vote.heard_from_leader(monotonic_time())
+            self._leader_contact.heard(self.node_id_of(node), monotonic_time())
+        elif kind == "next_node_idx":  # a follower's answer to our AppendEntries
+            peer = self.node_id_of(node)
+            if peer is not None:
+                self._follower_contacts.setdefault(peer, Contact()).heard(peer, monotonic_time())
         snapshot_chunk = (
             isinstance(message, dict)
             and message.get("type") == "append_entries"
@@ -1066,6 +1091,25 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """The node id of the current leader as this node sees it."""
         return self.node_id_of(self._getLeader())
 
+    def applied_state_current(self) -> bool:
+        """Whether what this node applied is current, so its deliveries may go out (issue 24,
+        the rule in raft/contact.py): leading with a majority heard steadily, or following a
+        connected leader heard steadily and holding everything it said was committed."""
+        if self.stopped_reason is not None or self._destroyed:
+            return False
+        now = monotonic_time()
+        if self._SyncObj__raftState == _RAFT_STATE.LEADER:
+            others = self._SyncObj__otherNodes
+            peers = [peer for node in others if (peer := self.node_id_of(node)) is not None]
+            return majority_steady(self._follower_contacts, peers, now)
+        leader = self.leader_id()
+        if leader is None or not self.peer_connected(leader):
+            return False
+        if not self._leader_contact.steady(leader, now):
+            return False
+        leader_commit = self._SyncObj__leaderCommitIndex
+        return leader_commit is None or int(self._SyncObj__raftCommitIndex) >= int(leader_commit)
+
     def role(self) -> str:
         """leader | follower | candidate | stopped (stopped applying)."""
         if self.stopped_reason is not None:
@@ -1118,11 +1162,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 "members": list(meta.members),
                 # a change this node appended (as leader) is not applied yet
                 "membership_change_pending": self._change_appended_at > int(raw["last_applied"]),
+                "role_changes": self.roles.counts(),  # "from->to" -> count (raft.roles)
             }
         if skipped is not None:
             status["digest_skipped"] = skipped
         if self.stopped_reason is not None:
             status["reason"] = self.stopped_reason
+        if self.crash_traceback is not None:
+            status["traceback"] = self.crash_traceback
         return status
 
     def _messages_held(self) -> int:

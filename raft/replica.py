@@ -194,6 +194,10 @@ class Replica:
         """leader | follower | candidate | stopped."""
         return self._node.role()
 
+    def applied_state_current(self) -> bool:
+        """Whether this node's applied state is current: deliveries may go out (raft.contact)."""
+        return self._node.applied_state_current()
+
     def leader_id(self) -> str | None:
         """The current leader as this node sees it."""
         return self._node.leader_id()

@@ -4,16 +4,17 @@ Pure and single-threaded (the pysyncobj node calls it inside its tick, under a l
 is tested without any process. The metadata (members, versions, connections by node, down
 nodes, the monotonic clock) changes only through `raft.metadata.apply_metadata`.
 
-An exception raised while applying one command (a bug: fifo.apply never raises by contract) is
-contained here, for that command alone: its reply is an `InternalFailure`, the message goes to
-`Outcome.failures` (logged loudly by the node), and the rest of the entry applies. Every replica
-raises the same way on the same entry, so the replicas stay equal.
+An exception raised while applying a command is a bug, and nothing here catches it: it leaves
+`apply_entry` and `raft.node.RaftNode._apply_locked`, the one place a bug in apply is contained,
+stops applying on this node at that entry (every replica raises the same way on the same entry,
+so none applies past it and the state never forks). A command blob that does not decode is bad
+input, not a bug: it is refused alone with an Error reply.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cbor2
@@ -40,7 +41,8 @@ _make_meta = constructor(Meta)  # == Meta(...), without the frozen dataclass's _
 
 @dataclass(frozen=True, slots=True)
 class InternalFailure:
-    """The reply slot of a command whose apply raised: a bug, logged with the entry index."""
+    """A reply slot for an internal error (the client protocol maps it). Since issue 25 an
+    apply that raises stops the node instead (`raft.node`), so nothing here produces one."""
 
     message: str
 
@@ -53,7 +55,6 @@ class Outcome:
     origin: Origin | None
     replies: list[Reply | InternalFailure]
     effects: list[Effect]
-    failures: list[str] = field(default_factory=list)
 
 
 class ReplicatedState:
@@ -117,14 +118,8 @@ class ReplicatedState:
                 replies.append(command)
                 continue
             meta = make_meta(first + position, term, now, version)
-            try:
-                reply, effects = apply(meta, command, state)
-                apply_metadata(replicated_meta, command, reply)
-            except Exception as err:  # the one place a bug in apply is contained (see module doc)
-                message = f"{type(command).__name__} at index {meta.index} raised {err!r}"
-                outcome.failures.append(message)
-                replies.append(InternalFailure(message))
-                continue
+            reply, effects = apply(meta, command, state)  # raises only on a bug (module doc)
+            apply_metadata(replicated_meta, command, reply)
             replies.append(reply)
             if effects:
                 effects_out.extend(effects)

@@ -403,13 +403,14 @@ def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
     return dict(plain)
 
 
-def power_loss(journal: Path, seed: int) -> dict[str, int]:
+def power_loss(journal: Path, seed: int, keep_prefix: bool = True) -> dict[str, int]:
     """Test-only: what a power cut does to a stopped node's journal (as LazyFS does for Jepsen).
 
     The node ran with the power-loss layer on (`raft.durability.FAULT_POWER_LOSS_ENV`), so
     `<journal>.synced` holds how many bytes of the journal were on stable storage. Everything
     after that is dropped, except that a seeded random prefix of it survives (the page cache
-    may have written some of it back; its last record is then usually torn). The meta file and
+    may have written some of it back; its last record is then usually torn; `keep_prefix`
+    False: nothing unsynced survives, every time). The meta file and
     the dump are written atomically and fsynced before they are renamed: they lose nothing.
     Returns the byte counts.
     """
@@ -425,7 +426,7 @@ def power_loss(journal: Path, seed: int) -> dict[str, int]:
         return {"synced": synced, "size": size, "kept": size}
     rng = random.Random(seed)
     unsynced = size - synced
-    kept = synced + rng.choice((0, 0, rng.randrange(unsynced + 1)))
+    kept = synced + (rng.choice((0, 0, rng.randrange(unsynced + 1))) if keep_prefix else 0)
     with open(journal, "r+b") as f:
         f.truncate(kept)
         f.flush()

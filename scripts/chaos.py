@@ -98,6 +98,14 @@ def _quiet_logs(verbose: bool) -> None:
     show_default=True,
     help="Compact the Raft log every N entries (small: lagging nodes catch up by snapshot).",
 )
+@click.option(
+    "--queue-disconnected-timeout-ms",
+    "queue_disconnected_timeout_ms",
+    type=click.IntRange(0, 3_600_000),
+    default=None,
+    help="The queues' disconnected timeout (default: the machine's). Short (e.g. 1000): a "
+    "paused or cut-off node's consumers lose their messages while it may still deliver them.",
+)
 @click.option("--keep-data", is_flag=True, help="Keep the cluster data dir under /tmp.")
 @click.option(
     "--tls",
@@ -120,6 +128,7 @@ def main(
     rate: float,
     fsync: str | None,
     snapshot_every: int,
+    queue_disconnected_timeout_ms: int | None,
     keep_data: bool,
     tls: bool,
     verbose: bool,
@@ -160,6 +169,7 @@ def main(
         tls=tls,
         snapshot_every_entries=snapshot_every,
         groups=groups,
+        queue_disconnected_timeout_ms=queue_disconnected_timeout_ms,
     )
     report = run(params)
     click.echo(json.dumps(report, indent=2, default=str) if as_json else _summary(report))
@@ -173,7 +183,8 @@ def _summary(report: dict[str, Any]) -> str:
         f"valid: {report['valid']}",
         f"publishes: ok {ops['ok']}, failed {ops['failed']}, unknown {ops['unknown']}",
         f"lost {report['lost']}, unexpected {report['unexpected']}, "
-        f"duplicated {report['duplicated']}, recovered {report['recovered']}",
+        f"duplicated {report['duplicated']}, recovered {report['recovered']}, "
+        f"late deliveries {report['late_deliveries']}",
         f"digests equal: {replicas.get('digests_equal')}, "
         f"queues empty: {replicas.get('queues_empty_on_every_replica')}",
         f"max unavailability: {report['availability']['max_unavailability_s']} s",

@@ -5,11 +5,13 @@ Verdicts, with a message identified by its body id (`value`):
 - unexpected: delivered but never published (no publish invoke with that value);
 - duplicated: delivered more than once without the redelivered flag;
 - recovered: publish outcome not confirmed (unknown, or even failed), yet consumed;
-- redelivered after ack: delivered with the redelivered flag after an ack of it completed ok.
+- delivered after ack (a late delivery): delivered, with or without the redelivered flag, after
+  an ack of it completed ok (`redelivered_after_ack`: those of them flagged redelivered).
 A delivery counts as consumed when its ack completed ok or with an unknown outcome (the settle
 may have been applied); a failed ack means the message went back and must come out again.
-The run is valid when nothing is lost, nothing is unexpected and nothing came back after a
-confirmed ack (an ok settle removed the message: if it returns, that ack settled something else);
+The run is valid when nothing is lost, nothing is unexpected and nothing came out again after a
+confirmed ack (an ok settle removed the message: if it is delivered again, either that ack
+settled something else or a node sent a delivery its state no longer held, issue 24);
 duplicates are reported but, as in Jepsen, do not invalidate it (publisher dedup should keep
 them at zero anyway).
 """
@@ -41,6 +43,7 @@ class Verdict:
     recovered: list[str] = field(default_factory=list)
     failed_but_consumed: list[str] = field(default_factory=list)
     redelivered_after_ack: list[str] = field(default_factory=list)
+    delivered_after_ack: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with counts next to every list."""
@@ -60,12 +63,14 @@ class Verdict:
             "recovered_count": len(self.recovered),
             "failed_but_consumed_count": len(self.failed_but_consumed),
             "redelivered_after_ack_count": len(self.redelivered_after_ack),
+            "delivered_after_ack_count": len(self.delivered_after_ack),
             "lost": self.lost,
             "unexpected": self.unexpected,
             "duplicated": self.duplicated,
             "recovered": self.recovered,
             "failed_but_consumed": self.failed_but_consumed,
             "redelivered_after_ack": self.redelivered_after_ack,
+            "delivered_after_ack": self.delivered_after_ack,
         }
 
 
@@ -83,6 +88,7 @@ class _Consumption:
     fresh: Counter[str] = field(default_factory=Counter)
     consumed: Counter[str] = field(default_factory=Counter)
     redelivered_after_ack: set[str] = field(default_factory=set)
+    delivered_after_ack: set[str] = field(default_factory=set)
 
 
 def check(events: Iterable[Event]) -> Verdict:
@@ -97,7 +103,7 @@ def check(events: Iterable[Event]) -> Verdict:
     duplicated = sorted(v for v, n in consumption.fresh.items() if n > 1)
     failed_but_consumed = sorted(v for v in recovered if v in publishes.failed)
     return Verdict(
-        valid=not lost and not unexpected and not consumption.redelivered_after_ack,
+        valid=not lost and not unexpected and not consumption.delivered_after_ack,
         attempted=sum(attempts.values()),
         ok=sum(publishes.confirmed.values()),
         failed=sum(publishes.failed.values()),
@@ -110,6 +116,7 @@ def check(events: Iterable[Event]) -> Verdict:
         recovered=recovered,
         failed_but_consumed=failed_but_consumed,
         redelivered_after_ack=sorted(consumption.redelivered_after_ack),
+        delivered_after_ack=sorted(consumption.delivered_after_ack),
     )
 
 
@@ -140,10 +147,13 @@ def _collect_consumption(history: list[Event]) -> _Consumption:
             result.delivered[event.value] += 1
             if not event.redelivered:
                 result.fresh[event.value] += 1
-            if event.redelivered and event.value in acked:
-                # a settle was confirmed, yet the message came back: that settle must have
-                # removed another message (or none), which total-queue alone may not see
-                result.redelivered_after_ack.add(event.value)
+            if event.value in acked:
+                # a settle was confirmed, yet the message came out again: that settle removed
+                # another message (or none), or a node delivered what its state no longer held
+                # (flagged redelivered or not: issue 24's late copies were not)
+                result.delivered_after_ack.add(event.value)
+                if event.redelivered:
+                    result.redelivered_after_ack.add(event.value)
         elif event.f == "ack" and event.type == "ok" and event.value is not None:
             acked.add(event.value)
     for invoke, completion in iter_ops(e for e in history if e.f == "ack"):

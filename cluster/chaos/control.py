@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from cluster import config as cluster_config
 from cluster import launcher
 from cluster.chaos.linkproxy import ProxyMesh
 from cluster.client import Client
-from cluster.client.errors import ClusterError
+from cluster.client.errors import AuthError, ClusterError
 from cluster.config import ClusterConfig, NodeConfig
 from raft import storage
 
@@ -66,6 +67,9 @@ class LauncherCluster:
         # the client TLS context of a `tls = true` cluster (its CA), else None
         self.tls = self.local.tls
         self.starts: dict[str, int] = dict.fromkeys(self.config.node_ids(), 0)
+        # the link proxies every peer dials through (partition faults), if any: a node added by
+        # `replace` gets its links there too
+        self.mesh: ProxyMesh | None = None
 
     def node_ids(self) -> list[str]:
         """Every node id, sorted."""
@@ -83,7 +87,7 @@ class LauncherCluster:
         """The leader a majority of reachable nodes report, or None."""
         votes: dict[str, int] = {}
         for node in self.config.nodes:
-            status = launcher.node_status(node, self.key, STATUS_TIMEOUT_S, self.tls)
+            status = self._status(node)
             leader = status.get("leader") if status else None
             if isinstance(leader, str):
                 votes[leader] = votes.get(leader, 0) + 1
@@ -110,9 +114,19 @@ class LauncherCluster:
                 raise launcher.LauncherError(
                     f"{node} exited {process.returncode} right after it was started: {tail}"
                 )
-            if launcher.node_status(self.node(node), self.key, STATUS_TIMEOUT_S, self.tls):
+            if self._status(self.node(node)):
                 return
             time.sleep(0.05)
+
+    def _status(self, node: NodeConfig) -> dict[str, Any] | None:
+        """The node's status map, or None while it cannot answer: unreachable, or a handshake
+        refused while it starts (a transient AuthError, not a fault error; a wrong key fails
+        every check the same way and shows as a node that never answers)."""
+        try:
+            return launcher.node_status(node, self.key, STATUS_TIMEOUT_S, self.tls)
+        except AuthError as err:
+            log.info("status_auth_refused", node=node.id, error=str(err))
+            return None
 
     def start_all(self) -> None:
         """Start every node that is not running."""
@@ -126,10 +140,11 @@ class LauncherCluster:
         self.local.reap(node, wait_s=REAP_TIMEOUT_S)
 
     def lose_power(self, node: str, seed: int) -> str:
-        """SIGKILL the node, then drop its journal writes that were not fsynced (seeded)."""
+        """SIGKILL the node, then drop every journal write since its last fsync (all of them,
+        every time: a surviving prefix made most power losses drop nothing)."""
         self.kill(node)
         node_dir = self.node(node).data_dir
-        lost = storage.power_loss(node_dir / "raft.journal", seed)
+        lost = storage.power_loss(node_dir / "raft.journal", seed, keep_prefix=False)
         kept, size, synced = lost["kept"], lost["size"], lost["synced"]
         return f"{node}: kept {kept} of {size} journal bytes ({synced} synced)"
 
@@ -162,10 +177,11 @@ class LauncherCluster:
         through the leader, start the new node empty and wait until it caught up, `member
         remove` the old one, stop it for good. Returns the new node's id."""
         new = self._new_node_id()
-        raft_port, client_port = launcher.free_ports(2)
-        raft, client = f"127.0.0.1:{raft_port}", f"127.0.0.1:{client_port}"
+        raft, client = self._new_raft_address(), f"127.0.0.1:{launcher.free_ports(1)[0]}"
         args: dict[str, str | int] = {"node": new, "raft_address": raft, "client_address": client}
         self._change("member_add", args)
+        if self.mesh is not None:
+            self.mesh.add_node(new, raft)
         config = cluster_config.with_member_added(self.config, new, raft, client, self.data_dir)
         self._write(config)
         target = self._leader_commit()
@@ -175,6 +191,8 @@ class LauncherCluster:
         self._signal(old, signal.SIGCONT)
         launcher.stop_node(self.node(old), grace_s=3.0)
         self.local.reap(old, wait_s=REAP_TIMEOUT_S)
+        if self.mesh is not None:
+            self.mesh.remove_node(old)
         self._write(cluster_config.with_member_removed(self.config, old))
         log.info("node_replaced", old=old, new=new)
         return new
@@ -185,7 +203,28 @@ class LauncherCluster:
             number += 1
         return f"n{number}"
 
+    def _new_raft_address(self) -> str:
+        """A free raft address for a new member. With link proxies, one above every member's:
+        pysyncobj's higher address dials, so the new node dials every peer itself, through
+        the proxies its cluster.toml names, and running members (which would dial its real
+        address) never do."""
+        if self.mesh is None:
+            return f"127.0.0.1:{launcher.free_ports(1)[0]}"
+        highest = max(node.raft_address for node in self.config.nodes)
+        for port in range(int(highest.rpartition(":")[2]) + 1, 65536):
+            address = f"127.0.0.1:{port}"
+            if address > highest and _port_free(port):
+                return address
+        raise RuntimeError(f"no free raft port above {highest} for a new member")
+
     def _write(self, config: ClusterConfig) -> None:
+        if self.mesh is not None:  # every member dials every peer through the mesh
+            mesh = self.mesh
+            nodes = tuple(
+                dataclasses.replace(node, peer_addresses=mesh.peer_addresses(node.id))
+                for node in config.nodes
+            )
+            config = dataclasses.replace(config, nodes=nodes)
         cluster_config.write(self.data_dir, config)
         self.config = self.local.reload()
         for node_id in self.config.node_ids():
@@ -226,13 +265,13 @@ class LauncherCluster:
 
     def _leader_commit(self) -> int:
         leader = self.leader()
-        status = launcher.node_status(self.node(leader), self.key, tls=self.tls) if leader else None
+        status = self._status(self.node(leader)) if leader else None
         return int((status or {}).get("commit_index") or 0)
 
     def _wait_applied(self, node_id: str, target: int) -> None:
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         while time.monotonic() < deadline:
-            status = launcher.node_status(self.node(node_id), self.key, STATUS_TIMEOUT_S, self.tls)
+            status = self._status(self.node(node_id))
             if status is not None and int(status.get("raft_last_applied") or 0) >= target:
                 return
             time.sleep(0.2)
@@ -246,3 +285,13 @@ class LauncherCluster:
         pid = launcher.node_pid(self.node(node))
         if pid is not None:
             launcher.kill_node(self.node(node), sig)
+
+
+def _port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:`port` now (it can be bound)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

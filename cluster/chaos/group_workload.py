@@ -36,6 +36,7 @@ from cluster.client.errors import ClusterError
 from cluster.client.groups import GroupConsumer, declare_partitioned_queue, join_group
 from cluster.client.sansio import UNCERTAIN
 from fifo.codec import decode
+from fifo.commands import QueueConfig
 from fifo.replies import Error, NotEnqueued, Ok
 
 GROUPS_MACHINE_VERSION = 3
@@ -81,15 +82,25 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def declare(client: Client, params: GroupParams, timeout_s: float = 30.0) -> None:
+def declare(
+    client: Client,
+    params: GroupParams,
+    timeout_s: float = 30.0,
+    disconnected_timeout_ms: int | None = None,
+) -> None:
     """Create the partitioned queue, once the cluster runs machine v3 (a new cluster upgrades
-    itself as soon as every node supports it)."""
+    itself as soon as every node supports it); `disconnected_timeout_ms`: its partitions'."""
     deadline = time.monotonic() + timeout_s
     while int(str(client.machine().get("effective_version", 0))) < GROUPS_MACHINE_VERSION:
         if time.monotonic() > deadline:
             raise ClusterError(f"the machine did not reach v{GROUPS_MACHINE_VERSION}")
         time.sleep(0.2)
-    declare_partitioned_queue(client, params.queue, params.partitions)
+    config = None
+    if disconnected_timeout_ms is not None:
+        config = QueueConfig(
+            single_active_consumer=True, disconnected_timeout_ms=disconnected_timeout_ms
+        )
+    declare_partitioned_queue(client, params.queue, params.partitions, config)
 
 
 class GroupProducer(Producer):

@@ -13,6 +13,9 @@ member) and `assigned` / `revoked` notices (a member saw one; `queue` is the par
   another member A holds a delivery of P whose ack later completed ok. The machine hands P to B
   only after A's checked-out messages of P are settled or returned, and a settle from a fenced
   member is refused: an ok settle after B's delivery means A still had it checked out then.
+- **Delivery after revoke** (double ownership, invalidates): member A receives a delivery of
+  partition P after A saw P revoked (and before it saw P assigned again), once another member
+  received a delivery of P after that revoke: P had been handed over, A's share of it with it.
 - **Zombie overlaps** (reported only): the same overlap where A's ack failed or is unknown, or
   A never acked: A's messages were returned (its node or connection was considered down) while
   A was still alive and working on them. That is at-least-once delivery, not double ownership.
@@ -170,6 +173,7 @@ def check_groups(
     total = check(history)
     holdings = holdings_of(history)
     double, zombie = overlaps(holdings)
+    double = double + deliveries_after_revoke(history)
     order = order_violations(history)
     crashes = crash_recoveries(history)
     publishes = publishes_of(history)
@@ -338,6 +342,36 @@ def overlaps(holdings: list[Holding]) -> tuple[list[Overlap], list[Overlap]]:
         still.append(holding)
         held[holding.partition] = still
     return double, zombie
+
+
+def deliveries_after_revoke(history: list[Event]) -> list[Overlap]:
+    """Deliveries to a member of a partition it saw revoked (not assigned again since), once
+    another member got a delivery of that partition after the revoke."""
+    revoked_at: dict[tuple[str, str], int] = {}  # (member, partition) -> revoke time
+    latest: dict[str, tuple[str, str, int]] = {}  # partition -> (member, value, time) delivered
+    out: list[Overlap] = []
+    for event in history:
+        if event.queue is None:
+            continue
+        key = (event.process, event.queue)
+        if event.f == "revoked":
+            revoked_at[key] = event.t_ns
+        elif event.f == "assigned":
+            revoked_at.pop(key, None)
+        elif event.f == "deliver" and event.value is not None:
+            since = revoked_at.get(key)
+            other = latest.get(event.queue)
+            handed_over = (
+                since is not None and other is not None
+                and other[0] != event.process and other[2] >= since
+            )  # fmt: skip
+            if handed_over and other is not None:
+                out.append(
+                    Overlap(event.queue, other[0], other[1], event.process, event.value,
+                            event.t_ns / NS_PER_S)
+                )  # fmt: skip
+            latest[event.queue] = (event.process, event.value, event.t_ns)
+    return out
 
 
 def order_violations(history: list[Event]) -> list[str]:

@@ -228,12 +228,34 @@ class ProxyMesh:
 
     def __init__(self, raft_addresses: dict[str, str]) -> None:
         self.nodes = list(raft_addresses)
+        self.addresses = dict(raft_addresses)
         self.proxies: dict[tuple[str, str], LinkProxy] = {}
         for source, target in itertools.permutations(self.nodes, 2):
-            host, port = raft_addresses[target].rsplit(":", 1)
-            self.proxies[(source, target)] = LinkProxy(
-                (host, int(port)), name=f"link-{source}->{target}"
-            )
+            self._add_link(source, target)
+
+    def _add_link(self, source: str, target: str) -> None:
+        host, port = self.addresses[target].rsplit(":", 1)
+        self.proxies[(source, target)] = LinkProxy(
+            (host, int(port)), name=f"link-{source}->{target}"
+        )
+
+    def add_node(self, node: str, raft_address: str) -> None:
+        """Proxies for every link between `node` (a member being added) and the others."""
+        if node in self.addresses:
+            raise ValueError(f"{node} is already in the mesh")
+        self.addresses[node] = raft_address
+        for peer in self.nodes:
+            self._add_link(peer, node)
+            self._add_link(node, peer)
+        self.nodes.append(node)
+
+    def remove_node(self, node: str) -> None:
+        """Close and forget every link of `node` (a member removed for good)."""
+        for link in [link for link in self.proxies if node in link]:
+            self.proxies.pop(link).close()
+        if node in self.nodes:
+            self.nodes.remove(node)
+        self.addresses.pop(node, None)
 
     def peer_addresses(self, node: str) -> dict[str, str]:
         """Where `node` must dial each peer (the proxy addresses), by peer id."""

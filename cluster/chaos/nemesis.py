@@ -235,13 +235,18 @@ class Nemesis:
         self._killed.clear()
 
     def run(self, schedule: Sequence[ScheduledFault], stop: threading.Event) -> None:
-        """Play `schedule` on the history clock until done or `stop` is set."""
+        """Play `schedule` on the history clock until done or `stop` is set. Each fault lasts
+        its full duration once its action is done, and the schedule after it shifts by however
+        late its heal finished: a slow action (a restart, a member change) never shortens the
+        faults that follow to nothing, and the quiet gaps between faults are kept."""
+        late_s = 0.0
         for fault in schedule:
-            if stop.wait(max(0.0, fault.start_s - self._now_s())):
+            if stop.wait(max(0.0, fault.start_s + late_s - self._now_s())):
                 return
             record = self.inject(fault)
-            stop.wait(max(0.0, fault.end_s - self._now_s()))
+            stop.wait(fault.duration_s)
             self.heal(record)
+            late_s = max(late_s, self._now_s() - fault.end_s)
             if stop.is_set():
                 return
 

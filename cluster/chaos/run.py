@@ -45,12 +45,15 @@ from cluster.client import Client
 from cluster.client.errors import ClusterError
 from cluster.client.groups import join_group
 from cluster.config import SNAPSHOT_EVERY_ENTRIES_DEFAULT, FsyncPolicy
+from fifo.commands import QueueConfig
 from raft import durability
 
 log = structlog.get_logger(__name__)
 
 CONSUMER_TAIL_S = 3.0  # consumers keep going this long after producers stop
 JOIN_TIMEOUT_S = 20.0
+# how long the workload may run past --duration for faults a slow heal pushed back
+LATE_FAULTS_S_MAX = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,9 @@ class RunParams:
     # name (keyed, or round robin), members of one group consume instead of queue consumers;
     # workload.queues are then the partition queues (drained and compared)
     groups: GroupParams | None = None
+    # the queues' disconnected timeout (None: the machine's default); short ones return a
+    # paused or cut-off node's consumers' messages while that node still has them to deliver
+    queue_disconnected_timeout_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -117,6 +123,7 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     if mesh is None:
         kinds = [k for k in kinds if not k.startswith("partition")]
     cluster = LauncherCluster(data_dir)
+    cluster.mesh = mesh  # a member added by a membership fault gets proxied links too
     recorder = Recorder(out_dir / "history.jsonl")
     nemesis = Nemesis(cluster, recorder, mesh)
     replicas: ReplicaCheck | None = None
@@ -125,7 +132,9 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
         launcher.wait_for_leader(
             cluster.config, cluster.key, params.leader_timeout_s, tls=cluster.tls
         )
-        _declare_queues(cluster, params.workload.queues, params.groups)
+        _declare_queues(
+            cluster, params.workload.queues, params.groups, params.queue_disconnected_timeout_ms
+        )
         schedule = make_schedule(kinds, params.duration_s, params.seed, params.schedule)
         if during is not None:
             threading.Thread(target=during, args=(cluster, recorder), daemon=True).start()
@@ -178,15 +187,21 @@ def _make_mesh(data_dir: Path, kinds: list[str], stage: _Stage) -> ProxyMesh | N
 
 
 def _declare_queues(
-    cluster: LauncherCluster, queues: tuple[str, ...], groups: GroupParams | None
+    cluster: LauncherCluster,
+    queues: tuple[str, ...],
+    groups: GroupParams | None,
+    disconnected_timeout_ms: int | None = None,
 ) -> None:
     endpoints = list(cluster.endpoints().values())
     with Client(endpoints, cluster.key, name="chaos-setup", tls=cluster.tls) as client:
         if groups is not None:
-            group_workload.declare(client, groups)
+            group_workload.declare(client, groups, disconnected_timeout_ms=disconnected_timeout_ms)
             return
+        config = QueueConfig()
+        if disconnected_timeout_ms is not None:
+            config = QueueConfig(disconnected_timeout_ms=disconnected_timeout_ms)
         for queue in queues:
-            client.declare_queue(queue)
+            client.declare_queue(queue, config)
 
 
 def _client_factory(cluster: LauncherCluster, params: WorkloadParams) -> Callable[[str], Client]:
@@ -195,12 +210,14 @@ def _client_factory(cluster: LauncherCluster, params: WorkloadParams) -> Callabl
     Every other client keeps the library default and moves to the leader; the rest stay on the
     node they dialed, so follower faults and command forwarding are exercised too (with only
     leader-bound clients, every client stalls together when the leader is cut off).
+    The members are read at each call: after a membership fault replaced every original node,
+    a new client must know the new ones (its nodes' welcomes list only what they started with).
     """
-    endpoints = list(cluster.endpoints().values())
     turn = itertools.count()
 
     def make(name: str) -> Client:
         number = next(turn)
+        endpoints = list(cluster.endpoints().values())
         first = number % len(endpoints)
         ordered = endpoints[first:] + endpoints[:first]
         return Client(
@@ -268,6 +285,9 @@ def _run_workload(
         worker.start()
     nemesis_thread.start()
     time.sleep(max(0.0, params.duration_s - recorder.now_ns() / 1e9))
+    # slow fault actions shift the schedule (nemesis.run): every scheduled fault is played at
+    # its full length, so the workload runs on until the last one is healed (bounded)
+    nemesis_thread.join(LATE_FAULTS_S_MAX)
     nemesis_stop.set()
     nemesis_thread.join(JOIN_TIMEOUT_S)
     produce_stop.set()
@@ -462,6 +482,8 @@ def _report(
         "unexpected": len(verdict.unexpected),
         "duplicated": len(verdict.duplicated),
         "recovered": len(verdict.recovered),
+        # issue 24: deliveries after an ack of the same message completed ok (any flag)
+        "late_deliveries": len(verdict.delivered_after_ack),
         "checker": verdict.to_dict(),
         "availability": _availability(windows, fault_windows, params.gap_s),
         "replicas": replica_dict,

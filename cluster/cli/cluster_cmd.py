@@ -22,9 +22,10 @@ from cluster.cli.common import (
     translate_errors,
     wait_timeout_option,
 )
-from cluster.cli.exits import FAILURE, UNAVAILABLE, CliError
-from cluster.config import FSYNC_POLICIES, ClusterConfig, FsyncPolicy, NodeConfig
+from cluster.cli.exits import FAILURE, UNAVAILABLE, USAGE, CliError
+from cluster.config import CONFIG_FILE, FSYNC_POLICIES, ClusterConfig, FsyncPolicy, NodeConfig
 from cluster.launcher import (
+    LocalCluster,
     client_key,
     cluster_status,
     node_status,
@@ -32,6 +33,7 @@ from cluster.launcher import (
     stop_cluster,
 )
 
+DEFAULT_NODES = 3
 STATUS_COLUMNS = [
     "id",
     "address",
@@ -62,9 +64,9 @@ def cluster_group() -> None:
 @click.option(
     "--nodes",
     type=click.IntRange(1, 9),
-    default=3,
-    show_default=True,
-    help="Number of nodes (a new cluster only).",
+    default=None,
+    help="Number of nodes of a new cluster [default: 3]. An existing cluster keeps its own "
+    "(a different number is refused: `quorumq member add` adds a node).",
 )
 @data_dir_option
 @click.option(
@@ -111,7 +113,7 @@ def cluster_group() -> None:
 @translate_errors
 def start(
     ctx: click.Context,
-    nodes: int,
+    nodes: int | None,
     local_data_dir: Path | None,
     base_port: int | None,
     max_machine_version: int | None,
@@ -121,12 +123,17 @@ def start(
     tls: bool,
     timeout_s: float,
 ) -> None:
-    """Start the nodes of a cluster in the background and wait until a leader is elected.
+    """Start the nodes of a cluster in the background, wait until each answers and a leader is
+    elected.
 
     A new data dir gets cluster.toml, secret and client.key (both 0600); a stopped cluster's
-    data dir is restarted with its own config. With tls = true in cluster.toml (--tls for a
-    new cluster), the first start creates DATA_DIR/tls: ca.crt, ca.key and NODE.crt/NODE.key
-    (keys 0600); later starts reuse them and refuse a set that is incomplete or does not match.
+    data dir is restarted with its own config; of a cluster with some nodes down, the nodes
+    that are down are started (the others are left alone). A node that cannot start is named,
+    with the end of its stderr.log, and the command exits 69.
+
+    With tls = true in cluster.toml (--tls for a new cluster), the first start creates
+    DATA_DIR/tls: ca.crt, ca.key and NODE.crt/NODE.key (keys 0600); later starts reuse them
+    and refuse a set that is incomplete or does not match.
 
     \b
     Example:
@@ -136,9 +143,10 @@ def start(
       quorumq cluster start --nodes 3 --data-dir /tmp/qq-tls --tls
     """
     data_dir = resolve_data_dir(ctx, local_data_dir)
+    _check_node_count(data_dir, nodes)
     cluster = start_cluster(
         data_dir,
-        nodes,
+        nodes or DEFAULT_NODES,
         base_port=base_port,
         max_machine_version=max_machine_version,
         fsync=cast(FsyncPolicy | None, fsync),
@@ -147,26 +155,64 @@ def start(
         tls=tls,
         http_base_port=http_base_port,
     )
-    config, leader = cluster.config, cluster.leader(timeout_s=timeout_s)
+    leader = cluster.leader(timeout_s=timeout_s)
     rows = [
         {"id": n.id, "endpoint": n.client_address, "raft": n.raft_address, "leader": n.id == leader}
-        for n in config.nodes
+        for n in cluster.config.nodes
     ]
     if output_format(ctx) == "table":
-        click.echo(f"cluster {config.name} started in {data_dir.resolve()}, leader {leader}")
-        emit(ctx, rows, ["id", "endpoint", "raft", "leader"])
-        endpoints = ",".join(n.client_address for n in config.nodes)
-        click.echo(f"\nendpoints: {endpoints}")
-        click.echo(f"credentials: {data_dir.resolve() / 'client.key'}")
-        if config.tls:
-            tls_dir = data_dir.resolve() / "tls"
-            click.echo(
-                f"TLS: on for peer and client traffic (CA and node certificates in {tls_dir}; "
-                f"clients verify the nodes with {tls_dir / 'ca.crt'}: --tls-ca with --endpoints)"
-            )
-        _echo_http_urls(config)
+        _print_started(ctx, cluster, leader, rows)
     else:
-        emit(ctx, {"data_dir": str(data_dir.resolve()), "leader": leader, "nodes": rows})
+        emit(
+            ctx,
+            {
+                "data_dir": str(cluster.data_dir),
+                "leader": leader,
+                "nodes": rows,
+                "started": cluster.started,
+            },
+        )
+
+
+def _print_started(
+    ctx: click.Context, cluster: LocalCluster, leader: str, rows: list[dict[str, Any]]
+) -> None:
+    """`cluster start`'s table output: the nodes, endpoints, credentials, TLS and metrics."""
+    config, data_dir = cluster.config, cluster.data_dir
+    click.echo(f"cluster {config.name} started in {data_dir}, leader {leader}")
+    if len(cluster.started) < len(config.nodes):
+        running = [n.id for n in config.nodes if n.id not in cluster.started]
+        click.echo(f"started {', '.join(cluster.started)} ({', '.join(running)} were running)")
+    emit(ctx, rows, ["id", "endpoint", "raft", "leader"])
+    endpoints = ",".join(n.client_address for n in config.nodes)
+    click.echo(f"\nendpoints: {endpoints}")
+    click.echo(f"credentials: {data_dir / 'client.key'}")
+    amqp = [f"{n.host}:{n.amqp_port}" for n in config.nodes if n.amqp_port]
+    if amqp:
+        scheme = "amqps" if config.tls else "amqp"
+        click.echo(f"{scheme}: {','.join(amqp)} (user quorumq, password: the client key)")
+    if config.tls:
+        tls_dir = data_dir / "tls"
+        click.echo(
+            f"TLS: on for peer and client traffic (CA and node certificates in {tls_dir}; "
+            f"clients verify the nodes with {tls_dir / 'ca.crt'}: --tls-ca with --endpoints)"
+        )
+    _echo_http_urls(config)
+
+
+def _check_node_count(data_dir: Path, nodes: int | None) -> None:
+    """Refuse (64) a --nodes that differs from the size of the cluster already in `data_dir`."""
+    if nodes is None or not (data_dir / CONFIG_FILE).exists():
+        return
+    members = load_config(data_dir).node_ids()
+    if nodes != len(members):
+        raise CliError(
+            f"{data_dir} holds a cluster of {len(members)} nodes ({', '.join(members)}); "
+            f"--nodes {nodes} cannot change that. Start it without --nodes; to grow it, add "
+            "members one at a time with `quorumq member add ID --raft-address HOST:PORT "
+            "--client-address HOST:PORT` and start each with `quorumq node start ID`",
+            USAGE,
+        )
 
 
 def _echo_http_urls(config: ClusterConfig) -> None:

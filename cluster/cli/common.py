@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import ssl
 import sys
 from collections.abc import Callable, Sequence
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Any, ParamSpec, Protocol, TypeVar
 
 import click
-import structlog
 
 from cluster import config as cluster_config
 from cluster import protocol
@@ -33,6 +33,7 @@ from cluster.client.errors import (
     ClusterError,
     CommandRefused,
     ConfigError,
+    NoQuorum,
     RequestTimeout,
     TlsError,
     Unavailable,
@@ -43,15 +44,19 @@ from cluster.errors import ConfigMissing
 from cluster.launcher import DataDirTaken, LauncherError, LaunchRefused, NoLeader
 
 P = ParamSpec("P")
+CONNECT_RETRY_S = 1.0
+NO_LEADER_FAIL_S = 4.0
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 R = TypeVar("R")
 
 
 # Library exception class -> (exit code, message prefix): the one table the CLI exits by.
 # Looked up along the exception's MRO, so a subclass listed here wins over its base class.
 EXIT_CODES: dict[type[BaseException], tuple[int, str]] = {
-    AuthError: (NO_PERMISSION, "authentication failed: "),
+    AuthError: (NO_PERMISSION, ""),  # (its text says it: the node's "authentication failed")
     TlsError: (CONFIG, "TLS: "),
     RequestTimeout: (TEMPORARY, "timed out: "),
+    NoQuorum: (UNAVAILABLE, "no quorum: "),
     Unavailable: (UNAVAILABLE, "cluster unavailable: "),
     CommandRefused: (DATA, ""),
     ConfigMissing: (NO_INPUT, ""),
@@ -73,6 +78,8 @@ def cli_error(err: ClusterError) -> CliError:
             f"{prefix}{err}. Check --credentials (or the data dir's client.key): it must be "
             "the key of this cluster."
         )
+    elif isinstance(err, NoQuorum):
+        message = f"{prefix}{_who_answers()}: nothing commits until a majority is back; {err}"
     elif isinstance(err, CommandRefused):
         message = f"refused ({err.code}): {err.message}"
     elif cls is ClusterError:
@@ -80,6 +87,15 @@ def cli_error(err: ClusterError) -> CliError:
     else:
         message = f"{prefix}{err}"
     return CliError(message, code)
+
+
+def _who_answers() -> str:
+    """Which nodes answer (probed now), for a no-quorum error."""
+    from cluster.cli.reachability import reachability  # (it imports this module)
+
+    ctx = click.get_current_context(silent=True)
+    found = reachability(ctx) if ctx is not None else None
+    return found or "the nodes reached have no leader"
 
 
 def translate_errors(func: Callable[P, R]) -> Callable[P, R]:
@@ -309,9 +325,13 @@ def connect(ctx: click.Context, **kwargs: Any) -> Client:
     """A client for the cluster named by the global options (validated before connecting)."""
     endpoints, key = connection_args(ctx)
     tls = tls_context(ctx)
-    if not structlog.is_configured():  # client logs must never mix into stdout (-o jsonl)
-        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    if not logging.getLogger().handlers:  # the client's WARNING records, on stderr, one line each
+        logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format=LOG_FORMAT)
     kwargs.setdefault("connect_timeout_s", 5.0)
+    # one-shot commands: a stopped cluster is told at once (a node restarting gets a second),
+    # and no quorum within seconds (an election takes one or two), not at the request timeout
+    kwargs.setdefault("connect_retry_s", CONNECT_RETRY_S)
+    kwargs.setdefault("no_leader_fail_s", NO_LEADER_FAIL_S)
     return Client(endpoints, key, name="quorumq-cli", tls=tls, **kwargs)
 
 

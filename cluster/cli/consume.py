@@ -10,10 +10,18 @@ import time
 
 import click
 
-from cluster.cli.common import connect, connection_options, output_format, translate_errors
-from cluster.cli.exits import USAGE, CliError
-from cluster.cli.queue import validate_queue_name
-from cluster.client import Client, Consumer, LeaderlessBalancer, Message
+from cluster.cli.common import (
+    cli_error,
+    connect,
+    connection_options,
+    output_format,
+    translate_errors,
+)
+from cluster.cli.exits import DATA, USAGE, CliError
+from cluster.cli.publish import partition_count
+from cluster.cli.queue import no_queue, validate_queue_name
+from cluster.client import Client, CommandRefused, Consumer, LeaderlessBalancer, Message
+from cluster.client.groups import join_group
 from fifo import limits
 
 CONSUME_COUNT_MAX = 1_000_000_000
@@ -46,6 +54,14 @@ def message_row(message: Message) -> dict[str, object]:
     metavar="GROUP",
     help="Balance the QUEUEs (single-active-consumer) with the other consumers of GROUP; "
     "runs until interrupted unless --count or --timeout is given.",
+)
+@click.option(
+    "--group",
+    "consumer_group",
+    default=None,
+    metavar="NAME",
+    help="Join consumer group NAME of the partitioned QUEUE (`queue declare QUEUE --partitions "
+    "P`) and consume the partitions the cluster assigns to this member (machine v3).",
 )
 @click.option(
     "--balance-poll",
@@ -112,6 +128,7 @@ def consume(
     ctx: click.Context,
     queues: tuple[str, ...],
     group: str | None,
+    consumer_group: str | None,
     poll_s: float,
     count: int | None,
     prefetch: int,
@@ -123,14 +140,17 @@ def consume(
 ) -> None:
     """Consume messages and print one line per message (JSON lines with -o jsonl).
 
-    Messages received beyond --count are returned to the queue (not a failed delivery).
-    With --balance, every consumer of GROUP subscribes to every QUEUE and releases the queues
-    above its fair share (the leaderless balancer); progress goes to stderr.
+    With --count N, exactly N messages are taken: the consumer never holds credit for more.
+    A partitioned queue is consumed through a consumer group: --group NAME joins it (members
+    of one group share the partitions; leaving returns what was not settled). With --balance,
+    every consumer of GROUP subscribes to every QUEUE and releases the queues above its fair
+    share (the leaderless balancer); progress goes to stderr.
 
     \b
     Example:
       quorumq --data-dir /tmp/qq -o jsonl consume jobs --count 10
       quorumq --data-dir /tmp/qq -o jsonl consume --balance orders o1 o2 o3 o4 o5 o6
+      quorumq --data-dir /tmp/qq -o jsonl consume parted --group billing --count 100
     """
     for name in queues:
         validate_queue_name(name)
@@ -144,10 +164,18 @@ def consume(
         raise CliError("give one QUEUE, or several with --balance GROUP", USAGE)
     (queue,) = queues
     with connect(ctx) as client:
-        received, seconds = _consume(
-            client, queue, count, prefetch, ack, priority, consumer_timeout_ms, timeout_s, fmt,
-            timestamps,
-        )  # fmt: skip
+        try:
+            if consumer_group is not None:
+                received, seconds = _consume_group(
+                    client, consumer_group, queue, count, prefetch, timeout_s, fmt
+                )
+            else:
+                received, seconds = _consume(
+                    client, queue, count, prefetch, ack, priority, consumer_timeout_ms,
+                    timeout_s, fmt, timestamps,
+                )  # fmt: skip
+        except CommandRefused as err:
+            raise _refused(client, queue, consumer_group, err) from err
     rate = received / seconds if seconds > 0 else 0.0
     click.echo(
         f"consumed {received} messages from {queue} in {seconds:.2f}s ({rate:,.0f} msg/s)", err=True
@@ -166,22 +194,25 @@ def _consume(
     fmt: str,
     timestamps: bool = False,
 ) -> tuple[int, float]:
+    prefetch = min(prefetch, count or prefetch)
     consumer = client.consume(
         queue,
-        prefetch=min(prefetch, count or prefetch),
+        prefetch=prefetch,
         priority=priority,
         timeout_ms=consumer_timeout_ms,
-        auto_ack=not ack,
+        auto_ack=not ack and count is None,
     )
     started = time.monotonic()
     received = 0
     rows: list[dict[str, object]] = []
+    settle = _CountedSettle(consumer, count, prefetch, ack)
     while count is None or received < count:
         message = consumer.get(timeout_s)
         if message is None:
             break
         received_ns = time.monotonic_ns()
         received += 1
+        settle.arrived(message)
         row = message_row(message)
         if timestamps:
             row["received_ns"] = received_ns
@@ -195,18 +226,98 @@ def _consume(
             click.echo(json.dumps(row))
         else:
             rows.append(row)
-        if ack:
-            consumer.ack([message])
+        settle.printed(message)
     seconds = time.monotonic() - started
-    _give_back(consumer)
+    _give_back(consumer, settle)
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
     return received, seconds
 
 
-def _give_back(consumer: Consumer) -> None:
-    """Cancel, return whatever arrived beyond what was printed, and wait for the settles."""
+class _CountedSettle:
+    """Acks for `consume`: with --count N, never one that would let the queue deliver more than
+    N (each ack frees prefetch credit), so nothing arrives beyond N to be returned (a return
+    would count against the delivery limit); the acks held back go after the cancel."""
+
+    def __init__(self, consumer: Consumer, count: int | None, prefetch: int, ack: bool) -> None:
+        self.consumer, self.count, self.prefetch, self.ack = consumer, count, prefetch, ack
+        self.acked = 0
+        self.held: list[Message] = []
+
+    def arrived(self, message: Message) -> None:
+        """--no-ack: settled on arrival (when --count allows it)."""
+        if not self.ack and self.count is not None:
+            self._settle(message)
+
+    def printed(self, message: Message) -> None:
+        """--ack: settled once printed (when --count allows it)."""
+        if self.ack:
+            self._settle(message)
+
+    def _settle(self, message: Message) -> None:
+        if self.count is not None and self.acked + 1 + self.prefetch > self.count:
+            self.held.append(message)
+            return
+        self.acked += 1
+        self.consumer.ack([message])
+
+    def finish(self) -> None:
+        """After the cancel: the acks held back."""
+        if self.held:
+            self.consumer.ack(self.held)
+            self.held = []
+
+
+def _consume_group(
+    client: Client,
+    group: str,
+    queue: str,
+    count: int | None,
+    prefetch: int,
+    timeout_s: float,
+    fmt: str,
+) -> tuple[int, float]:
+    """Join consumer group `group` of partitioned queue `queue`, print and ack until count or
+    idle, then leave (what was not settled goes back to its partition)."""
+    started = time.monotonic()
+    received = 0
+    with join_group(client, group, queue, prefetch=min(prefetch, count or prefetch)) as member:
+        while count is None or received < count:
+            message = member.get(timeout_s)
+            if message is None:
+                break
+            received += 1
+            _print(message, fmt)
+            message.ack()
+    return received, time.monotonic() - started
+
+
+def _refused(client: Client, queue: str, group: str | None, err: CommandRefused) -> CliError:
+    """What to do instead, told in CLI terms (the machine's text names its commands)."""
+    partitions = partition_count(client, queue)
+    base, _, index = queue.rpartition(".")
+    parent = partition_count(client, base) if base and index.isdigit() else None
+    if group is None and partitions is not None:
+        advice = f"{queue} is a partitioned queue: consume it with `--group NAME`"
+    elif group is None and parent is not None:
+        advice = (
+            f"{queue} is a partition of {base}: consume {base} with `--group NAME` (the "
+            "cluster assigns its partitions to the group's members)"
+        )
+    elif group is not None and partitions is None and client.overview(queue) is not None:
+        advice = f"{queue} is not a partitioned queue: consume it without --group"
+    elif client.overview(queue) is None and partitions is None:
+        return no_queue(queue)
+    else:
+        return cli_error(err)
+    return CliError(f"refused ({err.code}): {advice}", DATA)
+
+
+def _give_back(consumer: Consumer, settle: _CountedSettle) -> None:
+    """Cancel, send the acks held back, return whatever arrived beyond what was printed, and
+    wait for the settles."""
     consumer.cancel()
+    settle.finish()
     extra = consumer.take_buffered()
     if extra:
         consumer.nack(extra, requeue=True)

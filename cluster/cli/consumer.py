@@ -14,7 +14,7 @@ from cluster.cli.common import (
     translate_errors,
     untyped,
 )
-from cluster.cli.queue import validate_queue_name
+from cluster.cli.queue import no_queue, validate_queue_name
 
 
 @click.group("consumer")
@@ -46,6 +46,8 @@ def list_consumers(ctx: click.Context, queue: str | None, stale_ok: bool) -> Non
     with connect(ctx) as client:
         args = {"queue": queue} if queue else {}
         result = untyped(plain(read_query(client, "consumers", args, stale_ok)))
+        if queue is not None and read_query(client, "overview", args, stale_ok) is None:
+            raise no_queue(queue)
     if isinstance(result, dict):
         rows = [dict(row, queue=name) for name, items in result.items() for row in items or []]
     else:

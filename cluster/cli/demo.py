@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import click
@@ -15,6 +17,7 @@ from cluster.launcher import client_key, cluster_status, start_cluster, stop_clu
 
 DEMO_QUEUE = "demo-jobs"
 DEMO_MESSAGES = 1000
+CONVERGE_TIMEOUT_S = 10.0  # then the table shows the digests as they are
 
 
 def _step(number: int, text: str) -> None:
@@ -40,13 +43,15 @@ def _step(number: int, text: str) -> None:
 @click.pass_context
 @translate_errors
 def demo(ctx: click.Context, local_data_dir: Path | None, keep: bool, messages: int) -> None:
-    """Start a 3-node cluster, publish and consume through it, show its status, stop it.
+    """Start a 3-node cluster, publish and consume through it, show its status, stop it (and
+    remove its temp dir: a --data-dir you give is kept, as is everything with --keep).
 
     \b
     Example:
       quorumq demo
       quorumq demo --data-dir ./quorumq-demo --keep
     """
+    temporary = local_data_dir is None  # a temp dir of our own: removed unless --keep
     data_dir = local_data_dir or Path(tempfile.mkdtemp(prefix="quorumq-demo-"))
     _step(1, f"starting a 3-node cluster in {data_dir}")
     cluster = start_cluster(data_dir, 3)
@@ -60,7 +65,8 @@ def demo(ctx: click.Context, local_data_dir: Path | None, keep: bool, messages: 
         with Client.from_data_dir(data_dir, name="quorumq-demo") as client:
             _run_traffic(client, messages)
             _step(5, "cluster status (every node applied the same log: equal digests)")
-            time.sleep(0.5)  # let followers apply the last entries before we compare
+            with suppress(AssertionError):  # followers apply the last entries: wait for it
+                cluster.converged(timeout_s=CONVERGE_TIMEOUT_S)
             rows = cluster_status(config, client_key(data_dir), tls=cluster.tls)
             click.echo(table([_short(row) for row in rows], STATUS_COLUMNS))
             click.echo("\nqueue overview:")
@@ -77,6 +83,9 @@ def demo(ctx: click.Context, local_data_dir: Path | None, keep: bool, messages: 
             _step(6, "stopping the cluster")
             stopped = stop_cluster(config)
             click.echo(f"  stopped {', '.join(stopped)}")
+            if temporary:
+                shutil.rmtree(data_dir, ignore_errors=True)
+                click.echo(f"  removed {data_dir}")
     click.secho(
         "\ndemo finished: every published message was confirmed, consumed and acked.", fg="green"
     )

@@ -80,6 +80,26 @@ def export(ctx: click.Context, local_data_dir: Path | None, node_id: str | None,
     if output_format(ctx) != "table":
         emit(ctx, row)
         return
+    _print_summary(summary, node, out)
+
+
+def not_exported(summary: ExportSummary) -> str | None:
+    """What the export lacks: the entries compacted into the node's snapshot (None: nothing)."""
+    if not summary.snapshot_index:
+        return None
+    text = (
+        f"not exported: the commands of entries 1..{summary.snapshot_index}, compacted into "
+        f"{summary.node}'s snapshot (the export starts from that state)"
+    )
+    if summary.commands == 0:
+        text += (
+            "; this export holds 0 commands: a dry run or an analysis of it has nothing to "
+            "check (docs/upgrades.md, 'Keeping traffic for a dry run')"
+        )
+    return text
+
+
+def _print_summary(summary: ExportSummary, node: str, out: Path) -> None:
     first = summary.first_index if summary.first_index is not None else "-"
     snap = f"snapshot at {summary.snapshot_index} + " if summary.snapshot_index else ""
     click.echo(
@@ -88,6 +108,9 @@ def export(ctx: click.Context, local_data_dir: Path | None, node_id: str | None,
         f"to {out}, {summary.bytes_written:,} bytes; machine v{summary.effective_version}, "
         f"digest {summary.digest[:12]}"
     )
+    lacking = not_exported(summary)
+    if lacking is not None:
+        click.echo(lacking)
 
 
 def _pick_node(config: ClusterConfig, node_id: str | None) -> str:
@@ -116,6 +139,7 @@ def _summary_row(summary: ExportSummary, out: Path) -> dict[str, Any]:
         "node": summary.node,
         "out": str(out),
         "snapshot_index": summary.snapshot_index,
+        "not_exported": not_exported(summary),
         "first_index": summary.first_index,
         "last_index": summary.last_index,
         "commit_index": summary.commit_index,

@@ -153,6 +153,8 @@ def _dry_run(ctx: click.Context, log_file: Path | None, target: int, every: int 
             report = dry_run(log_file, target, every, progress)
     except LogFileError as err:
         raise CliError(f"{log_file}: {err}", DATA) from err
+    if report.commands == 0:
+        raise CliError(nothing_to_check(str(log_file), "a dry run"), DATA)
     if output_format(ctx) != "table":
         emit(ctx, report.to_plain())
     else:
@@ -201,7 +203,21 @@ def _print_report(ctx: click.Context, report: DryRunReport) -> None:
         click.echo(f"every split point is skipped: this log already runs v{report.to_version}")
     verdict = "SAFE" if report.safe else "UNSAFE"
     digest = report.baseline_digest[:12]
-    click.echo(f"{verdict}: upgrade to v{report.to_version} (baseline digest {digest})")
+    click.echo(
+        f"{verdict}: upgrade to v{report.to_version} (checked {report.commands} commands at "
+        f"{len(report.splits)} split points; baseline digest {digest})"
+    )
+
+
+def nothing_to_check(log: str, what: str) -> str:
+    """Why an export without commands cannot be judged (a dry run, an analysis)."""
+    return (
+        f"{log} holds 0 commands: nothing to check, so {what} cannot call it safe or say "
+        "anything of its traffic. A node compacts its log into a snapshot every 5 minutes (or "
+        "every snapshot_every_entries entries), and an export keeps only what came after; "
+        "export right after representative traffic, or keep it as docs/upgrades.md "
+        "('Keeping traffic for a dry run') says"
+    )
 
 
 def _split_row(split: SplitResult) -> dict[str, Any]:

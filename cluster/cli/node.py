@@ -6,7 +6,9 @@ import os
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -37,6 +39,28 @@ from cluster.launcher import (
 from raft.storage import fsync_dir
 
 
+def node_id_arguments(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The node a command acts on: `NODE_ID` or `--node-id NODE_ID` (either form, every command)."""
+    func = click.option(
+        "--node-id",
+        "node_id_option",
+        default=None,
+        metavar="NODE_ID",
+        help="The node, as named in cluster.toml (the same as the NODE_ID argument).",
+    )(func)
+    return click.argument("node_id_arg", metavar="NODE_ID", required=False)(func)
+
+
+def chosen_node_id(argument: str | None, option: str | None) -> str:
+    """The node id given as the argument or with --node-id; a usage error for none or two."""
+    if argument is not None and option is not None and argument != option:
+        raise CliError(f"two node ids given ({argument} and --node-id {option}): name one", USAGE)
+    node_id = argument or option
+    if not node_id:
+        raise CliError("name the node: NODE_ID (or --node-id NODE_ID)", USAGE)
+    return node_id
+
+
 @click.group("node")
 def node_group() -> None:
     """Start, stop or restart one node.
@@ -48,8 +72,8 @@ def node_group() -> None:
 
 
 @node_group.command("start")
+@node_id_arguments
 @data_dir_option
-@click.option("--node-id", required=True, help="The node to run, as named in cluster.toml.")
 @max_machine_version_option("Cap the machine version this node supports (emulates older code).")
 @click.option(
     "--metrics-port",
@@ -68,8 +92,9 @@ def node_group() -> None:
 @translate_errors
 def start(
     ctx: click.Context,
+    node_id_arg: str | None,
+    node_id_option: str | None,
     local_data_dir: Path | None,
-    node_id: str,
     max_machine_version: int | None,
     metrics_port: int | None,
     metrics_bind: str | None,
@@ -78,10 +103,11 @@ def start(
 
     \b
     Example:
-      quorumq node start --data-dir /tmp/qq --node-id n1
-      quorumq node start --data-dir /tmp/qq --node-id n1 --metrics-port 9419
+      quorumq node start n1 --data-dir /tmp/qq
+      quorumq node start n1 --data-dir /tmp/qq --metrics-port 9419
       curl -s 127.0.0.1:9419/metrics | grep quorumq_queue_messages_ready
     """
+    node_id = chosen_node_id(node_id_arg, node_id_option)
     data_dir = resolve_data_dir(ctx, local_data_dir)
     config = load_config(data_dir)
     if node_id not in config.node_ids():
@@ -92,19 +118,26 @@ def start(
 
 
 @node_group.command("stop")
-@click.argument("node_id")
+@node_id_arguments
 @data_dir_option
 @grace_option
 @output_option
 @click.pass_context
 @translate_errors
-def stop(ctx: click.Context, node_id: str, local_data_dir: Path | None, grace_s: float) -> None:
+def stop(
+    ctx: click.Context,
+    node_id_arg: str | None,
+    node_id_option: str | None,
+    local_data_dir: Path | None,
+    grace_s: float,
+) -> None:
     """Stop one node (SIGTERM, then SIGKILL after the grace period).
 
     \b
     Example:
       quorumq --data-dir /tmp/qq node stop n2
     """
+    node_id = chosen_node_id(node_id_arg, node_id_option)
     config = load_config(resolve_data_dir(ctx, local_data_dir))
     if node_id not in config.node_ids():
         raise CliError(f"no node {node_id!r} (have {config.node_ids()})", USAGE)
@@ -116,7 +149,7 @@ def stop(ctx: click.Context, node_id: str, local_data_dir: Path | None, grace_s:
 
 
 @node_group.command("restart")
-@click.argument("node_id")
+@node_id_arguments
 @data_dir_option
 @max_machine_version_option("Restart with this machine-version cap (recorded in cluster.toml).")
 @grace_option
@@ -126,7 +159,8 @@ def stop(ctx: click.Context, node_id: str, local_data_dir: Path | None, grace_s:
 @translate_errors
 def restart(
     ctx: click.Context,
-    node_id: str,
+    node_id_arg: str | None,
+    node_id_option: str | None,
     local_data_dir: Path | None,
     max_machine_version: int | None,
     grace_s: float,
@@ -139,6 +173,7 @@ def restart(
       quorumq --data-dir /tmp/qq node restart n2
       quorumq --data-dir /tmp/qq node restart n2 --max-machine-version 2
     """
+    node_id = chosen_node_id(node_id_arg, node_id_option)
     data_dir = resolve_data_dir(ctx, local_data_dir)
     config = load_config(data_dir)
     if node_id not in config.node_ids():
@@ -210,7 +245,7 @@ STORAGE_LEFTOVERS = (
 
 
 @node_group.command("recover")
-@click.argument("node_id")
+@node_id_arguments
 @data_dir_option
 @grace_option
 @wait_timeout_option("Seconds to wait for the node to be rebuilt from its peers.")
@@ -218,7 +253,12 @@ STORAGE_LEFTOVERS = (
 @click.pass_context
 @translate_errors
 def recover(
-    ctx: click.Context, node_id: str, local_data_dir: Path | None, grace_s: float, timeout_s: float
+    ctx: click.Context,
+    node_id_arg: str | None,
+    node_id_option: str | None,
+    local_data_dir: Path | None,
+    grace_s: float,
+    timeout_s: float,
 ) -> None:
     """Rebuild a node whose journal, meta or snapshot is damaged, from its peers.
 
@@ -232,6 +272,7 @@ def recover(
     Example:
       quorumq --data-dir /tmp/qq node recover n2
     """
+    node_id = chosen_node_id(node_id_arg, node_id_option)
     data_dir = resolve_data_dir(ctx, local_data_dir)
     config = load_config(data_dir)
     if node_id not in config.node_ids():

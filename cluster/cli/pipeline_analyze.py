@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from cluster.cli.exits import CANT_CREATE, UNAVAILABLE, USAGE, CliError
+from cluster.cli.exits import CANT_CREATE, DATA, UNAVAILABLE, USAGE, CliError
 
 
 class TimeType(click.ParamType[int, Any]):
@@ -82,12 +82,15 @@ def analyze(
       quorumq log export --data-dir /tmp/qq --node n1 --out /tmp/n1.log
       quorumq pipeline analyze --log /tmp/n1.log --out /tmp/analytics --master 'local[2]'
     """
-    from pipeline.logscan import LogScanError, log_files, pick_log
+    from cluster.cli.machine import nothing_to_check
+    from pipeline.logscan import EmptyLog, LogScanError, log_files, pick_log
 
     if from_time is not None and to_time is not None and from_time >= to_time:
         raise CliError("--from must be before --to", USAGE)
     try:
         chosen, because = pick_log(log_files(log_path))
+    except EmptyLog as err:
+        raise CliError(nothing_to_check(str(err), "the analysis"), DATA) from err
     except LogScanError as err:
         raise CliError(str(err), USAGE) from err
     try:

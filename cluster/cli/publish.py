@@ -96,8 +96,9 @@ TIMEOUT_S_MAX = 3600.0
     default=30.0,
     show_default=True,
     metavar="S",
-    help="Seconds to wait for a confirm (and for a leader, across reconnects) before giving "
-    "up: exit 69 when the nodes answered that there is no leader, 75 when the outcome of a "
+    help="Seconds to wait for a confirm (across reconnects) before giving up: exit 69 when "
+    "the nodes answered that there is no leader (after 4 s of such answers, naming the nodes "
+    "that do not answer), 75 when the outcome of a "
     "message is unknown (it may have been stored: publish it again, dedup keeps one copy "
     "only within one publisher).",
 )

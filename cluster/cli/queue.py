@@ -195,6 +195,9 @@ def declare(
             USAGE,
         )
     with connect(ctx) as client:
+        target_created = False
+        if dead_letter_queue is not None and client.overview(dead_letter_queue) is None:
+            target_created = client.declare_queue(dead_letter_queue).created
         try:
             if partitions is None:
                 reply = client.declare_queue(name, config, groups)
@@ -204,8 +207,13 @@ def declare(
             raise groups_refused(err) or err from err
     if output_format(ctx) == "table":
         click.echo(f"queue {name} {'declared' if reply.created else 'already exists'}")
+        if target_created:
+            click.echo(f"dead-letter queue {dead_letter_queue} declared (it did not exist)")
     else:
-        emit(ctx, {"queue": name, "created": reply.created})
+        out: dict[str, Any] = {"queue": name, "created": reply.created}
+        if dead_letter_queue is not None:
+            out["dead_letter_queue_created"] = target_created
+        emit(ctx, out)
 
 
 @queue_group.command("list")
@@ -214,7 +222,9 @@ def declare(
 @click.pass_context
 @translate_errors
 def list_queues(ctx: click.Context, stale_ok: bool) -> None:
-    """List every queue with its counters.
+    """List every queue with its counters: READY every message waiting for delivery (returned
+    ones included, as in /metrics), RETURNED how many of those were returned, CHECKED_OUT
+    delivered and not settled, TOTAL all of them.
 
     A node without a leader answers `unavailable` (its state may be stale): the client asks
     another node, and exits 69 when none has a leader. `--stale-ok` prints it anyway.
@@ -224,7 +234,9 @@ def list_queues(ctx: click.Context, stale_ok: bool) -> None:
       quorumq --data-dir /tmp/qq -o json queue list
     """
     with connect(ctx) as client:
-        rows = _rows(read_query(client, "overview", None, stale_ok))
+        rows = [
+            waiting_as_ready(row) for row in _rows(read_query(client, "overview", None, stale_ok))
+        ]
     emit(ctx, rows, LIST_COLUMNS if output_format(ctx) == "table" else None)
 
 
@@ -247,13 +259,46 @@ def info(ctx: click.Context, name: str, stale_ok: bool) -> None:
     with connect(ctx) as client:
         overview = read_query(client, "overview", {"queue": name}, stale_ok)
         partitions = None if overview else _partition_count(client, name)
+        grouping = _group_fields(client, name) if overview else {}
     if partitions:
         emit(ctx, {"queue": name, "partitioned": True, "partitions": partitions,
-                   "members": ", ".join(f"{name}.{i}" for i in range(partitions))})  # fmt: skip
+                   "members": ", ".join(f"{name}.{i}" for i in range(partitions)),
+                   "consume": f"quorumq consume {name} --group NAME"})  # fmt: skip
         return
     if not overview:
-        raise CliError(f"no queue {name!r}", USAGE)
-    emit(ctx, untyped(plain(overview)))
+        raise no_queue(name)
+    emit(ctx, {**waiting_as_ready(untyped(plain(overview))), **grouping})
+
+
+def waiting_as_ready(row: Any) -> Any:
+    """`ready` as /metrics and RabbitMQ count it: every message waiting for delivery, returned
+    ones included (`returned` says how many of them); the machine's own `ready` is only the
+    never-delivered ones."""
+    if isinstance(row, dict) and isinstance(row.get("ready"), int):
+        return {**row, "ready": row["ready"] + int(row.get("returned") or 0)}
+    return row
+
+
+def no_queue(name: str) -> CliError:
+    """The error of a command naming a queue that does not exist (exit 65, as when the queue
+    itself refuses a command for it)."""
+    return CliError(f"no queue {name!r}", DATA)
+
+
+def _group_fields(client: Client, name: str) -> dict[str, Any]:
+    """`group_policy`, `group_key` (and the rebalance flag) of a grouped queue; `group_policy:
+    none` for a plain one; nothing when the node cannot say (older code)."""
+    try:
+        found = client.query("group_config", {"queue": name})
+    except ClusterError:
+        return {}
+    if not isinstance(found, dict):
+        return {"group_policy": "none"}
+    return {
+        "group_policy": found.get("policy"),
+        "group_key": found.get("group_key"),
+        "rebalance_groups_on_join": found.get("rebalance_groups_on_join"),
+    }
 
 
 def _group_config(key: str | None, policy: str | None, rebalance: bool) -> GroupConfig | None:
@@ -297,7 +342,7 @@ def groups(ctx: click.Context, name: str, limit: int) -> None:
     with connect(ctx) as client:
         overview = client.overview(name)
         if overview is None:
-            raise CliError(f"no queue {name!r}", USAGE)
+            raise no_queue(name)
         status = client.query("machine")
         version = status.get("effective_version") if isinstance(status, dict) else None
         if isinstance(version, int) and version < 3:
@@ -387,6 +432,13 @@ def delete(ctx: click.Context, name: str) -> None:
     with connect(ctx) as client:
         partitions = _partition_count(client, name)
         reply = client.delete_queue(name)
+        sources = dead_letter_sources(client, name)
+    if sources:
+        click.echo(
+            f"warning: {', '.join(sources)} dead-letter into {name}: what they dead-letter is "
+            f"dropped until {name} is declared again",
+            err=True,
+        )
     if output_format(ctx) == "table":
         what = f"partitioned queue {name} ({partitions} partitions, " if partitions else \
             f"{name} ("  # fmt: skip
@@ -396,6 +448,11 @@ def delete(ctx: click.Context, name: str) -> None:
         if partitions:
             out["partitions"] = partitions
         emit(ctx, out)
+
+
+def dead_letter_sources(client: Client, target: str) -> list[str]:
+    """The queues whose dead-letter queue is `target` (sorted)."""
+    return sorted(o.name for o in client.overview() if o.config.dead_letter_queue == target)
 
 
 def _partition_count(client: Client, name: str) -> int | None:

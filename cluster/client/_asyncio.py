@@ -114,10 +114,15 @@ class AsyncShell:
         connect_retry_s: float | None = None,
         prefer_leader: bool = True,
         tls: TlsOption = None,
+        no_leader_fail_s: float | None = None,
     ) -> None:
         self._tls = client_context(tls)
         self._core = ClientProtocol(
-            endpoints, name=name, reconnect=reconnect, silence_timeout_s=silence_timeout_s
+            endpoints,
+            name=name,
+            reconnect=reconnect,
+            silence_timeout_s=silence_timeout_s,
+            no_leader_fail_s=no_leader_fail_s,
         )
         self._client_key = client_key
         self.name = name

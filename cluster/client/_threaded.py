@@ -32,9 +32,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-import structlog
-
 from cluster import protocol
+from cluster.client._log import get_logger
 from cluster.client._wire import AnyFrame, Frame, Handshake, Welcome
 from cluster.client.errors import (
     AuthError,
@@ -55,7 +54,7 @@ from cluster.client.sansio import (
 )
 from cluster.client.tls import handshake_failed, server_hostname
 
-log = structlog.get_logger("quorumq.client")
+log = get_logger("quorumq.client")
 
 Callback = Callable[[Frame | None, BaseException | None], None]
 RECV_BYTES = 256 * 1024
@@ -146,6 +145,7 @@ class ThreadedShell:
         connect_retry_s: float | None,
         prefer_leader: bool,
         tls: ssl.SSLContext | None = None,
+        no_leader_fail_s: float | None = None,
     ) -> None:
         self._tls = tls
         self._core = ClientProtocol(
@@ -154,6 +154,7 @@ class ThreadedShell:
             reconnect=reconnect,
             silence_timeout_s=silence_timeout_s,
             now=time.monotonic(),
+            no_leader_fail_s=no_leader_fail_s,
         )
         self._client_key = client_key
         self.name = name

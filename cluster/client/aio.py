@@ -147,7 +147,12 @@ class AsyncClient(AsyncShell):
         self, queue: str, config: QueueConfig | None = None, groups: GroupConfig | None = None
     ) -> DeclareOk:
         """Create `queue` (a no-op when it exists with an equal config). With `groups`, a queue
-        with message groups (machine v3; a cluster still on v2 refuses it)."""
+        with message groups (machine v3; a cluster still on v2 refuses it). A dead-letter queue
+        the config names is declared first (default config) when it does not exist: the machine
+        drops what it would dead-letter into a missing queue."""
+        target = config.dead_letter_queue if config is not None else None
+        if target is not None and await self.overview(target) is None:
+            await self.declare_queue(target)
         if groups is not None:
             command: Command = DeclareGroupedQueue(queue, config or QueueConfig(), groups)
         else:

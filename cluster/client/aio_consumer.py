@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Generator, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -203,6 +203,15 @@ class AsyncConsumer:
 
     # --- receiving ------------------------------------------------------------------------
 
+    async def messages(self, idle_timeout_s: float) -> AsyncIterator[AsyncMessage]:
+        """The messages as they come, until none came for `idle_timeout_s` (the queue stayed
+        empty) or the consumer was cancelled. Iterating the consumer itself waits forever.
+
+        Example: `async for message in client.consume("jobs").messages(idle_timeout_s=2.0):`
+        """
+        while (message := await self.get(timeout_s=idle_timeout_s)) is not None:
+            yield message
+
     async def get(self, timeout_s: float | None = None) -> AsyncMessage | None:
         """The next message, waiting up to `timeout_s` (None: until cancelled or closed)."""
         attach = self._attach
@@ -324,7 +333,10 @@ class AsyncConsumer:
     # --- leaving ----------------------------------------------------------------------------
 
     async def cancel(self) -> CancelOk | None:
-        """Soft cancel: nothing new; pending messages can still be settled."""
+        """Soft cancel: nothing new; pending messages can still be settled. A no-op (None) on a
+        consumer already cancelled (by `process(...).stop()`, say)."""
+        if self._state.cancelled:
+            return None
         return await self._leave(Cancel())
 
     async def remove(self) -> CancelOk | None:

@@ -21,8 +21,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
-import structlog
-
 from cluster.balance.decision import (
     ConsumerRow,
     View,
@@ -31,11 +29,12 @@ from cluster.balance.decision import (
     ideal_number,
     view_from_consumers,
 )
+from cluster.client._log import get_logger
 from cluster.client.client import Client
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import ClusterError
 
-log = structlog.get_logger("quorumq.balancer")
+log = get_logger("quorumq.balancer")
 QUEUES_MAX = 1024
 POLL_S_MIN = 0.05
 

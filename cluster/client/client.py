@@ -58,6 +58,9 @@ class Client(ThreadedShell):
     may stay silent while requests wait before the client moves to another one. With
     `prefer_leader`, the first connection moves to the leader the node names (saving a hop).
 
+    `no_leader_fail_s`: a request the nodes keep refusing for want of a leader (no quorum)
+    fails with `Unavailable` after this long instead of at its timeout (None: the timeout).
+
     `tls`: for a cluster with `tls = true`, the path of its CA file (`D/tls/ca.crt`) or an
     `ssl.SSLContext`; every connection (reconnects and moves to the leader too) is TLS and
     checks the node's certificate against it and the host dialed (None: plaintext). A mismatch
@@ -82,6 +85,7 @@ class Client(ThreadedShell):
         connect_retry_s: float | None = None,
         prefer_leader: bool = True,
         tls: TlsOption = None,
+        no_leader_fail_s: float | None = None,
     ) -> None:
         super().__init__(
             endpoints,
@@ -95,6 +99,7 @@ class Client(ThreadedShell):
             connect_retry_s=connect_retry_s,
             prefer_leader=prefer_leader,
             tls=client_context(tls),
+            no_leader_fail_s=no_leader_fail_s,
         )
 
     @classmethod
@@ -215,7 +220,12 @@ class Client(ThreadedShell):
         self, queue: str, config: QueueConfig | None = None, groups: GroupConfig | None = None
     ) -> DeclareOk:
         """Create `queue` (a no-op when it exists with an equal config). With `groups`, a queue
-        with message groups (machine v3; a cluster still on v2 refuses it)."""
+        with message groups (machine v3; a cluster still on v2 refuses it). A dead-letter queue
+        the config names is declared first (default config) when it does not exist: the machine
+        drops what it would dead-letter into a missing queue."""
+        target = config.dead_letter_queue if config is not None else None
+        if target is not None and self.overview(target) is None:
+            self.declare_queue(target)
         if groups is not None:
             reply = self.command(DeclareGroupedQueue(queue, config or QueueConfig(), groups))
         else:

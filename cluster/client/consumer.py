@@ -15,8 +15,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import structlog
-
+from cluster.client._log import get_logger
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
 from cluster.client._wire import group_of
@@ -36,7 +35,7 @@ from fifo.commands import (
 from fifo.effects import CreditReply
 from fifo.replies import CancelOk, Error
 
-log = structlog.get_logger("quorumq.client")
+log = get_logger("quorumq.client")
 
 
 class Settles(Protocol):
@@ -260,6 +259,15 @@ class Consumer:
             raise StopIteration
         return message
 
+    def messages(self, idle_timeout_s: float) -> Iterator[Message]:
+        """The messages as they come, until none came for `idle_timeout_s` (the queue stayed
+        empty) or the consumer was cancelled. Iterating the consumer itself waits forever.
+
+        Example: `for message in client.consume("jobs").messages(idle_timeout_s=2.0): ...`
+        """
+        while (message := self.get(timeout_s=idle_timeout_s)) is not None:
+            yield message
+
     def get(self, timeout_s: float | None = None) -> Message | None:
         """The next message, waiting up to `timeout_s` (None: until cancelled or closed)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -396,7 +404,10 @@ class Consumer:
     # --- leaving ----------------------------------------------------------------------------
 
     def cancel(self) -> CancelOk | None:
-        """Soft cancel: nothing new; pending messages can still be settled."""
+        """Soft cancel: nothing new; pending messages can still be settled. A no-op (None) on a
+        consumer already cancelled (by `process(...).stop()`, say)."""
+        if self._state.cancelled:
+            return None
         return self._leave(Cancel())
 
     def remove(self) -> CancelOk | None:

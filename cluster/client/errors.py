@@ -14,6 +14,7 @@ __all__ = [
     "ClusterError",
     "CommandRefused",
     "ConfigError",
+    "NoQuorum",
     "ProtocolError",
     "RequestTimeout",
     "TlsError",
@@ -23,6 +24,11 @@ __all__ = [
 
 class Unavailable(ClusterError):
     """Raised when no node can be reached, or the cluster has no leader to commit a command."""
+
+
+class NoQuorum(Unavailable):
+    """Raised when the nodes reached answered that there is no leader (no majority of the
+    cluster is up and connected): nothing can be committed until a quorum is back."""
 
 
 class RequestTimeout(Unavailable):

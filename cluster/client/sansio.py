@@ -33,9 +33,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from cluster import protocol
+from cluster.client._log import get_logger
 from cluster.client._state import Buffered, ConsumerState, PublisherState, Unconfirmed
 from cluster.client._wire import (
     OK_BYTES,
@@ -51,6 +50,7 @@ from cluster.client.errors import (
     ClientClosed,
     ClusterError,
     CommandRefused,
+    NoQuorum,
     RequestTimeout,
     Unavailable,
 )
@@ -75,7 +75,7 @@ from fifo.effects import (
 )
 from fifo.replies import CheckoutOk, Error, NotEnqueued, Ok
 
-log = structlog.get_logger("quorumq.client")
+log = get_logger("quorumq.client")
 
 RETRY_CODES = frozenset({protocol.NOT_LEADER_TIMEOUT, protocol.UNAVAILABLE})
 # refusals of this node alone (nothing was written): retried at once on another node
@@ -151,6 +151,7 @@ class _Request:
         "deadline",
         "kind",
         "refusal",
+        "refused_since",
         "request_id",
         "retry_at",
         "sent_at",
@@ -172,6 +173,7 @@ class _Request:
         self.uncertain = False
         # the last "no leader" answer (a retry code) to an attempt, as "code: message"
         self.refusal: str | None = None
+        self.refused_since = 0.0  # when the first such answer came (0: none yet)
 
 
 class ClientProtocol:
@@ -186,6 +188,7 @@ class ClientProtocol:
         silence_timeout_s: float = 5.0,
         frame_bytes_max: int = protocol.FRAME_BYTES_MAX_DEFAULT,
         now: float = 0.0,
+        no_leader_fail_s: float | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one endpoint host:port is required")
@@ -193,6 +196,9 @@ class ClientProtocol:
         self.endpoints = list(dict.fromkeys(endpoints))
         self.reconnect = reconnect
         self.silence_timeout_s = silence_timeout_s
+        # a request the nodes keep refusing for want of a leader fails after this long (None:
+        # it is retried until its own deadline; an election takes a second or two)
+        self.no_leader_fail_s = no_leader_fail_s
         self.frame_bytes_max = frame_bytes_max
         self.reconnects = 0
         self.welcome: Welcome | None = None  # the current connection, None while away
@@ -216,6 +222,9 @@ class ClientProtocol:
         self._last_scan = now
         self._unavailable_since = 0.0  # first of an unbroken run of retryable errors
         self._attached_once = False
+        # the connection that ended, for the one record of the reconnect: (node, why, chosen)
+        self._lost: tuple[str, str, bool] | None = None
+        self._closing: str | None = None  # why this client asked its shell to close
         self._frames: dict[tuple[str, str, int | None, bytes | None], PublishFrames | None] = {}
 
     # --- bytes in and out ---------------------------------------------------------------------
@@ -289,8 +298,7 @@ class ClientProtocol:
         for request in pending:
             request.uncertain = request.uncertain or request.sent_at > 0.0
             self._write(request)
-        if self.reconnects:
-            log.info("reconnected", node=welcome.node, resend=len(pending))
+        self._log_reconnect(welcome, len(pending))
         for consumer in list(self._consumers.values()):
             self._reattach(consumer)
         return self._take_events()
@@ -301,7 +309,9 @@ class ClientProtocol:
         self._buffer, self._out = b"", []
         if self.closed or self.failure is not None or welcome is None:
             return self._take_events()
-        log.info("connection_lost", node=welcome.node, address=welcome.address, error=str(error))
+        chosen, self._closing = self._closing, None
+        self._lost = (welcome.node, chosen or str(error), chosen is not None)
+        log.debug("connection_lost", node=welcome.node, address=welcome.address, error=str(error))
         if not self.reconnect:
             return self.fail(Unavailable(f"lost the connection to {welcome.address}: {error}"))
         order = self.endpoints
@@ -310,6 +320,20 @@ class ClientProtocol:
             order = order[start:] + order[:start]
         self._events.append(ReconnectNeeded(tuple(order)))
         return self._take_events()
+
+    def _log_reconnect(self, welcome: Welcome, resent: int) -> None:
+        """One record per reconnect: WARNING when the node was lost (killed, closed, reset),
+        INFO when this client chose to leave it (silent, or no commit through it)."""
+        lost, self._lost = self._lost, None
+        if lost is None:
+            return
+        node, why, chosen = lost
+        level = log.info if chosen else log.warning
+        level("reconnected", node=welcome.node, lost=node, reason=why, resent=resent)
+
+    def _close_connection(self, why: str) -> None:
+        self._closing = why
+        self._events.append(CloseConnection(why))
 
     def fail(self, error: ClusterError) -> list[Event]:
         """Give up for good: every request and waiter gets `error`."""
@@ -421,14 +445,18 @@ class ClientProtocol:
         request = self._inflight.pop(frame.get("id", -1), None)
         if request is None:
             if op == protocol.ERROR:
-                log.warning("error_frame", code=frame.get("code"), message=frame.get("message"))
+                # an answer to a request given up (expired, forgotten, answered by an earlier
+                # attempt): nothing to act on, and a leader change makes hundreds of them
+                log.debug("error_frame", code=frame.get("code"), message=frame.get("message"))
             return
         if op == protocol.ERROR:
             code = str(frame.get("code"))
             elsewhere = code in RETRY_ELSEWHERE_CODES and self.reconnect and len(self.endpoints) > 1
             if code in RETRY_CODES or elsewhere:
                 request.refusal = f"{code}: {frame.get('message', '')}"
-            if (code in RETRY_CODES or elsewhere) and not self._expired(request):
+                request.refused_since = request.refused_since or self._now
+            retry = (code in RETRY_CODES or elsewhere) and not self._expired(request)
+            if retry and not self._gave_up(request):
                 request.uncertain = True
                 request.retry_at = self._now + RETRY_DELAY_S
                 self._inflight[request.request_id] = request
@@ -437,7 +465,9 @@ class ClientProtocol:
                 if elsewhere:  # this node cannot take it, another can: switch at the next tick
                     self._unavailable_since = self._now - SWITCH_NODE_AFTER_S - TICK_S
                 return
-            self._finish(request, None, _frame_error(frame))
+            gave_up = self._gave_up(request)
+            what = f"refused for {self.no_leader_fail_s:g}s" if gave_up else None
+            self._finish(request, None, _frame_error(frame, what))
             return
         self._unavailable_since = 0.0
         if request.uncertain:
@@ -445,6 +475,15 @@ class ClientProtocol:
             # applied, then its consumer left): the caller must treat the outcome as unknown
             frame = {**frame, UNCERTAIN: True}
         self._finish(request, frame, None)
+
+    def _gave_up(self, request: _Request) -> bool:
+        """True once `request` was refused for want of a leader for `no_leader_fail_s`."""
+        limit = self.no_leader_fail_s
+        return (
+            limit is not None
+            and request.refused_since > 0.0
+            and self._now - request.refused_since >= limit
+        )
 
     def _expired(self, request: _Request) -> bool:
         return request.deadline is not None and self._now >= request.deadline
@@ -470,9 +509,9 @@ class ClientProtocol:
         )
         if stuck and len(self.endpoints) > 1 and self.welcome is not None:
             # this node cannot get anything committed (cut off from the majority?): try another
-            log.info("switching_node", node=self.welcome.node, after_s=SWITCH_NODE_AFTER_S)
+            log.debug("switching_node", node=self.welcome.node, after_s=SWITCH_NODE_AFTER_S)
             self._unavailable_since = 0.0
-            self._events.append(CloseConnection("no commit through this node"))
+            self._close_connection("no commit through this node")
 
     def _expire(self, now: float) -> None:
         expired = [
@@ -493,8 +532,8 @@ class ClientProtocol:
             return
         waiting_s, silent_s = now - oldest.sent_at, now - self._last_recv
         if waiting_s > self.silence_timeout_s and silent_s > self.silence_timeout_s:
-            log.info("node_silent", node=self.welcome.node, silent_s=round(silent_s, 1))
-            self._events.append(CloseConnection("the node is silent"))
+            log.debug("node_silent", node=self.welcome.node, silent_s=round(silent_s, 1))
+            self._close_connection("the node is silent")
 
     def _touch(self, owner: PublisherState | ConsumerState) -> None:
         self._updated[id(owner)] = owner
@@ -858,9 +897,9 @@ class ClientProtocol:
         self._touch(consumer)
 
 
-def no_leader(refusal: str, what: str) -> Unavailable:
+def no_leader(refusal: str, what: str) -> NoQuorum:
     """The error of a request whose attempts the nodes refused for want of a leader."""
-    return Unavailable(
+    return NoQuorum(
         f"no leader: the cluster has no quorum to commit ({what}; the nodes answered {refusal})"
     )
 
@@ -877,13 +916,13 @@ def explain_timeout(status: object, error: ClusterError) -> ClusterError:
         reason = f"{node} knows no leader"
     else:
         return error
-    return Unavailable(f"no leader: the cluster has no quorum ({reason}); {error}")
+    return NoQuorum(f"no leader: the cluster has no quorum ({reason}); {error}")
 
 
-def _frame_error(frame: AnyFrame) -> ClusterError:
+def _frame_error(frame: AnyFrame, what: str | None = None) -> ClusterError:
     code, message = str(frame.get("code")), str(frame.get("message", ""))
     if code in RETRY_CODES:
-        return no_leader(f"{code}: {message}", "the request's time ran out")
+        return no_leader(f"{code}: {message}", what or "the request's time ran out")
     if code in (protocol.AUTH_FAILED, protocol.NOT_AUTHENTICATED):
         return AuthError(message)
     return CommandRefused(code, message)

@@ -61,6 +61,11 @@ def server_hostname(address: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
+# the same setting where the user may have given it: the library, the CLI, a kombu URL
+CA_OPTION_ELSEWHERE = "--tls-ca FILE on the command line, ?tls_ca=FILE in a quorumq:// URL"
+NO_CA = "no tls= in Python, no --tls-ca on the command line, no ?tls_ca= in a quorumq:// URL"
+
+
 def handshake_failed(address: str, err: ssl.SSLError | OSError) -> ClusterError:
     """The error for a TLS handshake with `address` that failed with `err`: a certificate that
     does not verify, a node that does not speak TLS (both `TlsError`: a setting to fix), a
@@ -75,16 +80,16 @@ def handshake_failed(address: str, err: ssl.SSLError | OSError) -> ClusterError:
         return TlsError(
             f"the TLS certificate of {address} does not verify: "
             f"{str(err.verify_message).rstrip('.')}. Pass "
-            f"tls=<that cluster's CA, D/{CA_CERT_IN_DATA_DIR}> (--tls-ca on the command line) "
+            f"tls=<that cluster's CA, D/{CA_CERT_IN_DATA_DIR}> ({CA_OPTION_ELSEWHERE}) "
             "and dial the host name or IP its certificate was issued for (its cluster.toml host)"
         )
     reason = getattr(err, "reason", None)
     if isinstance(err, ssl.SSLError) and reason in _NOT_TLS_REASONS:
         return TlsError(
             f"{address} does not speak TLS (the TLS handshake failed: {reason}): its cluster "
-            "runs without tls = true; connect without tls= (--tls-ca)"
+            f"runs without tls = true; connect without a CA ({NO_CA})"
         )
     return TlsError(
         f"the TLS handshake with {address} failed: {err}. If that cluster runs without "
-        "tls = true, connect without tls= (--tls-ca)"
+        f"tls = true, connect without a CA ({NO_CA})"
     )

@@ -18,11 +18,10 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-import structlog
-
+from cluster.client._log import get_logger
 from cluster.client.workpool_core import CHANNEL_BACKLOG_DEFAULT, ChannelPool
 
-log = structlog.get_logger("quorumq.workpool")
+log = get_logger("quorumq.workpool")
 
 T = TypeVar("T")
 

@@ -17,12 +17,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
-import structlog
-
+from cluster.client._log import get_logger
 from cluster.client.workpool import PoolClosed, check_options, group_of
 from cluster.client.workpool_core import ChannelPool
 
-log = structlog.get_logger("quorumq.workpool")
+log = get_logger("quorumq.workpool")
 
 T = TypeVar("T")
 

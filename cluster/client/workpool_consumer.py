@@ -19,14 +19,13 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, Literal, Protocol, TypeVar
 
-import structlog
-
+from cluster.client._log import get_logger
 from cluster.client._state import ConsumerState
 from cluster.client.errors import ClusterError
 from cluster.client.workpool import OrderedWorkPool, PoolClosed, group_of
 from cluster.client.workpool_aio import AsyncOrderedWorkPool
 
-log = structlog.get_logger("quorumq.workpool")
+log = get_logger("quorumq.workpool")
 
 OnError = Literal["requeue", "dead_letter"]
 ON_ERRORS: tuple[OnError, ...] = ("requeue", "dead_letter")

@@ -35,19 +35,21 @@ Mapping onto quorumq:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import importlib.metadata
 import itertools
 import queue as queue_lib
 import threading
 import uuid
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from time import monotonic
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-import structlog
 from amqp.protocol import queue_declare_ok_t
 from kombu.exceptions import ChannelError
 from kombu.transport import TRANSPORT_ALIASES, virtual
@@ -66,12 +68,13 @@ from cluster.client import (
     Unavailable,
 )
 from cluster.client import Message as Delivered
+from cluster.client._log import get_logger
 from cluster.client.tls import data_dir_ca
 from cluster.errors import ConfigError
 from fifo import limits as fifo_limits
 from fifo.commands import QueueConfig
 
-log = structlog.get_logger("quorumq.kombu")
+log = get_logger("quorumq.kombu")
 
 SCHEME = "quorumq"
 UNLIMITED_PREFETCH_DEFAULT = 1000  # credit for prefetch_count=0 (quorumq credit is finite)
@@ -515,6 +518,8 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         self.inbox: queue_lib.Queue[tuple[_Subscription, Delivered]] = queue_lib.Queue()
         self.declared: set[str] = set()
         self._qq: Client | None = None
+        # registered while the client lives; a weak reference, so a dropped transport can go
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
         options = dict(client.transport_options or {})
         self.unlimited_prefetch = int(options.get("unlimited_prefetch", UNLIMITED_PREFETCH_DEFAULT))
 
@@ -561,7 +566,20 @@ class Transport(virtual.Transport):  # type: ignore[misc]
         if self._qq is None:
             endpoints, key, kwargs = self._client_arguments()
             self._qq = Client(endpoints, key, **kwargs)
+            atexit.register(self._at_exit)
         return super().establish_connection()
+
+    def _close_at_exit(self) -> None:
+        """At interpreter exit, a connection the application did not close: close its channels
+        (their auto_delete queues, e.g. Celery's RPC reply queues, go with them; unacked
+        messages go back) and the client."""
+        if self._qq is None:
+            return
+        for channel in list(self.channels):
+            with contextlib.suppress(Exception):  # exiting anyway: one failure must not stop
+                channel.close()
+        client, self._qq = self._qq, None
+        client.close()
 
     def require_client(self) -> Client:
         """The live client; a connection error when there is none."""
@@ -581,6 +599,7 @@ class Transport(virtual.Transport):  # type: ignore[misc]
 
     def close_connection(self, connection: Any) -> None:
         """Close the channels (returning their unacked messages), then the client."""
+        atexit.unregister(self._at_exit)
         try:
             super().close_connection(connection)
         finally:
@@ -616,6 +635,12 @@ class Transport(virtual.Transport):  # type: ignore[misc]
             return importlib.metadata.version("quorumq")
         except importlib.metadata.PackageNotFoundError:
             return "unknown"
+
+
+def _close_at_exit(ref: weakref.ReferenceType[Transport]) -> None:
+    transport = ref()
+    if transport is not None:
+        transport._close_at_exit()
 
 
 TRANSPORT_ALIASES.setdefault(SCHEME, f"{__name__}:Transport")

@@ -2,6 +2,14 @@
 
 A connection id carries its node and that node's incarnation, so effects replayed from the
 journal after a restart (older incarnation) find no live connection and are dropped.
+
+Only current state is delivered (issue 24, DESIGN.md section 8): a delivery goes out only while
+the node's applied state is current (`Replica.applied_state_current`, the rule in
+raft/contact.py). A delivery applied while it is not (a paused or cut-off node catching up) is
+held, never replayed: once current, each consumer it was for is reconciled from the state, which
+says what that consumer still holds; only those messages, from the first one held, are sent.
+Message ids grow per consumer and a consumer's deliveries are sent in order, so every id from
+the first held one on was never sent.
 """
 
 from __future__ import annotations
@@ -10,12 +18,20 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from cluster import protocol
-from fifo.commands import ConnectionId
-from fifo.effects import Deliver
+from fifo.commands import ConnectionId, ConsumerKey
+from fifo.effects import Deliver, Delivery
+from fifo.state import Consumer
 from raft.fastcodec import encode_effect
+from raft.replica import Replica, ReplicaView
+
+log = structlog.get_logger("cluster.effects")
 
 Send = Callable[[dict[str, Any]], None]
+Sink = Callable[[Any], None]  # takes one effect as it is (an AMQP connection translates it)
+Slot = tuple[str, ConsumerKey]  # (queue, consumer key) of one consumer of a connection
 # an effect frame's body must fit the frame limit with room for the frame's own map
 EFFECT_BYTES_MAX = protocol.FRAME_BYTES_MAX_DEFAULT - 64 * 1024
 
@@ -39,45 +55,177 @@ def split_delivery(effect: Deliver, limit: int = EFFECT_BYTES_MAX) -> list[Deliv
 
 
 class EffectRouter:
-    """Live client connections of this node incarnation, by connection number."""
+    """Live client connections of this node incarnation, by connection number; deliveries go
+    out only while the replica's applied state is current (held and reconciled otherwise)."""
 
     def __init__(self, node_id: str, incarnation: int) -> None:
         self.node_id = node_id
         self.incarnation = incarnation
         self._live: dict[int, Send] = {}
+        self._handlers: dict[int, Sink] = {}  # AMQP connections: raw effects
+        self._replica: Replica | None = None
+        # connection number -> consumer -> the lowest message id held (never sent)
+        self._held: dict[int, dict[Slot, int]] = {}
         self.sent = 0
         self.dropped = 0
+        self.held = 0  # deliveries held because the state was not current
+        self.reconciled = 0  # messages sent by a reconciliation
+
+    def use_replica(self, replica: Replica) -> None:
+        """Gate deliveries on `replica`'s currency and reconcile them from its state."""
+        self._replica = replica
 
     def register(self, connection: ConnectionId, send: Send) -> None:
         """Start routing effects for a connection to `send`."""
         self._live[connection.number] = send
 
+    def register_effects(self, connection: ConnectionId, handler: Sink) -> None:
+        """Start handing a connection's effects, as they are, to `handler` (AMQP connections:
+        they translate effects themselves, never a native frame); deliveries are held and
+        reconciled for them as for native sessions."""
+        self._handlers[connection.number] = handler
+
     def unregister(self, connection: ConnectionId) -> None:
         """Stop routing effects for a closed connection."""
         self._live.pop(connection.number, None)
+        self._handlers.pop(connection.number, None)
+        self._held.pop(connection.number, None)
 
     def is_live(self, number: int) -> bool:
         """Whether the connection with this number (of this incarnation) has a session."""
-        return number in self._live
+        return number in self._live or number in self._handlers
+
+    def _sink(self, connection: ConnectionId) -> Sink | None:
+        """Where `connection`'s effects go: its native session (framed, deliveries split to
+        fit a frame), its AMQP handler, or nowhere (replayed, or the client is gone)."""
+        if not self.owns(connection):
+            return None
+        send = self._live.get(connection.number)
+        if send is not None:
+            return lambda effect: self._send_native(effect, send)
+        return self._handlers.get(connection.number)
 
     def owns(self, connection: ConnectionId) -> bool:
         """Whether `connection` belongs to this node incarnation."""
         return connection.node == self.node_id and connection.incarnation == self.incarnation
 
+    def _current(self) -> bool:
+        return self._replica is None or self._replica.applied_state_current()
+
     def dispatch(self, effects: list[Any]) -> None:
-        """Send every effect addressed to one of our live connections, in order."""
+        """Send every effect addressed to one of our live connections, in order (deliveries
+        only while the state is current: held otherwise)."""
+        current: bool | None = None  # asked once per call: one entry's effects
+        sent_by_reconcile: dict[tuple[int, Slot], int] = {}
         for effect in effects:
             connection = getattr(effect, "connection", None)
             if not isinstance(connection, ConnectionId) or connection.node != self.node_id:
                 continue
-            send = self._live.get(connection.number) if self.owns(connection) else None
-            if send is None:
+            sink = self._sink(connection)
+            if sink is None:
                 self.dropped += 1  # replayed effect, or the client is gone
                 continue
-            encoded = encode_effect(effect)
-            if len(encoded) > EFFECT_BYTES_MAX and isinstance(effect, Deliver):
-                for part in split_delivery(effect):
-                    send(protocol.effect(encode_effect(part)))
-            else:
-                send(protocol.effect(encoded))
+            if isinstance(effect, Deliver):
+                if current is None:
+                    current = self._current()
+                    if current and self._held:  # what was held first: ids stay in order
+                        sent_by_reconcile = self._reconcile()
+                if not current:
+                    self._hold(effect)
+                    continue
+                if sent_by_reconcile:
+                    effect = _unsent_part(effect, sent_by_reconcile)
+                    if effect is None:
+                        continue
+            sink(effect)
             self.sent += 1
+
+    def reconcile(self) -> None:
+        """If deliveries were held and the state is current now, send what the state says each
+        of those consumers still holds (call periodically: the state may become current with
+        no entry applied)."""
+        if self._held and self._current():
+            self._reconcile()
+
+    def _hold(self, effect: Deliver) -> None:
+        slots = self._held.setdefault(effect.connection.number, {})
+        slot = (effect.queue, effect.consumer_key)
+        first = effect.messages[0].msg_id if effect.messages else 0
+        if not slots:
+            log.info("deliveries_held", connection=effect.connection.number, queue=effect.queue)
+        slots[slot] = min(first, slots.get(slot, first))
+        self.held += 1
+
+    def _reconcile(self) -> dict[tuple[int, Slot], int]:
+        """Send, per held consumer, the messages the state says it holds from the first held
+        id on; the highest id sent per (connection, consumer)."""
+        held, self._held = self._held, {}
+        assert self._replica is not None  # only a replica-backed router holds
+        deliveries = self._replica.read(lambda view: _still_held(view, held, self))
+        sent: dict[tuple[int, Slot], int] = {}
+        for delivery in deliveries:
+            sink = self._sink(delivery.connection)
+            if sink is None:
+                continue
+            sink(delivery)
+            self.sent += 1
+            self.reconciled += len(delivery.messages)
+            sent[(delivery.connection.number, (delivery.queue, delivery.consumer_key))] = (
+                delivery.messages[-1].msg_id
+            )
+        log.info("deliveries_reconciled", consumers=len(deliveries), messages=self.reconciled)
+        return sent
+
+    @staticmethod
+    def _send_native(effect: Any, send: Send) -> None:
+        encoded = encode_effect(effect)
+        if isinstance(effect, Deliver) and len(encoded) > EFFECT_BYTES_MAX:
+            for part in split_delivery(effect):
+                send(protocol.effect(encode_effect(part)))
+        else:
+            send(protocol.effect(encoded))
+
+
+def _still_held(
+    view: ReplicaView, held: dict[int, dict[Slot, int]], router: EffectRouter
+) -> list[Deliver]:
+    """Deliveries of what each held consumer still holds in the state, from its first held id."""
+    out: list[Deliver] = []
+    for number, slots in held.items():
+        if not router.is_live(number):
+            continue
+        for (queue_name, key), first in slots.items():
+            queue = view.state.queues.get(queue_name)
+            consumer = queue.consumers.get(key) if queue is not None else None
+            if consumer is None or consumer.connection.number != number:
+                continue
+            if not router.owns(consumer.connection):
+                continue
+            messages = _held_messages(consumer, first)
+            if messages:
+                out.append(Deliver(consumer.connection, queue_name, consumer.tag, key, messages))
+    return out
+
+
+def _held_messages(consumer: Consumer, first: int) -> tuple[Delivery, ...]:
+    """The consumer's checked-out messages from id `first` on, as the machine delivers them."""
+    return tuple(
+        Delivery(
+            mid,
+            m.body,
+            m.acquired_count > 0 or m.delivery_count > 0,
+            m.delivery_count,
+            m.annotations,
+        )
+        for mid, m in sorted(consumer.checked_out.items())
+        if mid >= first
+    )
+
+
+def _unsent_part(effect: Deliver, sent: dict[tuple[int, Slot], int]) -> Deliver | None:
+    """`effect` without the messages a reconciliation just sent (None when nothing is left)."""
+    upto = sent.get((effect.connection.number, (effect.queue, effect.consumer_key)))
+    if upto is None:
+        return effect
+    rest = tuple(m for m in effect.messages if m.msg_id > upto)
+    return dataclasses.replace(effect, messages=rest) if rest else None

@@ -306,6 +306,7 @@ class _StateCollector:
         families["quorumq_machine_version"].add_metric([], status["effective_machine_version"])
         families["quorumq_client_connections"].add_metric([], self.metrics._connections())
         yield from families.values()
+        yield from _role_change_families(status.get("role_changes") or {})
 
     @staticmethod
     def _families() -> dict[str, GaugeMetricFamily]:
@@ -347,3 +348,23 @@ class _StateCollector:
 def _overviews(view: ReplicaView) -> list[Any]:
     """Every queue's overview (read under the replica's apply lock)."""
     return [fifo.overview(view.state, queue) for queue in fifo.list_queues(view.state)]
+
+
+def _role_change_families(changes: dict[str, int]) -> list[Metric]:
+    """This node's role changes by `from` and `to` (raft.roles), and the elections it started
+    (its changes to candidate), as counters."""
+    from prometheus_client.core import CounterMetricFamily
+
+    by_change = CounterMetricFamily(
+        "quorumq_raft_role_changes",
+        "Role changes of this node since it started (each logged as role_changed with its cause).",
+        labels=["from", "to"],
+    )
+    elections = CounterMetricFamily(
+        "quorumq_raft_elections", "Elections this node started (its changes to candidate)."
+    )
+    for change, count in sorted(changes.items()):
+        before, _, after = change.partition("->")
+        by_change.add_metric([before, after], count)
+    elections.add_metric([], sum(n for c, n in changes.items() if c.endswith("->candidate")))
+    return [by_change, elections]

@@ -81,6 +81,8 @@ def _answer(view: ReplicaView, name: str, args: dict[str, Any], supported: int) 
         return plain(fifo.consumer_group(state, group))
     if name == "partitions":
         return fifo.partition_count(state, _queue_arg(args))
+    if name == "group_config":  # machine v3 message groups: policy and key (None: not grouped)
+        return plain(fifo.group_config(state, _queue_arg(args)))
     if name == "machine":
         return machine_status(view, supported)
     raise QueryError(f"unknown query {name!r}")

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 import fifo
-from cluster import config, protocol
+from cluster import config, nodelock, protocol
+from cluster.amqp.listener import AmqpListener
 from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.client_tls import TlsClientListener
@@ -39,6 +40,7 @@ from cluster.node.logs import setup_logging
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
+from cluster.nodelock import NodeDirLocked
 from cluster.tls import PeerContexts, node_client_port_context, node_peer_contexts
 from fifo.commands import ConnectionDown, ConnectionId
 from fifo.replies import Error
@@ -61,6 +63,8 @@ EX_CONFIG = 78
 TIMER_PERIOD_S = 0.1
 STATUS_PERIOD_S = 2.0
 RAFT_BIND_TIMEOUT_S = 10.0
+# lets `--max-machine-version` name an unreleased machine version (development only)
+UNRELEASED_FLAG = "QUORUMQ_ALLOW_UNRELEASED_MACHINE"
 GIL_SWITCH_INTERVAL_S = 0.001
 # the cyclic garbage collector: its youngest generation is collected after this many net
 # container allocations (Python's default: 700). A node allocates a few per command and its
@@ -114,6 +118,9 @@ class NodeServer:
             cluster.connections_per_source_max,
             self.refusals,
         )
+        self.amqp: AmqpListener | None = None
+        if node.amqp_port is not None:
+            self.amqp = AmqpListener(self, node.amqp_port, cluster.amqp_guest)
         self._leaderless_since: float | None = time.monotonic()  # None while a leader is reachable
         self._had_leader = False  # this incarnation has seen a reachable leader
         self.exit_code = EX_OK
@@ -129,6 +136,7 @@ class NodeServer:
             bind_host=cluster.bind,
             peer_dial={peer: dial for peer, dial in node.peer_addresses.items() if peer != node.id},
             compaction_min_entries=cluster.snapshot_every_entries,
+            compaction_min_time_s=cluster.snapshot_every_s,
             founders=tuple(cluster.founder_ids()),
             tls_server_context=peer_tls.server if peer_tls else None,
             tls_client_context=peer_tls.client if peer_tls else None,
@@ -228,6 +236,8 @@ class NodeServer:
         the snapshot skipped were never sent; entries applied again would send duplicates). Each
         close becomes a ConnectionDown, so their checked-out messages come back, and the clients
         reconnect and attach again: at-least-once, nothing stuck."""
+        if self.amqp is not None:
+            self.amqp.close_all()
         if not self._sessions:
             return
         log.warning("sessions_reset_after_snapshot", index=index, sessions=len(self._sessions))
@@ -249,9 +259,12 @@ class NodeServer:
             self._reset_sessions,
             self.metrics.on_outcome,
         )
+        self.router.use_replica(self.replica)  # deliveries only from current state (issue 24)
         self.timers = LeaderTimers(self.replica)
         try:
             server = await self._listen()
+            if self.amqp is not None:
+                await self.amqp.start(self.cluster.bind)
             self.metrics.start()
             if self.management is not None:
                 await self.management.start()
@@ -278,6 +291,8 @@ class NodeServer:
         server.close()
         if self.management is not None:
             await self.management.stop()
+        if self.amqp is not None:
+            self.amqp.stop()
         for task in tasks:
             task.cancel()
         for session in list(self._sessions):
@@ -352,6 +367,7 @@ class NodeServer:
                 self.timers.tick()
                 self.replica.sweep()
                 self._reconcile_connections()
+                self.router.reconcile()
                 if time.monotonic() - last_status > STATUS_PERIOD_S:
                     last_status = time.monotonic()
                     self._write_status()
@@ -441,13 +457,20 @@ def next_incarnation(node_dir: Path) -> int:
 
 
 def supported_version(cap: int | None) -> int:
-    """The highest machine version this code supports, capped by `--max-machine-version`."""
+    """The highest machine version this code supports, capped by `--max-machine-version`.
+
+    An unreleased version (`fifo.UNRELEASED_VERSIONS`) is allowed as the cap only with the
+    environment variable UNRELEASED_FLAG set to 1 (development; never the default)."""
     latest = max(fifo.SUPPORTED_VERSIONS)
     if cap is None:
         return int(latest)
-    if cap not in fifo.SUPPORTED_VERSIONS:
+    allowed = fifo.SUPPORTED_VERSIONS
+    if os.environ.get(UNRELEASED_FLAG) == "1":
+        allowed = (*allowed, *fifo.UNRELEASED_VERSIONS)
+    if cap not in allowed:
         raise ConfigError(
-            f"--max-machine-version {cap}: this code supports {fifo.SUPPORTED_VERSIONS}"
+            f"--max-machine-version {cap}: this code supports {fifo.SUPPORTED_VERSIONS} "
+            f"(unreleased {fifo.UNRELEASED_VERSIONS} only with {UNRELEASED_FLAG}=1)"
         )
     return cap
 
@@ -479,6 +502,9 @@ def run_node(
         print(f"error: {err}", file=sys.stderr)
         return EX_CONFIG
     node_dir = node.data_dir if node.data_dir.is_absolute() else data_dir / node.data_dir
+    lock_fd = _lock_node_dir(data_dir, node_id, node_dir)  # before anything is written
+    if lock_fd is None:
+        return EX_USAGE
     os.umask(0o077)  # journal, snapshot, meta and logs are for the node's owner only (0600)
     storage.private_dir(node_dir)
     setup_logging(
@@ -488,11 +514,7 @@ def run_node(
     # (the default switch interval) while the loop returns from an fsync or a poll
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     incarnation = next_incarnation(node_dir)
-    pid_file = node_dir / "node.pid"
-    # atomically: the launcher may read it at any moment (a truncated file reads as "no node")
-    pid_tmp = node_dir / "node.pid.tmp"
-    pid_tmp.write_text(f"{os.getpid()}\n", encoding="ascii")
-    os.replace(pid_tmp, pid_file)
+    pid_file = _write_pid_file(node_dir)
     try:
         server = NodeServer(
             cluster,
@@ -514,6 +536,25 @@ def run_node(
         return EX_CONFIG
     tune_gc()
     try:
+        return _serve(server)
+    finally:
+        pid_file.unlink(missing_ok=True)
+        os.close(lock_fd)  # (the kernel would drop it at exit anyway)
+
+
+def _write_pid_file(node_dir: Path) -> Path:
+    """Write node.pid atomically (the launcher may read it at any moment: a truncated file
+    reads as "no node"); its path."""
+    pid_file = node_dir / "node.pid"
+    pid_tmp = node_dir / "node.pid.tmp"
+    pid_tmp.write_text(f"{os.getpid()}\n", encoding="ascii")
+    os.replace(pid_tmp, pid_file)
+    return pid_file
+
+
+def _serve(server: NodeServer) -> int:
+    """Serve until SIGTERM/SIGINT; the exit code (a failure while serving is logged)."""
+    try:
         asyncio.run(_serve_until_signal(server))
     except MetricsUnavailable as err:
         print(f"error: {err}", file=sys.stderr)
@@ -526,9 +567,21 @@ def run_node(
     except OSError as err:
         log.error("node_failed", error=str(err))
         return EX_SOFTWARE
-    finally:
-        pid_file.unlink(missing_ok=True)
     return server.exit_code
+
+
+def _lock_node_dir(data_dir: Path, node_id: str, node_dir: Path) -> int | None:
+    """The node dir's lock (held for the process's life), or None after saying on stderr which
+    process holds it: a second start must not touch a running node's files."""
+    try:
+        return nodelock.take(node_dir)
+    except NodeDirLocked as err:
+        print(
+            f"error: node {node_id} is already running (pid {err.pid}); nothing was changed. "
+            f"Stop it with: quorumq node stop {node_id} --data-dir {data_dir}",
+            file=sys.stderr,
+        )
+        return None
 
 
 def _management(server: NodeServer, data_dir: Path) -> ManagementServer:

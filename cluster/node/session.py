@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ from fifo.commands import (
     UpdateConfig,
 )
 from fifo.replies import Error, Ok
+from fifo.state import Message
 from fifo.wire import field_splicer
 from raft.errors import SubmitError
 from raft.fastcodec import decode_command, encode_command
@@ -68,6 +70,12 @@ PUBLISH_BODY_BYTES_MAX = EFFECT_BYTES_MAX
 # queries always answered: "status" says itself whether this node has a leader
 FRESH_QUERIES = frozenset({"status"})
 WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
+# an effect frame (a delivery) queued longer than this before its write means this node was
+# stopped or starved meanwhile: long enough, near the peers' connection timeout, for the leader
+# to mark the node down and hand its consumers' messages to others; the frame may describe state
+# that no longer holds (issue 24), so the session is closed instead (its consumers' messages
+# come back through the log, as after a snapshot)
+EFFECTS_STALE_S = 1.0
 READ_BYTES = 256 * 1024
 OK_BYTES = fifo.encode(Ok())  # the most frequent reply, encoded once
 CLIENT_COMMANDS = (
@@ -119,6 +127,35 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
     return command
 
 
+def _held_now(
+    view: ReplicaView, settle: Settle
+) -> tuple[list[tuple[int, Message, int]], list[int]]:
+    """(id, message, times taken back so far) of each named message its consumer holds now,
+    and the named ids it neither holds nor lost to its own consumer timeout."""
+    queue = view.state.queues.get(settle.queue)
+    consumer = queue.consumers.get(settle.consumer_key) if queue is not None else None
+    if consumer is None:
+        return [], []  # the machine refuses it (unknown consumer) or it is a queue-level id
+    held: list[tuple[int, Message, int]] = []
+    missing: list[int] = []
+    for mid in settle.msg_ids:
+        message = consumer.checked_out.get(mid)
+        if message is not None:
+            held.append((mid, message, message.acquired_count))
+        elif mid not in consumer.timed_out:
+            missing.append(mid)
+    return held, missing
+
+
+def _not_held_message(settle: Settle, lost: list[int]) -> str:
+    shown = ", ".join(str(mid) for mid in lost[:20])
+    return (
+        f"not settled: message ids {shown} of consumer {settle.consumer_key} on {settle.queue} "
+        "were taken back before the settle applied (a timeout, or its node was marked down); "
+        "they are delivered again"
+    )
+
+
 def _fifo_tag(tag: int) -> bool:
     """Commands carry fifo's class tags only (no cbor2 semantic tag: dates, regexes, MIME...)."""
     return tag >= TAG_BASE
@@ -161,6 +198,7 @@ class ClientSession:
         self._flush_scheduled = False
         self._conn_blob: bytes | None = None  # this connection's encoded ConnectionId
         self._oks: list[int] | None = None  # OKS_FEATURE: ids answered Ok, not yet framed
+        self._effects_since: float | None = None  # when the oldest unwritten effect was queued
 
     def send(self, message: dict[str, Any]) -> None:
         """Queue a frame to the client (loop thread); frames queued in one loop iteration go
@@ -170,6 +208,8 @@ class ClientSession:
         if self._oks:
             self._out.append(protocol.encode_frame(protocol.oks(self._oks)))
             self._oks = []
+        if self._effects_since is None and message.get("op") == protocol.EFFECT:
+            self._effects_since = time.monotonic()
         try:
             self._out.append(protocol.encode_frame(message, self.server.frame_bytes_max))
         except ProtocolError as err:
@@ -209,11 +249,24 @@ class ClientSession:
             self._oks = []
         if self.closed or not self._out:
             return
+        since, self._effects_since = self._effects_since, None
+        if since is not None and time.monotonic() - since > EFFECTS_STALE_S:
+            self._drop_stale(time.monotonic() - since)
+            return
         data, self._out = b"".join(self._out), []
         self.writer.write(data)
         if self.writer.transport.get_write_buffer_size() > WRITE_BUFFER_BYTES_MAX:
             log.warning("client_too_slow", connection=repr(self.connection))
             self.close()
+
+    def _drop_stale(self, waited_s: float) -> None:
+        """Close without sending what is queued: its effects waited `waited_s` (the node was
+        stopped or starved) and may no longer match the state (issue 24)."""
+        log.warning("session_closed_stale_effects", connection=repr(self.connection),
+                    waited_s=round(waited_s, 3))  # fmt: skip
+        self._out = []
+        self.closed = True
+        self.writer.close()
 
     def is_closed(self) -> bool:
         """Whether the session was closed (a method, so checks are not narrowed away)."""
@@ -357,8 +410,35 @@ class ClientSession:
         if bound is not command:  # re-encode only what changed (the codec is the hot path)
             blob = self._rebound_blob(blob, command, bound)
         self.used = True
-        sink = self.server.metrics.count(bound, self._reply_sink(request_id))
+        reply_sink = self._reply_sink(request_id)
+        if type(bound) is Settle:
+            reply_sink = self._settle_sink(bound, reply_sink)
+        sink = self.server.metrics.count(bound, reply_sink)
         self.server.replica.propose(bound, sink, blob)
+
+    def _settle_sink(
+        self, settle: Settle, sink: Callable[[Reply], None]
+    ) -> Callable[[Reply], None]:
+        """`sink`, but an `Ok` becomes a refusal when a named message was not held by its
+        consumer when the settle applied (issue 24): the machines answer `ok` to a settle of
+        ids their consumer no longer holds, and a message taken back meanwhile (disconnected
+        timeout, node down) and delivered to another consumer would then seem acked twice.
+        Each message is noted as held now (the object and how often it was taken back); not
+        held now, or taken back by the time the settle applied, means not settled. Ids the
+        consumer lost to its own consumer timeout are exempt: naming them is how a client
+        clears the timeout (it was told with a Released notice). A resent settle whose first
+        attempt applied gets the refusal too: the client flags an error to a resend uncertain."""
+        held, missing = self.server.replica.read(lambda view: _held_now(view, settle))
+
+        def checked(reply: Reply) -> None:
+            if type(reply) is Ok:
+                lost = missing + [mid for mid, message, taken in held
+                                  if message.acquired_count != taken]  # fmt: skip
+                if lost:
+                    reply = Error("fenced", _not_held_message(settle, sorted(lost)))
+            sink(reply)
+
+        return checked
 
     def _rebound_blob(self, blob: bytes, command: Any, bound: Any) -> bytes:
         # a publish arrives without its connection: splicing ours in is far cheaper than

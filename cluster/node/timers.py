@@ -177,11 +177,21 @@ class LeaderTimers:
                 connected=connected,
                 down_nodes=tuple(view.meta.down_nodes),
                 incarnations=dict(view.meta.incarnations),
-                due_commands=tuple(fifo.due_commands(view.state, now_ms)),
+                due_commands=tuple(due_now(view.state, now_ms)),
                 upgrade_target=view.upgrade_target(),
             )
 
         return replica.read(read)
+
+
+def due_now(state: fifo.State, now_ms: int) -> list[Command]:
+    """The machine's timer commands due at `now_ms`, asking for its next deadline first: nothing
+    is due before it (machine v4 answers from its deadline index without a scan; v1-v3's answer
+    is their scan, as before)."""
+    deadline = fifo.next_deadline_ms(state)
+    if deadline is None or deadline > now_ms:
+        return []
+    return fifo.due_commands(state, now_ms)
 
 
 def _ignore(_reply: Reply) -> None:

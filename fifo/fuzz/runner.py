@@ -29,6 +29,14 @@ QUERY_SAMPLE_ONE_IN = 10
 STALE_TIMER_CODES = ("unknown_consumer", "unknown_queue")
 TIMER_ROUNDS_MAX = 4  # a timeout can return expired messages: Expire is due in the next round
 VIOLATIONS_MAX = 20
+# v1-v3 answer a handler that raised with this reply (their frozen catch-all): a crash all the same
+REJECTED_PREFIX = "rejected:"
+CRASHES = ("apply_raised", "apply_rejected")  # a run stops at the first one
+
+
+def crashed(reply: Reply) -> bool:
+    """Whether a reply is v1-v3's catch-all answer to a handler that raised."""
+    return isinstance(reply, Error) and reply.message.startswith(REJECTED_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +125,9 @@ def step(run: Run, generator: Generator, index: int) -> None:
         reply, effects = run.apply_fn(meta, command, run.state)
     except Exception as err:  # apply must never raise: report it as a violation
         run.violations.append(Violation(index, repr(command), "apply_raised", repr(err)))
+        return
+    if crashed(reply):  # a handler raised inside v1-v3's catch-all: as bad as an exception
+        run.violations.append(Violation(index, repr(command), "apply_rejected", repr(reply)))
         return
     found = run.checker.after(run.state, command, reply, effects, peek)
     if isinstance(reply, Error):
@@ -341,7 +352,7 @@ def run_with_log(
         step(fuzz, generator, index)
         done = index + 1
         if len(fuzz.violations) >= VIOLATIONS_MAX or any(
-            v.invariant == "apply_raised" for v in fuzz.violations
+            v.invariant in CRASHES for v in fuzz.violations
         ):
             break
     if snap_at == steps:

@@ -19,6 +19,7 @@ from fifo.fuzz.runner import (
     check_codec,
     check_queries,
     check_timers_at,
+    crashed,
     run_with_log,
 )
 from fifo.replies import Error
@@ -68,6 +69,8 @@ def breaks(entries: list[LogEntry], version: int, apply_fn: ApplyFn, invariant: 
             reply, effects = apply_fn(meta, command, state)
         except Exception:  # apply_raised is what we look for, or a different failure
             return invariant == "apply_raised"
+        if crashed(reply):  # v1-v3's catch-all answered a handler that raised
+            return invariant == "apply_rejected"
         found = [name for name, _ in checker.after(state, command, reply, effects, peek)]
         if before is not None and isinstance(reply, Error) and fifo.digest(state) != before:
             found.append("error_changed_state")

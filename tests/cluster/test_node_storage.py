@@ -363,6 +363,8 @@ def test_cluster_status_exits_1_naming_a_replica_that_diverged(cluster: LocalClu
         with client.publisher("d", window=10) as publisher:
             publisher.publish(probe)
             publisher.wait_for_confirms(60)
+    # a confirm needs a majority only: wait until the follower to damage holds the probe too
+    cluster.converged(timeout_s=60)
     odd = cluster.followers()[0]
     node = cluster.config.node(odd)
     stop_node(node, grace_s=5)

@@ -73,19 +73,20 @@ def test_convert_is_pure() -> None:
     assert fifo.digest(log.state) == before and fifo.state_version(log.state) == 1
     assert fifo.state_version(new) == 2
     with pytest.raises(fifo.UnsupportedVersionError):
-        fifo.convert(new, 2, 4, fifo.Meta(9, 1, 500, 4))
+        fifo.convert(new, 2, max(fifo.MACHINES) + 1, fifo.Meta(9, 1, 500, 5))
     newer = fifo.convert(new, 2, 3, fifo.Meta(10, 1, 600, 3))
     assert fifo.state_version(new) == 2 and fifo.state_version(newer) == 3
     assert fifo.overview(newer, "q") == fifo.overview(new, "q")  # v3 groups nothing it converts
 
 
 def test_machine_for_and_init_state() -> None:
-    """Every supported version has a machine; others raise UnsupportedVersionError."""
+    """Every version (released or not) has a machine; others raise UnsupportedVersionError."""
     assert fifo.SUPPORTED_VERSIONS == (1, 2, 3) and fifo.LATEST_VERSION == 3
-    for v in fifo.SUPPORTED_VERSIONS:
+    assert fifo.UNRELEASED_VERSIONS == (4,)
+    for v in (*fifo.SUPPORTED_VERSIONS, *fifo.UNRELEASED_VERSIONS):
         m = fifo.machine_for(v)
         assert m.version == v and fifo.state_version(m.init()) == v
-    for bad in (0, 4, "2"):
+    for bad in (0, 5, "2"):
         with pytest.raises(fifo.UnsupportedVersionError):
             fifo.machine_for(bad)  # type: ignore[arg-type]
 

@@ -279,6 +279,30 @@ def test_auto_delete_queue_goes_with_its_channel(cluster: LocalCluster) -> None:
         assert "k-durable" in client.queues()
 
 
+def test_auto_delete_queues_go_when_the_process_exits_without_closing(
+    cluster: LocalCluster,
+) -> None:
+    """A Celery client that ends normally (its reply queue is auto_delete) without closing its
+    connection leaves no reply queue behind (issue 34)."""
+    script = textwrap.dedent(
+        f"""
+        from kombu import Connection, Producer, Queue
+        import cluster.integrations.kombu_transport
+        connection = Connection({_url(cluster)!r})
+        channel = connection.channel()
+        queue = Queue("k-exit-reply", auto_delete=True)
+        Producer(channel).publish({{"n": 1}}, routing_key="k-exit-reply", declare=[queue])
+        print("declared")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and "declared" in done.stdout, done.stderr
+    with _client(cluster) as client:
+        assert "k-exit-reply" not in client.queues()
+
+
 def test_consumer_goes_on_when_its_node_dies(cluster: LocalCluster) -> None:
     """The client moves to another node; what the dead node had checked out comes back after
     the queue's disconnected timeout (2 s here), so every message is seen and settled."""

@@ -18,13 +18,12 @@ from pysyncobj.syncobj import _COMMAND_TYPE
 import fifo
 from cluster.launcher import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
-from fifo.replies import Ok
 from raft import storage
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, encode_entry
 from raft.errors import StorageError
 from raft.node import RaftNode, RaftSettings
-from raft.replicated import InternalFailure, Outcome, ReplicatedState
+from raft.replicated import Outcome
 
 
 class Harness:
@@ -108,22 +107,37 @@ def test_restart_from_journal_and_dump_gives_an_equal_digest(tmp_path: Path, por
         second.close()
 
 
-def test_an_exception_in_apply_does_not_wedge_the_node(
+def test_an_exception_in_apply_stops_applying_at_that_entry(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A raising apply is answered with an internal failure and later entries still apply."""
+    """A raising apply (a bug) stops applying on the node at that entry: nothing after it is
+    applied, the status says stopped with the entry index and the traceback, and no snapshot
+    of the half-applied state is written."""
     harness.run(DeclareQueue("q"))
+    applied = harness.node.replicated_state.meta.last_index
+    real_apply = fifo.apply
 
-    def broken(*_args: Any, **_kwargs: Any) -> Any:
-        raise RuntimeError("injected bug")
+    def broken(meta: Any, command: Any, state: Any) -> Any:
+        if isinstance(command, Enqueue) and command.body == b"boom":
+            raise RuntimeError("injected bug")
+        return real_apply(meta, command, state)
 
-    monkeypatch.setattr(ReplicatedState, "apply_entry", broken)
-    replies = harness.run(Enqueue("q", b"a"))
-    assert isinstance(replies[0], InternalFailure) and "injected bug" in replies[0].message
-    monkeypatch.undo()
-    assert harness.run(Enqueue("q", b"b")) == [Ok()]
-    status = harness.node.getStatus()
-    assert status["last_applied"] == status["commit_idx"]
+    monkeypatch.setattr(fifo, "apply", broken)
+    blobs = (fifo.encode(Enqueue("q", b"boom")),)
+    harness.node.submit(Entry("cmds", int(time.time() * 1000), ("n1", 1, 99), cmds=blobs))
+    wait_until(lambda: harness.node.stopped_reason is not None, 10, "the stop")
+    status = harness.node.status(with_digest=False)
+    assert status["role"] == "stopped"
+    assert f"applying entry {applied + 1} raised RuntimeError('injected bug')" in status["reason"]
+    assert "Traceback" in status["traceback"] and "injected bug" in status["traceback"]
+    assert harness.node.replicated_state.meta.last_index == applied + 1  # the metadata moved
+    blobs = (fifo.encode(Enqueue("q", b"after")),)
+    harness.node.submit(Entry("cmds", int(time.time() * 1000), ("n1", 1, 100), cmds=blobs))
+    wait_until(lambda: harness.node.getStatus()["commit_idx"] >= applied + 2, 10, "the commit")
+    assert 100 not in harness.outcomes and 99 not in harness.outcomes
+    assert fifo.overview(harness.node.replicated_state.state, "q").total == 0  # type: ignore[union-attr]
+    with pytest.raises(RuntimeError, match="half-applied"):
+        harness.node._serialize_snapshot(str(harness.node.settings.data_dir / "x"), (None,) * 3)
 
 
 @pytest.mark.parametrize("fsync", ["batch", "always"])

@@ -20,11 +20,11 @@ from fifo.commands import (
     SimplePrefetch,
 )
 from fifo.effects import Deliver
-from fifo.replies import CheckoutOk, DeclareOk, Error, Ok
+from fifo.replies import CheckoutOk, DeclareOk, Error
 from raft import entry as entries
 from raft.entry import Entry, decode_entry, encode_entry
 from raft.errors import EntryError, VersionTooOldError
-from raft.replicated import InternalFailure, ReplicatedState
+from raft.replicated import ReplicatedState
 
 MEMBERS = ["n1", "n2", "n3"]
 CONN = ConnectionId("n1", 7, 1)
@@ -86,8 +86,9 @@ def test_snapshot_restore_gives_an_equal_digest() -> None:
     assert copy.digest() == rs.digest()
 
 
-def test_an_exception_in_apply_becomes_an_internal_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A raising machine answers InternalFailure for that command; the rest of the batch applies."""
+def test_an_exception_in_apply_is_not_contained_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A raising machine's exception leaves apply_entry (raft.node is the one containment point):
+    the commands before it applied, none after it did."""
     rs = cluster_state()
     real_apply = fifo.apply
 
@@ -97,13 +98,11 @@ def test_an_exception_in_apply_becomes_an_internal_failure(monkeypatch: pytest.M
         return real_apply(meta, command, state)
 
     monkeypatch.setattr(fifo, "apply", flaky)
-    out = rs.apply_entry(
-        10, 1, cmds(DeclareQueue("q"), Enqueue("q", b"boom"), Enqueue("q", b"ok")), 2
-    )
-    assert isinstance(out.replies[1], InternalFailure)
-    assert "index" in out.replies[1].message and out.failures
-    assert isinstance(out.replies[2], Ok)
-    assert fifo.overview(rs.state, "q").total == 1  # type: ignore[union-attr]
+    with pytest.raises(RuntimeError, match="bug"):
+        rs.apply_entry(
+            10, 1, cmds(DeclareQueue("q"), Enqueue("q", b"boom"), Enqueue("q", b"ok")), 2
+        )
+    assert fifo.overview(rs.state, "q").total == 0  # type: ignore[union-attr]
 
 
 def test_undecodable_command_is_refused_alone() -> None:

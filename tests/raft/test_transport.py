@@ -1,9 +1,14 @@
 """raft.transport with real sockets and a real 3-member pysyncobj cluster in this process.
 
-The issue's attack (a 2^31 length prefix, then zeros without end) against pysyncobj's own
-transport stalled the leader's tick thread until another node was elected and moved a
-follower's term from 1 to 4. Here it, and every other thing a stranger can send, is refused
-after at most a few bytes, logged once per connection, and changes nothing.
+Every thing a stranger can send is refused after at most a few bytes, logged once per
+connection, and changes nothing. The issue's attack (a 2^31 length prefix, then zeros without
+end, at every node at once while the leader commits) runs against node processes in
+test_transport_process.py: here three attacker threads and three nodes would share one GIL,
+and the test would measure the interpreter, not the transport (issue 34).
+
+The trio is shared by the module's tests, but each test gets it only after a health check (a
+leader that commits within a few seconds); a trio that lost its leader is rebuilt, never
+handed on.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from raft.node import RaftNode, RaftSettings
 from raft.replicated import Outcome
 
 SECRET = "secret-for-transport-tests"
+ELECTION_TIMEOUT_MS = (1500, 3000)
+HEALTH_TIMEOUT_S = 10.0
 
 
 class Trio:
@@ -64,10 +71,12 @@ class Trio:
                 password=SECRET,
                 supported_version=2,
                 incarnation=1,
-                election_timeout_ms=(400, 800),
+                # margin: the three nodes share this process (and its GIL) with the tests, on a
+                # host that may be loaded; these tests are about bytes on the wire, not timing
+                election_timeout_ms=ELECTION_TIMEOUT_MS,
             )
             self.nodes[nid] = RaftNode(settings, self._on_outcome)
-        wait_until(lambda: self.leader() is not None, 20, "a leader")
+        wait_until(lambda: self.leader() is not None, 30, "a leader")
 
     def _on_outcome(self, outcome: Outcome) -> None:
         with self.changed:
@@ -83,16 +92,36 @@ class Trio:
 
     def run(self, *commands: Any) -> list[Any]:
         """Submit one batch through the leader and wait until it is applied there."""
+        replies = self.try_run(*commands, timeout_s=10)
+        assert replies is not None, "the trio's leader did not commit within 10 s"
+        return replies
+
+    def try_run(self, *commands: Any, timeout_s: float) -> list[Any] | None:
+        """`run`, or None when there is no leader or the batch is not applied in time."""
         leader = self.leader()
-        assert leader is not None
+        if leader is None:
+            return None
         batch = self.next_batch
         self.next_batch += 1
         blobs = tuple(fifo.encode(c) for c in commands)
         entry = Entry("cmds", int(time.time() * 1000), (leader, 1, batch), cmds=blobs)
         self.nodes[leader].submit(entry)
         with self.changed:
-            assert self.changed.wait_for(lambda: batch in self.outcomes, timeout=10)
+            if not self.changed.wait_for(lambda: batch in self.outcomes, timeout=timeout_s):
+                return None
         return self.outcomes[batch].replies
+
+    def healthy(self) -> bool:
+        """A leader that commits (a declare of the tests' queue, idempotent) within a few
+        seconds, with every node up."""
+        if any(not node.tick_thread_alive() for node in self.nodes.values()):
+            return False
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.try_run(DeclareQueue("q"), timeout_s=HEALTH_TIMEOUT_S) is not None:
+                return True
+            time.sleep(0.05)  # no leader yet: an election may be under way
+        return False
 
     def terms(self) -> dict[str, int]:
         return {nid: node.status(with_digest=False)["term"] for nid, node in self.nodes.items()}
@@ -103,11 +132,22 @@ class Trio:
 
 
 @pytest.fixture(scope="module")
-def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trio]:
-    t = Trio(tmp_path_factory.mktemp("trio"))
-    t.run(DeclareQueue("q"))
-    yield t
-    t.close()
+def trio_holder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Trio]]:
+    """The module's trio (a one-item list: the health check may replace it), closed at the end."""
+    holder = [Trio(tmp_path_factory.mktemp("trio"))]
+    yield holder
+    holder[0].close()
+
+
+@pytest.fixture
+def trio(trio_holder: list[Trio], tmp_path_factory: pytest.TempPathFactory) -> Trio:
+    """The shared trio after a health check: a trio that cannot commit is rebuilt first, so no
+    test inherits another test's lost cluster."""
+    if not trio_holder[0].healthy():
+        trio_holder[0].close()
+        trio_holder[0] = Trio(tmp_path_factory.mktemp("trio"))
+        assert trio_holder[0].healthy(), "a fresh trio did not commit"
+    return trio_holder[0]
 
 
 def _dial(address: str) -> socket.socket:
@@ -155,46 +195,6 @@ def _events(logs: list[Any], name: str) -> list[Any]:
 def _spare(trio: Trio) -> tuple[str, str]:
     """The ghost member's address (an identity a test may borrow) and a node that accepts it."""
     return trio.ghost, trio.addresses["n1"]
-
-
-def test_the_issue_attack_neither_stalls_the_leader_nor_changes_the_term(trio: Trio) -> None:
-    """A 2^31 length prefix, then zeros streamed for seconds, at every node's raft port."""
-    leader, terms = trio.leader(), trio.terms()
-    stop = threading.Event()
-    sent = [0]
-
-    def attack(address: str) -> None:
-        while not stop.is_set():
-            try:
-                sock = _dial(address)
-                sock.sendall(struct.pack("<I", 2**31))
-                zeros = b"\0" * 65536
-                while not stop.is_set():
-                    sock.sendall(zeros)
-                    sent[0] += len(zeros)
-            except OSError:
-                pass  # refused and closed: dial again
-            finally:
-                sock.close()
-
-    attackers = [threading.Thread(target=attack, args=(a,)) for a in trio.addresses.values()]
-    with capture_logs() as logs:
-        for thread in attackers:
-            thread.start()
-        try:
-            for i in range(60):  # ~3 s of commits while under attack
-                assert trio.run(Enqueue("q", b"under-attack-%d" % i)) == [Ok()]
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            for thread in attackers:
-                thread.join()
-    assert trio.leader() == leader
-    assert trio.terms() == terms
-    refused = _events(logs, "peer_refused")
-    assert refused and all(entry["reason"] == "not the quorumq raft protocol" for entry in refused)
-    # once per connection: far fewer log lines than bytes (pysyncobj logged nothing at all)
-    assert len(refused) < max(2, sent[0] // 1000)
 
 
 def test_a_stranger_gets_nothing_unpickled_and_each_connection_is_logged_once(
@@ -312,8 +312,10 @@ def test_forged_replayed_and_spliced_frames_are_refused(trio: Trio) -> None:
 
 def test_unauthenticated_connections_are_bounded_and_have_a_deadline(trio: Trio) -> None:
     address = trio.addresses["n2"]
+    pending = trio.nodes["n2"]._SyncObj__transport._unknownConnections
     idle = [_dial(address) for _ in range(transport.PENDING_AUTH_MAX)]
-    time.sleep(0.3)  # accepted by the tick thread
+    # the condition the next lines assume: every slot taken (accepted on n2's loop, in its time)
+    wait_until(lambda: len(pending) >= transport.PENDING_AUTH_MAX, 10, "the idle ones accepted")
     extra = _dial(address)
     assert _closed_by_peer(extra, timeout=2)
     extra.close()

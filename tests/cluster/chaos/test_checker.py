@@ -85,14 +85,29 @@ def test_consumed_but_never_published_is_unexpected() -> None:
 
 
 def test_two_fresh_deliveries_are_duplicated_but_still_valid() -> None:
-    """Consumed twice without the redelivered flag: duplicated, yet valid (as in Jepsen)."""
+    """Consumed twice without the redelivered flag (the first ack's outcome unknown):
+    duplicated, yet valid (as in Jepsen)."""
     s = Script()
     s.publish("a")
-    s.consume("a")
+    s.consume("a", ack="info")
     s.consume("a")
     verdict = check(s.events)
     assert verdict.duplicated == ["a"]
     assert verdict.valid
+
+
+def test_a_fresh_delivery_after_a_confirmed_ack_is_late_and_invalidates_the_run() -> None:
+    """Issue 24: delivered again without the redelivered flag after an ack of it completed ok
+    (a node sent what its state no longer held): a late delivery, the run is invalid."""
+    s = Script()
+    s.publish("a")
+    s.consume("a")
+    s.consume("a", ack="fail")
+    verdict = check(s.events)
+    assert verdict.delivered_after_ack == ["a"]
+    assert verdict.redelivered_after_ack == []
+    assert verdict.to_dict()["delivered_after_ack_count"] == 1
+    assert not verdict.valid
 
 
 def test_redelivery_with_the_flag_is_not_a_duplicate() -> None:
@@ -174,7 +189,7 @@ def test_redelivery_after_a_confirmed_ack_invalidates_the_run() -> None:
     s.consume("a")
     s.consume("a", redelivered=True)
     verdict = check(s.events)
-    assert verdict.redelivered_after_ack == ["a"]
+    assert verdict.redelivered_after_ack == verdict.delivered_after_ack == ["a"]
     assert verdict.duplicated == []
     assert not verdict.valid
 

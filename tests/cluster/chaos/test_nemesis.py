@@ -228,6 +228,33 @@ def test_run_plays_a_schedule_on_the_history_clock(cluster: SleeperCluster) -> N
     assert cluster.state("n1") != "dead" and cluster.state("n2") != "dead"
 
 
+class SlowCluster(SleeperCluster):
+    """Its restarts take `slow_s` (a node that replays a long journal)."""
+
+    slow_s = 0.5
+
+    def start(self, node: str) -> None:
+        time.sleep(self.slow_s)
+        super().start(node)
+
+
+def test_a_slow_heal_shifts_the_schedule_instead_of_shortening_the_next_fault() -> None:
+    """Each fault lasts its duration after its action, and a heal that ends late shifts the
+    faults after it (with their quiet gap): none is cut to nothing."""
+    slow = SlowCluster(["n1", "n2", "n3"])
+    try:
+        schedule = [ScheduledFault("kill", 0.1, 0.2, pick=0), ScheduledFault("pause", 0.4, 0.3, 1)]
+        nemesis = Nemesis(slow, Recorder())
+        nemesis.run(schedule, threading.Event())
+        first, second = nemesis.records
+        assert first.end_s is not None and second.end_s is not None
+        assert first.end_s - first.start_s >= 0.2 + slow.slow_s
+        assert second.start_s >= first.end_s + 0.1  # the quiet gap kept after the late heal
+        assert second.end_s - second.start_s >= 0.3
+    finally:
+        slow.close()
+
+
 def subprocess_free_port() -> int:
     """An ephemeral port nobody listens on (the proxies only need a target address)."""
     import socket

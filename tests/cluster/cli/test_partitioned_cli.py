@@ -83,7 +83,7 @@ def test_publish_to_a_partitioned_queue_by_key_and_round_robin_then_delete_it(
     names = [row["name"] for row in run(v3, "queue", "list")]
     assert not [name for name in names if name.startswith("parted")]
     code, message = refused(v3, "queue", "info", "parted")
-    assert code == 64 and "no queue" in message
+    assert code == 65 and "no queue" in message  # exit 65 for an unknown queue (issue 34)
 
 
 def test_publish_and_delete_help_teach_partitioned_queues() -> None:

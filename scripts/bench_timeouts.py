@@ -1,0 +1,172 @@
+"""Consumer timeouts on an idle leader: v3's scan against v4's deadline index, as JSON.
+
+For each machine version (3: scans every checked-out message on every 100 ms timer tick; 4:
+asks its deadline index) and each consumer count, 100,000 messages are checked out and held
+(not acked) by that many consumers, then:
+
+- `tick_ms`: the machine's part of one leader timer tick (`cluster.node.timers.due_now`: the
+  next deadline, and the due commands only once it passed) on a state built in this process
+  with the same commands, averaged over --ticks ticks;
+- `idle_leader_cores`: a real local cluster (--nodes, fsync batch) whose leader holds the same
+  load through real clients; the leader's CPU (utime + stime from /proc/PID/stat, every thread)
+  over --window seconds of idleness, divided by the window. `idle_leader_cores_empty` is the
+  same leader with nothing held (its floor: heartbeats, timers, status).
+
+v4 is unreleased: the nodes run it with --max-machine-version 4 and
+QUORUMQ_ALLOW_UNRELEASED_MACHINE=1 (set here for the nodes this script starts). Linux only.
+
+    python scripts/bench_timeouts.py --consumers 2,20,100 --window 10 -o results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import fifo
+from cluster.launcher import LocalCluster, local_cluster, wait_until
+from cluster.node.server import UNRELEASED_FLAG
+from cluster.node.timers import due_now
+from fifo import commands as c
+from fifo.replies import Error
+
+MESSAGES = 100_000
+BODY = b"x" * 16
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CONNECTION = c.ConnectionId("bench", 1, 1)
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def holding_state(version: int, consumers: int, messages: int) -> fifo.State:
+    """A state of `version` whose `consumers` competing consumers hold `messages` messages."""
+    state = fifo.init_state(version)
+    index = 0
+
+    def apply(command: object) -> Any:
+        nonlocal index
+        index += 1
+        reply, _ = fifo.apply(fifo.Meta(index, 1, 1_000, version), command, state)
+        if isinstance(reply, Error):
+            raise SystemExit(f"{command!r}: {reply}")
+        return reply
+
+    apply(c.DeclareQueue("q"))
+    for _ in range(messages):
+        apply(c.Enqueue("q", BODY))
+    prefetch = -(-messages // consumers)
+    for number in range(consumers):
+        apply(c.Checkout("q", c.ConsumerId(f"t{number}", CONNECTION), c.SimplePrefetch(prefetch)))
+    held = sum(len(k.checked_out) for k in state.queues["q"].consumers.values())
+    assert held == messages, held
+    return state
+
+
+def tick_ms(version: int, consumers: int, messages: int, ticks: int) -> float:
+    """Mean milliseconds of the machine's part of one leader timer tick (nothing due)."""
+    state = holding_state(version, consumers, messages)
+    now = 2_000  # before any lock expires (30 min consumer timeout)
+    assert due_now(state, now) == []  # (v4 builds its index here, once)
+    started = time.perf_counter()
+    for _ in range(ticks):
+        due_now(state, now)
+    return (time.perf_counter() - started) * 1000 / ticks
+
+
+def idle_cores(cluster: LocalCluster, pid: int, window_s: float) -> float:
+    """The leader's CPU over `window_s` seconds, in cores."""
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(window_s)
+    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
+
+
+def hold(cluster: LocalCluster, leader: str, queue: str, consumers: int, messages: int) -> Any:
+    """Publish `messages` to `queue` and have `consumers` consumers hold them all (no ack)."""
+    client = cluster.client(leader)
+    client.declare_queue(queue)
+    with client.publisher(queue, window=1000) as publisher:
+        publisher.publish_many((BODY for _ in range(messages)), timeout_s=300.0)
+        publisher.wait_for_confirms(timeout_s=300.0)
+    prefetch = -(-messages // consumers)
+    attached = [client.consume(queue, prefetch=prefetch) for _ in range(consumers)]
+    received = 0
+    deadline = time.monotonic() + 300
+    while received < messages and time.monotonic() < deadline:
+        for consumer in attached:
+            while consumer.get(timeout_s=0.01) is not None:
+                received += 1
+    if received != messages:
+        raise SystemExit(f"only {received} of {messages} messages came")
+    return client
+
+
+def run_version(
+    version: int, consumer_counts: list[int], args: argparse.Namespace
+) -> dict[str, Any]:
+    """One cluster of `version`: idle leader CPU empty, then with each consumer count."""
+    out: dict[str, Any] = {}
+    with (
+        tempfile.TemporaryDirectory(prefix="qq-timeouts-") as tmp,
+        local_cluster(Path(tmp) / "D", args.nodes, fsync="batch",
+                      max_machine_version=version) as cluster,
+    ):  # fmt: skip
+        leader = cluster.leader()
+        with cluster.client(leader) as probe:
+            wait_until(lambda: probe.status().get("effective_machine_version") == version, 60,
+                       f"machine v{version}")  # fmt: skip
+        pid = cluster.procs[leader].pid
+        out["idle_leader_cores_empty"] = round(idle_cores(cluster, pid, args.window), 4)
+        for consumers in consumer_counts:
+            client = hold(cluster, leader, f"hold{consumers}", consumers, args.messages)
+            try:
+                cores = idle_cores(cluster, pid, args.window)
+            finally:
+                client.close()
+            out[str(consumers)] = {"idle_leader_cores": round(cores, 4)}
+            with cluster.client(leader) as admin:  # the held messages came back: drop them
+                admin.delete_queue(f"hold{consumers}")
+    return out
+
+
+def main() -> None:
+    """Parse flags, measure, print (and write) JSON."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--consumers", default="2,20,100", help="Comma-separated counts.")
+    parser.add_argument("--messages", type=int, default=MESSAGES)
+    parser.add_argument("--ticks", type=int, default=20, help="Timer ticks timed per case.")
+    parser.add_argument("--window", type=float, default=10.0, help="Idle seconds measured.")
+    parser.add_argument("--nodes", type=int, default=1, help="Cluster size (CPU is the leader's).")
+    parser.add_argument("--versions", default="3,4")
+    parser.add_argument("--no-cluster", action="store_true", help="Only the in-process ticks.")
+    parser.add_argument("-o", "--output", type=Path, help="Also write the JSON here.")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.consumers.split(",")]
+    versions = [int(v) for v in args.versions.split(",")]
+    os.environ[UNRELEASED_FLAG] = "1"  # the nodes started below may run v4 (unreleased)
+    result: dict[str, Any] = {"messages": args.messages, "nodes": args.nodes,
+                              "window_s": args.window, "load_before": os.getloadavg(),
+                              "versions": {}}  # fmt: skip
+    for version in versions:
+        ticks = {str(n): round(tick_ms(version, n, args.messages, args.ticks), 3) for n in counts}
+        entry: dict[str, Any] = {"tick_ms": ticks}
+        if not args.no_cluster:
+            entry["cluster"] = run_version(version, counts, args)
+        result["versions"][str(version)] = entry
+    result["load_after"] = os.getloadavg()
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.output is not None:
+        args.output.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""One real 3-node cluster for every AMQP test module, upgraded to the newest machine version
+(what a cluster runs once `quorumq machine upgrade` was done), and pika's connection settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import fifo
+from cluster.launcher import LocalCluster, start_cluster, wait_until
+
+pika = pytest.importorskip("pika")
+# pika's defaults (10 s socket, 15 s handshake) are short for a 2-core machine shared by many
+SLOW_MACHINE = {"socket_timeout": 30, "stack_timeout": 60}
+
+
+@dataclass
+class AmqpCluster:
+    """The running cluster and how a client reaches each node's AMQP port."""
+
+    cluster: LocalCluster
+    password: str
+
+    def port(self, index: int = 0) -> int:
+        """The AMQP port of node `index` (0-based)."""
+        port = self.cluster.config.nodes[index].amqp_port
+        assert port is not None
+        return port
+
+    def params(self, index: int = 0, **kwargs: Any) -> Any:
+        """pika connection parameters for node `index` as the `quorumq` user."""
+        credentials = pika.PlainCredentials("quorumq", self.password)
+        return pika.ConnectionParameters(
+            "127.0.0.1", self.port(index), credentials=credentials, **{**SLOW_MACHINE, **kwargs}
+        )
+
+    def url(self, index: int = 0) -> str:
+        """An amqp:// URL for node `index`."""
+        return f"amqp://quorumq:{self.password}@127.0.0.1:{self.port(index)}/"
+
+
+def upgrade_to_latest(cluster: LocalCluster) -> None:
+    """Switch the cluster to the newest machine version once every node said what it supports."""
+    client = cluster.raw_client(cluster.config.nodes[0].id)
+    latest = max(fifo.SUPPORTED_VERSIONS)
+    wait_until(lambda: len(client.query("machine")["supported"]) == 3 or None, 15, "hellos")
+    client.admin("machine_upgrade", to=latest)
+    wait_until(lambda: client.query("machine")["effective_version"] == latest or None, 15, "v")
+
+
+@pytest.fixture(scope="package")
+def amqp_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AmqpCluster]:
+    """3 nodes with an AMQP port each, on the newest machine version."""
+    cluster = start_cluster(tmp_path_factory.mktemp("amqp") / "D", nodes=3)
+    try:
+        upgrade_to_latest(cluster)
+        yield AmqpCluster(cluster, cluster.key.decode("ascii"))
+    finally:
+        cluster.stop()
