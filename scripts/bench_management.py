@@ -22,6 +22,7 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -121,8 +122,9 @@ class BrowserViewer:
             self.driver.get("about:blank")
 
     def close(self) -> None:
-        """Quit the browser."""
+        """Quit the browser and remove its profile."""
         self.driver.quit()
+        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 POLLER = """
