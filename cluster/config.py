@@ -235,8 +235,10 @@ def _parse_users(items: Any, path: Path) -> tuple[UserConfig, ...]:
         name = _typed(item, "name", str, path, None)
         users.append(UserConfig(name, _typed(item, "password_hash", str, path, None), rights))
     names = [user.name for user in users]
-    if len(set(names)) != len(names) or "admin" in names:
-        raise ConfigError(f"{path}: user names must be unique and not 'admin', got {names}")
+    if len(set(names)) != len(names) or {"admin", "quorumq"} & set(names):
+        raise ConfigError(
+            f"{path}: user names must be unique and not 'admin' or 'quorumq', got {names}"
+        )
     return tuple(users)
 
 

@@ -9,7 +9,9 @@ in another, both refreshing as an operator's would (tables every 1.5 s, charts e
 against the same browser left on about:blank; `--viewer http` replays the same requests from
 another process instead (the server's cost without the browser's CPU, which on an operator's
 desk is not the node's). Before the rounds, the leader's CPU time per second with no client
-traffic is sampled without and with the viewer (`--idle-s` each). Prints JSON.
+traffic is sampled without and with the viewer (`--idle-s` each), and during the rounds with
+the UI the loop time the leader spent answering it (its `quorumq_management_read_seconds`).
+Prints JSON.
 
   python scripts/bench_management.py --rounds 5 --count 4000 --viewer browser
 """
@@ -20,11 +22,13 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -118,8 +122,9 @@ class BrowserViewer:
             self.driver.get("about:blank")
 
     def close(self) -> None:
-        """Quit the browser."""
+        """Quit the browser and remove its profile."""
         self.driver.quit()
+        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 POLLER = """
@@ -186,6 +191,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def read_seconds(url: str, password: str) -> float:
+    """The leader's loop seconds spent on management reads so far (its /metrics)."""
+    auth = base64.b64encode(f"admin:{password}".encode()).decode()
+    request = urllib.request.Request(url + "/metrics", headers={"Authorization": "Basic " + auth})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith("quorumq_management_read_seconds_sum "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def processes_cpu(pids: list[int]) -> float:
     """CPU seconds of processes so far (one gone meanwhile counts 0)."""
     spent = 0.0
@@ -238,10 +255,11 @@ def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
     leader = cluster.leader()
     pid = node_pid(cluster.config.node(leader))
     assert pid is not None, f"no pid for {leader}"
-    url = f"http://127.0.0.1:{cluster.config.node(leader).http_port}"
-    viewer: Viewer = (BrowserViewer if args.viewer == "browser" else HttpViewer)(
-        url, cluster.key.decode()
+    url, password = (
+        f"http://127.0.0.1:{cluster.config.node(leader).http_port}",
+        cluster.key.decode(),
     )
+    viewer: Viewer = (BrowserViewer if args.viewer == "browser" else HttpViewer)(url, password)
     off, on, idle = Phase(), Phase(), {}
     try:
         with cluster.client(leader) as client:
@@ -252,11 +270,15 @@ def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(SETTLE_S)
             idle["leader_with_ui"] = round(idle_cpu_ms_per_s([pid], args.idle_s), 1)
             idle["viewer"] = round(idle_cpu_ms_per_s(viewer.pids(), args.idle_s), 1)
+            served, shown_s = 0.0, 0.0
             for _ in range(args.rounds):
                 viewer.hide()
                 off.run(client, args, pid, viewer)
                 viewer.show()
+                before, started = read_seconds(url, password), time.monotonic()
                 on.run(client, args, pid, viewer)
+                served += read_seconds(url, password) - before
+                shown_s += time.monotonic() - started
     finally:
         viewer.close()
     answers = getattr(viewer, "request_ms", {})
@@ -267,6 +289,7 @@ def measure(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, Any]:
         "count": args.count,
         "window": args.window,
         "idle_cpu_ms_per_s": idle,
+        "leader_loop_ms_per_s_answering_the_ui": round(1000 * served / shown_s, 2),
         "without_ui": off.summary(),
         "with_ui": on.summary(),
         "ratio_with_to_without": round(

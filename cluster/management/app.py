@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiohttp import web
@@ -34,6 +35,9 @@ from cluster.management.reads import Reads
 from cluster.management.samples import Sampler
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics
 
+if TYPE_CHECKING:
+    from prometheus_client import Histogram
+
 log = structlog.get_logger("cluster.management")
 
 GROUP_TRACK_PERIOD_S = 1.0
@@ -43,6 +47,8 @@ PRINCIPAL = web.RequestKey("principal", Principal)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 STATIC = resources.files("cluster.management") / "static"
 PUBLIC = frozenset({"/api/login"})
+UNTIMED = frozenset({"/api/cluster", "/metrics"})  # the first waits for peers, the second scrapes
+READ_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
 class ManagementServer:
@@ -56,6 +62,7 @@ class ManagementServer:
         self.bind = node.cluster.http_bind
         self.auth = Authenticator(node.client_key, node.cluster.users, f"quorumq_session_{port}")
         self.sampler = Sampler(lambda: node.replica, node.metrics)
+        self._read_seconds = _read_histogram(node.metrics)
         peers = PeerStatuses(node.client_key, data_dir_ca(data_dir, node.cluster.tls))
         self.reads = Reads(node, self.sampler, peers)
         self.actions = Actions(node)
@@ -133,7 +140,12 @@ class ManagementServer:
                 if request.method in WRITE_METHODS and path != "/api/logout":
                     self.auth.check_write(request, principal)
                 request[PRINCIPAL] = principal
-            return await handler(request)
+            if self._read_seconds is None or request.method != "GET" or path in UNTIMED:
+                return await handler(request)
+            started = time.perf_counter()  # these handlers never await: this is loop time
+            response = await handler(request)
+            self._read_seconds.observe(time.perf_counter() - started)
+            return response
         except Refused as err:
             response = json_error(err.status, err.message)
             if err.status == 401 and UI_HEADER not in request.headers:
@@ -185,6 +197,21 @@ class ManagementServer:
         response = web.Response(body=generate_latest(metrics.registry))
         response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         return response
+
+
+def _read_histogram(metrics: object) -> Histogram | None:
+    """The histogram of the loop time one API read takes, in the node's registry (/metrics)."""
+    if not isinstance(metrics, NodeMetrics):
+        return None
+    from prometheus_client import Histogram
+
+    return Histogram(
+        "quorumq_management_read_seconds",
+        "Time the node's loop spends answering one read of the management API (GET; not "
+        "/api/cluster, which waits for the other nodes, nor /metrics).",
+        buckets=READ_BUCKETS,
+        registry=metrics.registry,
+    )
 
 
 async def _index(request: web.Request) -> web.Response:

@@ -1,7 +1,8 @@
 """Who is asking, and may they: HTTP Basic or a signed session cookie, rights, CSRF.
 
-- `admin` is the cluster's own credential: user `admin`, password the client key (the contents
-  of `D/client.key`, which every client of the cluster already holds). Admin rights.
+- `admin` is the cluster's own credential: user `admin` (or `quorumq`, the AMQP listener's name
+  for it), password the client key (the contents of `D/client.key`, which every client of the
+  cluster already holds). Admin rights.
 - `[[users]]` of cluster.toml: a name, a scrypt `password_hash`, rights `read` or `admin`.
 - The browser logs in once (`POST /api/login`) and gets a session cookie (HttpOnly,
   SameSite=Strict) signed with a key derived from the cluster secret (valid on every node).
@@ -32,6 +33,8 @@ from cluster.config import UserConfig, UserRights
 from cluster.management.passwords import BadPasswordHash, verify_password
 
 ADMIN_USER = "admin"
+CLUSTER_USER = "quorumq"  # the AMQP listener's name for the same credential (cluster/amqp/auth.py)
+KEY_USERS = frozenset({ADMIN_USER, CLUSTER_USER})  # password: the client key; admin rights
 SESSION_LABEL = b"quorumq management session v1"
 SESSION_TTL_S = 12 * 3600
 SESSION_COOKIE_BYTES_MAX = 1024
@@ -74,7 +77,7 @@ class Authenticator:
 
     def rights_of(self, name: str) -> UserRights | None:
         """The current rights of user `name`, None if there is no such user any more."""
-        if name == ADMIN_USER:
+        if name in KEY_USERS:
             return "admin"
         user = self._users.get(name)
         return user.rights if user is not None else None
@@ -83,9 +86,9 @@ class Authenticator:
         """The principal for a name and password; Refused(401) when they do not match. A
         configured user's scrypt runs in a worker thread (it would hold the node's loop ~50 ms),
         at most HASHES_IN_FLIGHT_MAX at once; its result is remembered on the loop."""
-        if name == ADMIN_USER:
+        if name in KEY_USERS:
             if hmac.compare_digest(password.encode("utf-8"), self._admin_password.encode()):
-                return Principal(ADMIN_USER, "admin")
+                return Principal(name, "admin")
             raise Refused(401, "wrong user name or password")
         user = self._users.get(name)
         if user is None or not await self._verify(user, password):

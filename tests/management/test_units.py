@@ -47,8 +47,8 @@ def test_users_round_trip_through_cluster_toml_and_bad_ones_are_refused(tmp_path
     loaded = cluster_config.load(tmp_path)
     assert loaded.users == (user,) and loaded.nodes[0].http_port == 18000
     text = (tmp_path / "cluster.toml").read_text()
-    for bad in ('name = "admin"', 'rights = "root"'):
-        broken = text.replace('name = "ops"', bad) if "admin" in bad else text.replace(
+    for bad in ('name = "admin"', 'name = "quorumq"', 'rights = "root"'):
+        broken = text.replace('name = "ops"', bad) if "name" in bad else text.replace(
             'rights = "read"', bad)  # fmt: skip
         (tmp_path / "cluster.toml").write_text(broken)
         with pytest.raises(ConfigError, match=r"cluster\.toml"):
@@ -70,6 +70,8 @@ def test_sessions_are_signed_and_a_tampered_or_foreign_one_is_refused() -> None:
     assert auth.from_session(flipped) is None
     assert Authenticator(b"cd" * 32, (user,), "cookie").from_session(token) is None
     assert asyncio.run(auth.check_password("admin", KEY.decode())) == Principal("admin", "admin")
+    quorumq = asyncio.run(auth.check_password("quorumq", KEY.decode()))  # AMQP's name for it
+    assert quorumq == Principal("quorumq", "admin")
     with pytest.raises(Refused):
         asyncio.run(auth.check_password("ops", "wrong"))
     gone = Authenticator(KEY, (), "cookie")  # the user was removed from cluster.toml
