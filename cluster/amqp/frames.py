@@ -68,7 +68,7 @@ class FrameSplitter:
 def decode_method(payload: bytes) -> base.Frame:
     """The pamqp method of a method frame's payload; 501 FRAME_ERROR when it does not decode.
     basic.publish and basic.ack, one per message, take a fast path that builds the same pamqp
-    objects (tests/amqp/test_units.py compares both)."""
+    objects (tests/amqp/test_amqp_units.py compares both)."""
     try:
         index = _INDEX.unpack_from(payload)[0]
         if index == _PUBLISH:
