@@ -46,6 +46,9 @@ log = structlog.get_logger("cluster.amqp")
 
 CONFIG_CACHE_S = 1.0  # how long a queue's config is trusted for x-overflow reject-publish
 CONFIG_CACHE_QUEUES_MAX = 1_000
+# acks are gathered this long before they go to the log as one Settle (a client acking one
+# message per frame would otherwise cost one command per message)
+SETTLE_GATHER_S = 0.001
 CLOSE_OK_WAIT_S = 2.0  # after our connection.close, how long the client may take to answer
 PRODUCT = "quorumq"
 
@@ -139,7 +142,7 @@ class AmqpConnection:
         """Acknowledge messages with the other acks of this loop iteration: clients ack one
         message per frame, and one Settle per queue and consumer is far cheaper than one each."""
         if not self._settles:
-            asyncio.get_running_loop().call_soon(self.flush_settles)
+            asyncio.get_running_loop().call_later(SETTLE_GATHER_S, self.flush_settles)
         self._settles.setdefault((queue, key), []).extend(msg_ids)
 
     def flush_settles(self) -> None:

@@ -73,8 +73,8 @@ def cluster_group() -> None:
     "--base-port",
     type=click.IntRange(1024, 65000),
     default=None,
-    help="First port: node i uses base+2i (raft) and base+2i+1 (client). "
-    "Default: free ephemeral ports.",
+    help="First port: node i uses base+2i (raft), base+2i+1 (client) and base+2n+i (AMQP, "
+    "n nodes). Default: free ephemeral ports.",
 )
 @max_machine_version_option("Cap the machine version every node supports (emulates older code).")
 @click.option(
