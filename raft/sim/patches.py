@@ -1,0 +1,99 @@
+"""Every injection point of the simulator, applied only inside `simulated()` and undone after.
+
+The real node code reads time and randomness through module globals; inside a simulation they
+answer from the virtual clock and the seeded generator instead:
+- `pysyncobj.syncobj.monotonicTime`, `raft.node.monotonic_time`, `raft.transport.monotonic_time`
+  (Raft's timers) and the `time` module as `raft.node`, `raft.batcher` and `raft.durability` see
+  it (submitter clock, proposal timeouts, disk probes);
+- `raft.batcher._Batch` (its `submitted_s` default was bound to `time.monotonic` at import);
+- `pysyncobj.syncobj.random` (election timeouts);
+- `raft.node._LoopQuorumTransport` and `raft.node.transport_name`: the node builds a
+  `raft.sim.network.SimTransport` instead of its TCP transport;
+- the power-loss layer of the journal (`raft.durability.FAULT_POWER_LOSS_ENV`) is on, so a
+  crash can drop what was not fsynced;
+- structlog is quiet (the nodes log every election; a campaign would print millions of lines).
+No file of `raft/` or `cluster/` is edited: this module is the whole seam.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pysyncobj.syncobj as pysyncobj_syncobj
+import structlog
+
+import raft.batcher
+import raft.durability
+import raft.node
+import raft.transport
+from raft.sim.network import SimTransport
+
+# the virtual clock's wall-clock epoch (what `time.time()` answers at virtual time 0)
+EPOCH_S = 1_790_000_000.0
+
+
+def _time_module(clock: Callable[[], float]) -> types.SimpleNamespace:
+    """A stand-in for the `time` module whose clocks are virtual."""
+    return types.SimpleNamespace(
+        time=lambda: EPOCH_S + clock(),
+        monotonic=clock,
+        perf_counter=time.perf_counter,  # only for the node's own metrics, never decisions
+        sleep=_no_sleep,
+    )
+
+
+def _no_sleep(_seconds: float) -> None:
+    raise RuntimeError("a simulated node must never sleep")
+
+
+def _virtual_batch(clock: Callable[[], float]) -> type:
+    base: Any = raft.batcher._Batch
+
+    @dataclass
+    class VirtualBatch(base):  # type: ignore[misc]
+        submitted_s: float = field(default_factory=clock)
+
+    return VirtualBatch
+
+
+@contextlib.contextmanager
+def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
+    """Inside: the node code runs on `clock` and `rng`, over the simulated transport."""
+    clock_time = _time_module(clock)
+    replacements: list[tuple[Any, str, Any]] = [
+        (pysyncobj_syncobj, "monotonicTime", clock),
+        (pysyncobj_syncobj, "random", rng),
+        (raft.node, "monotonic_time", clock),
+        (raft.node, "time", clock_time),
+        (raft.node, "_LoopQuorumTransport", SimTransport),
+        (raft.node, "transport_name", lambda: "quorumq"),
+        (raft.transport, "monotonic_time", clock),
+        (raft.batcher, "time", clock_time),
+        (raft.batcher, "_Batch", _virtual_batch(clock)),
+        (raft.durability, "time", clock_time),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in replacements]
+    env_before = os.environ.get(raft.durability.FAULT_POWER_LOSS_ENV)
+    structlog_before = structlog.get_config()
+    try:
+        for module, name, value in replacements:
+            setattr(module, name, value)
+        os.environ[raft.durability.FAULT_POWER_LOSS_ENV] = "1"
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+        if env_before is None:
+            os.environ.pop(raft.durability.FAULT_POWER_LOSS_ENV, None)
+        else:
+            os.environ[raft.durability.FAULT_POWER_LOSS_ENV] = env_before
+        structlog.configure(**structlog_before)
