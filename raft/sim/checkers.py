@@ -40,6 +40,7 @@ class RaftChecker:
     applied: dict[int, str] = field(default_factory=dict)  # idx -> hash of the outcome
     violations: list[str] = field(default_factory=list)
     _checked_commit: dict[str, int] = field(default_factory=dict)
+    _checked_leader: set[tuple[str, int, int]] = field(default_factory=set)
 
     def fail(self, message: str) -> None:
         """Record a violation (the first VIOLATIONS_MAX)."""
@@ -69,21 +70,27 @@ class RaftChecker:
                 holder = self.leaders.setdefault(term, node.node_id)
                 if holder != node.node_id:
                     self.fail(f"election safety: {holder} and {node.node_id} both led term {term}")
-                self._check_leader_log(node, raft, term)
+                key = (node.node_id, term, len(self.committed))
+                if key not in self._checked_leader:  # once per leader and commit count
+                    self._checked_leader.add(key)
+                    self._check_leader_log(node, raft, term)
             self._check_commits(node, raft, max_term)
 
-    def _entries(self, raft: Any) -> tuple[int, list[tuple[bytes, int, int]]]:
+    def _entries(self, raft: Any, after: int = 0) -> tuple[int, list[tuple[bytes, int, int]]]:
+        """The first index of `raft`'s log and its entries above index `after`."""
         journal = raft._journal()
         if len(journal) == 0:
             return 1, []
-        return int(journal[0][1]), list(journal[0 : len(journal)])
+        first = int(journal[0][1])
+        start = max(0, after + 1 - first)
+        return first, list(journal[start : len(journal)])
 
     def _check_commits(self, node: SimNode, raft: Any, max_term: int) -> None:
         commit = int(raft.raftCommitIndex)
         done = self._checked_commit.get(node.node_id, 0)
         if commit <= done:
             return
-        first, entries = self._entries(raft)
+        _first, entries = self._entries(raft, done)
         for entry in entries:
             index = int(entry[1])
             if index <= done or index > commit:

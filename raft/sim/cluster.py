@@ -20,6 +20,7 @@ from raft.replica import Applied, Replica
 from raft.replicated import Outcome
 from raft.sim.clock import Scheduler, VirtualLoop
 from raft.sim.network import SimNetwork, SimTransport
+from raft.sim.patches import SYNCED
 
 SUPPORTED_VERSION = 2
 BASE_PORT = 7100
@@ -116,6 +117,8 @@ class SimCluster:
         node.replica = loop.run_now(
             Replica, settings, loop, _ignore_applied, on_reset, observe
         )
+        # what it loaded is what the disk holds (it was read back and checked)
+        SYNCED[settings.journal_file] = int(node.replica._node._journal()._end)
         return node
 
     def crash(self, node_id: str, power_loss: bool) -> None:
@@ -129,6 +132,8 @@ class SimCluster:
         loop.alive = False
         if power_loss:
             journal = Path(self.settings(node).journal_file)
+            synced = SYNCED.get(str(journal), 0)
+            journal.with_name(journal.name + ".synced").write_text(str(synced))
             storage.power_loss(journal, self.rng.randrange(2**31))
 
     def up_nodes(self) -> list[SimNode]:

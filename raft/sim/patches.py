@@ -9,9 +9,11 @@ answer from the virtual clock and the seeded generator instead:
 - `pysyncobj.syncobj.random` (election timeouts);
 - `raft.node._LoopQuorumTransport` and `raft.node.transport_name`: the node builds a
   `raft.sim.network.SimTransport` instead of its TCP transport;
-- the power-loss layer of the journal (`raft.durability.FAULT_POWER_LOSS_ENV`) is on, so a
-  crash can drop what was not fsynced;
-- structlog is quiet (the nodes log every election; a campaign would print millions of lines).
+- `raft.durability.DurableFileJournal._note_synced` (the power-loss layer) records the synced
+  length in `SYNCED` instead of a marker file per fsync; a crash writes the marker from it and
+  `raft.storage.power_loss` drops what was not fsynced;
+- structlog and the logging module (pysyncobj's warnings) are quiet (the nodes log every
+  election; a campaign would print millions of lines).
 No file of `raft/` or `cluster/` is edited: this module is the whole seam.
 """
 
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 import time
 import types
@@ -54,6 +55,14 @@ def _no_sleep(_seconds: float) -> None:
     raise RuntimeError("a simulated node must never sleep")
 
 
+# journal path -> bytes of it on stable storage (the simulated disk's fsync record)
+SYNCED: dict[str, int] = {}
+
+
+def _note_synced(journal: Any) -> None:
+    SYNCED[journal.path] = int(journal._end)
+
+
 def _virtual_batch(clock: Callable[[], float]) -> type:
     base: Any = raft.batcher._Batch
 
@@ -79,21 +88,21 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.batcher, "time", clock_time),
         (raft.batcher, "_Batch", _virtual_batch(clock)),
         (raft.durability, "time", clock_time),
+        (raft.durability.DurableFileJournal, "_note_synced", _note_synced),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in replacements]
-    env_before = os.environ.get(raft.durability.FAULT_POWER_LOSS_ENV)
     structlog_before = structlog.get_config()
+    logging_before = logging.root.manager.disable
     try:
         for module, name, value in replacements:
             setattr(module, name, value)
-        os.environ[raft.durability.FAULT_POWER_LOSS_ENV] = "1"
+        SYNCED.clear()
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
+        logging.disable(logging.CRITICAL)
         yield
     finally:
         for module, name, value in saved:
             setattr(module, name, value)
-        if env_before is None:
-            os.environ.pop(raft.durability.FAULT_POWER_LOSS_ENV, None)
-        else:
-            os.environ[raft.durability.FAULT_POWER_LOSS_ENV] = env_before
+        SYNCED.clear()
         structlog.configure(**structlog_before)
+        logging.disable(logging_before)
