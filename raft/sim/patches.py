@@ -7,6 +7,9 @@ answer from the virtual clock and the seeded generator instead:
   it (submitter clock, proposal timeouts, disk probes);
 - `raft.batcher._Batch` (its `submitted_s` default was bound to `time.monotonic` at import);
 - `pysyncobj.syncobj.random` (election timeouts);
+- `pysyncobj.node.Node.__hash__`: pysyncobj iterates sets of nodes (sending, counting votes);
+  with str hashing their order changed with PYTHONHASHSEED, so a seed replayed only in the
+  same process; a CRC of the id makes the order the same in every process;
 - `raft.node._LoopQuorumTransport` and `raft.node.transport_name`: the node builds a
   `raft.sim.network.SimTransport` instead of its TCP transport;
 - `raft.durability.DurableFileJournal._note_synced` (the power-loss layer) records the synced
@@ -28,6 +31,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import zlib
+
+import pysyncobj.node as pysyncobj_node
 import pysyncobj.syncobj as pysyncobj_syncobj
 import structlog
 
@@ -49,6 +55,10 @@ def _time_module(clock: Callable[[], float]) -> types.SimpleNamespace:
         perf_counter=time.perf_counter,  # only for the node's own metrics, never decisions
         sleep=_no_sleep,
     )
+
+
+def _stable_node_hash(node: Any) -> int:
+    return zlib.crc32(str(node.id).encode())
 
 
 def _no_sleep(_seconds: float) -> None:
@@ -89,6 +99,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.batcher, "_Batch", _virtual_batch(clock)),
         (raft.durability, "time", clock_time),
         (raft.durability.DurableFileJournal, "_note_synced", _note_synced),
+        (pysyncobj_node.Node, "__hash__", _stable_node_hash),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in replacements]
     structlog_before = structlog.get_config()
