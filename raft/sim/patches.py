@@ -70,7 +70,7 @@ SYNCED: dict[str, int] = {}
 
 
 def _note_synced(journal: Any) -> None:
-    SYNCED[journal.path] = int(journal._end)
+    SYNCED[str(journal.path)] = int(journal._end)
 
 
 def _virtual_batch(clock: Callable[[], float]) -> type:
