@@ -36,7 +36,9 @@ class RaftChecker:
     """Watches every running node's Raft state; `violations` says what broke, first first."""
 
     leaders: dict[int, str] = field(default_factory=dict)  # term -> leader node id
-    committed: dict[int, tuple[int, str, int]] = field(default_factory=dict)  # idx -> term, hash, seen-at max term
+    committed: dict[int, tuple[int, str, int]] = field(
+        default_factory=dict
+    )  # idx -> term, hash, seen-at max term
     applied: dict[int, str] = field(default_factory=dict)  # idx -> hash of the outcome
     violations: list[str] = field(default_factory=list)
     _checked_commit: dict[str, int] = field(default_factory=dict)
@@ -54,13 +56,17 @@ class RaftChecker:
         digest = hashlib.sha256(repr((outcome.replies, outcome.effects)).encode()).hexdigest()
         first = self.applied.setdefault(outcome.index, digest)
         if first != digest:
-            self.fail(f"state-machine safety: {node.node_id} applied index {outcome.index} "
-                      f"with another outcome than the first node that applied it")  # fmt: skip
+            self.fail(
+                f"state-machine safety: {node.node_id} applied index {outcome.index} "
+                f"with another outcome than the first node that applied it"
+            )
 
     def step(self, cluster: SimCluster) -> None:
         """Check the invariants over every running node now."""
         nodes = cluster.up_nodes()
-        max_term = max((int(n.replica._node.raftCurrentTerm) for n in nodes if n.replica), default=0)
+        max_term = max(
+            (int(n.replica._node.raftCurrentTerm) for n in nodes if n.replica), default=0
+        )
         for node in nodes:
             raft = node.replica._node if node.replica else None
             if raft is None:
@@ -98,8 +104,10 @@ class RaftChecker:
             seen = (int(entry[2]), _hash(entry[0]))
             known = self.committed.setdefault(index, (*seen, max_term))
             if known[:2] != seen:
-                self.fail(f"committed entry changed: index {index} is term {known[0]} on an "
-                          f"earlier node, term {seen[0]} on {node.node_id}")  # fmt: skip
+                self.fail(
+                    f"committed entry changed: index {index} is term {known[0]} on an "
+                    f"earlier node, term {seen[0]} on {node.node_id}"
+                )
         self._checked_commit[node.node_id] = commit
 
     def _check_leader_log(self, node: SimNode, raft: Any, term: int) -> None:
@@ -111,8 +119,10 @@ class RaftChecker:
                 continue
             held = by_index.get(index)
             if index > last or held is None or (held[0], _hash(held[1])) != (entry_term, digest):
-                self.fail(f"leader completeness: {node.node_id} leads term {term} without "
-                          f"committed index {index} (term {entry_term})")  # fmt: skip
+                self.fail(
+                    f"leader completeness: {node.node_id} leads term {term} without "
+                    f"committed index {index} (term {entry_term})"
+                )
                 return
 
     def final(self, cluster: SimCluster) -> None:
@@ -156,21 +166,21 @@ class QueueVerdict:
     def valid(self) -> bool:
         """Nothing lost, nothing unexpected, nothing back after an ok ack, no failed publish
         consumed (a failure here is a definite Error reply from the machine)."""
-        return not (self.lost or self.unexpected or self.redelivered_after_ack
-                    or self.failed_but_consumed)  # fmt: skip
+        return not (
+            self.lost or self.unexpected or self.redelivered_after_ack or self.failed_but_consumed
+        )
 
 
 def check_queue(history: list[Event]) -> QueueVerdict:
     """Jepsen's total-queue over the simulation's history (as `cluster.chaos.checker`)."""
-    attempted, confirmed, failed = set(), set(), set()
+    publishes: dict[str, set[str]] = {"invoke": set(), "ok": set(), "fail": set(), "info": set()}
     acked_ok: set[str] = set()
     consumed: Counter[str] = Counter()
     delivered: Counter[str] = Counter()
     back_after_ack: set[str] = set()
     for _at, _client, kind, f, value, redelivered in history:
         if f == "enqueue":
-            (attempted if kind == "invoke" else confirmed if kind == "ok" else
-             failed if kind == "fail" else set()).add(value)  # fmt: skip
+            publishes[kind].add(value)
         elif f == "dequeue" and kind == "ok" and value:
             delivered[value] += 1
             if redelivered and value in acked_ok:
@@ -184,6 +194,7 @@ def check_queue(history: list[Event]) -> QueueVerdict:
             consumed[value] += 1
             if redelivered and value in acked_ok:
                 back_after_ack.add(value)
+    attempted, confirmed, failed = publishes["invoke"], publishes["ok"], publishes["fail"]
     return QueueVerdict(
         confirmed=len(confirmed),
         consumed=len(consumed),

@@ -26,7 +26,7 @@ class SimulationError(RuntimeError):
 class Handle:
     """A scheduled callback (asyncio's TimerHandle surface that `raft.ticker` uses)."""
 
-    __slots__ = ("_when", "callback", "args", "loop", "cancelled")
+    __slots__ = ("_when", "args", "callback", "cancelled", "loop")
 
     def __init__(
         self, when: float, callback: Callable[..., Any], args: tuple[Any, ...], loop: VirtualLoop

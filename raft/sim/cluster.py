@@ -114,9 +114,7 @@ class SimCluster:
             self.observer(node, Outcome(index, None, [], []), True)
 
         node.loop = loop
-        node.replica = loop.run_now(
-            Replica, settings, loop, _ignore_applied, on_reset, observe
-        )
+        node.replica = loop.run_now(Replica, settings, loop, _ignore_applied, on_reset, observe)
         # what it loaded is what the disk holds (it was read back and checked)
         SYNCED[settings.journal_file] = int(node.replica._node._journal()._end)
         return node

@@ -56,8 +56,9 @@ def parse_faults(text: str) -> list[Fault]:
     return sorted(faults, key=lambda f: f.at)
 
 
-def generate_faults(rng: random.Random, nodes: list[str], seconds: float,
-                    flaky: bool = True) -> list[Fault]:  # fmt: skip
+def generate_faults(
+    rng: random.Random, nodes: list[str], seconds: float, flaky: bool = True
+) -> list[Fault]:
     """A seeded schedule over `seconds` of virtual time (partitions, crashes, flaky links)."""
     faults: list[Fault] = []
     down: set[str] = set()

@@ -208,7 +208,9 @@ class SimTransport(Transport):  # type: ignore[misc]
         try:
             self._onMessageReceived(node, message)
         except Exception as err:  # LoopPoller logs it and goes on; here it is a finding
-            self.network.errors.append(f"{self.address} receiving {type(message).__name__}: {err!r}")
+            self.network.errors.append(
+                f"{self.address} receiving {type(message).__name__}: {err!r}"
+            )
             self._node._stop_if_damaged()
         self._node._ticker.tick_now()  # as LoopPoller after a socket event
 

@@ -27,11 +27,10 @@ import logging
 import random
 import time
 import types
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import zlib
 
 import pysyncobj.node as pysyncobj_node
 import pysyncobj.syncobj as pysyncobj_syncobj

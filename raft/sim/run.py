@@ -60,6 +60,7 @@ class SimResult:
     verdict: QueueVerdict | None = None
     sim_seconds: float = 0.0
     wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time: the speed on a loaded machine
     events: int = 0
     messages: int = 0
     operations: int = 0
@@ -81,10 +82,17 @@ class _Run:
         self.network = SimNetwork(self.scheduler, random.Random(master.getrandbits(64)), self.trace)
         self.checker = RaftChecker()
         cluster_params = ClusterParams(params.nodes, params.compaction_min_entries)
-        self.cluster = SimCluster(cluster_params, self.scheduler, self.network, root,
-                                  self.checker.on_outcome, random.Random(master.getrandbits(64)))  # fmt: skip
-        self.workload = Workload(self.cluster, self.scheduler,
-                                 random.Random(master.getrandbits(64)), params.clients)  # fmt: skip
+        self.cluster = SimCluster(
+            cluster_params,
+            self.scheduler,
+            self.network,
+            root,
+            self.checker.on_outcome,
+            random.Random(master.getrandbits(64)),
+        )
+        self.workload = Workload(
+            self.cluster, self.scheduler, random.Random(master.getrandbits(64)), params.clients
+        )
         self.fault_rng = random.Random(master.getrandbits(64))
 
     def advance(self, seconds: float, workload: bool = True) -> None:
@@ -149,11 +157,9 @@ class _Run:
         node.loop.run_now(node.replica.propose_hello, lambda _reply: None)
 
 
-def run_seed(
-    seed: int, params: SimParams, faults: list[Fault] | None = None
-) -> SimResult:
+def run_seed(seed: int, params: SimParams, faults: list[Fault] | None = None) -> SimResult:
     """Run one seed (with `faults`, or the seed's own schedule) and check it."""
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     base = "/dev/shm" if Path("/dev/shm").is_dir() else None
     root = Path(tempfile.mkdtemp(prefix="quorumq-sim-", dir=base))
     try:
@@ -163,6 +169,7 @@ def run_seed(
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result.wall_seconds = time.perf_counter() - started
+    result.cpu_seconds = time.process_time() - cpu_started
     return result
 
 
@@ -273,17 +280,24 @@ def reproduce_command(result: SimResult, params: SimParams) -> str:
     flags = f"--nodes {params.nodes} --clients {params.clients} --seconds {params.seconds:g}"
     if not params.flaky:
         flags += " --no-flaky"
-    return f"quorumq simulate --seed {result.seed} {flags} --faults '{encode_faults(result.faults)}'"
+    return (
+        f"quorumq simulate --seed {result.seed} {flags} --faults '{encode_faults(result.faults)}'"
+    )
 
 
-def shrink(result: SimResult, params: SimParams, runs_max: int = 40,
-           log: Callable[[str], None] | None = None) -> tuple[SimResult, SimParams]:  # fmt: skip
+def shrink(
+    result: SimResult,
+    params: SimParams,
+    runs_max: int = 40,
+    log: Callable[[str], None] | None = None,
+) -> tuple[SimResult, SimParams]:
     """A shorter schedule (faults removed one at a time, then a shorter run) that still fails."""
     best, best_params, runs = result, params, 0
     last = max((f.at for f in best.faults), default=0.0) + 3.0
     if last < params.seconds:
-        shorter = SimParams(params.nodes, last, params.clients, params.flaky,
-                            params.compaction_min_entries)  # fmt: skip
+        shorter = SimParams(
+            params.nodes, last, params.clients, params.flaky, params.compaction_min_entries
+        )
         trial = run_seed(result.seed, shorter, best.faults)
         runs += 1
         if trial.failed:

@@ -13,8 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fifo.commands import Checkout, ConnectionDown, ConnectionId, ConsumerId, Dequeue, Enqueue
-from fifo.commands import Settle
+from fifo.commands import (
+    Checkout,
+    ConnectionDown,
+    ConnectionId,
+    ConsumerId,
+    Dequeue,
+    Enqueue,
+    Settle,
+)
 from fifo.replies import DequeueOk, Ok
 from raft.errors import SubmitError
 from raft.replicated import InternalFailure
@@ -107,8 +114,9 @@ class Workload:
         self.record(client.name, "invoke", f, value)
         return self._op_ids
 
-    def _finish(self, client: Client, op_id: int, kind: str, f: str, value: str,
-                redelivered: bool = False) -> bool:  # fmt: skip
+    def _finish(
+        self, client: Client, op_id: int, kind: str, f: str, value: str, redelivered: bool = False
+    ) -> bool:
         if client.pending is None or client.pending.op_id != op_id:
             return False  # a late reply to an operation already given up
         client.pending = None
