@@ -20,7 +20,7 @@ from raft.replica import Applied, Replica
 from raft.replicated import Outcome
 from raft.sim.clock import Scheduler, VirtualLoop
 from raft.sim.network import SimNetwork, SimTransport
-from raft.sim.patches import SYNCED
+from raft.sim.patches import JOURNAL_OWNERS, SYNCED
 
 SUPPORTED_VERSION = 2
 BASE_PORT = 7100
@@ -117,6 +117,7 @@ class SimCluster:
         node.replica = loop.run_now(Replica, settings, loop, _ignore_applied, on_reset, observe)
         # what it loaded is what the disk holds (it was read back and checked)
         SYNCED[settings.journal_file] = int(node.replica._node._journal()._end)
+        JOURNAL_OWNERS[settings.journal_file] = node.replica._node
         return node
 
     def crash(self, node_id: str, power_loss: bool) -> None:

@@ -7,6 +7,9 @@ answer from the virtual clock and the seeded generator instead:
   it (submitter clock, proposal timeouts, disk probes);
 - `raft.batcher._Batch` (its `submitted_s` default was bound to `time.monotonic` at import);
 - `pysyncobj.syncobj.random` (election timeouts);
+- `raft.durability.DurableFileJournal.deleteEntriesFrom` is wrapped: a cut of the log at or
+  below its node's commit index is recorded in `CUTS_BELOW_COMMIT` (Raft never removes a
+  committed entry; pysyncobj's cut after every AppendEntries did, for a moment, before its fix);
 - `pysyncobj.node.Node.__hash__`: pysyncobj iterates sets of nodes (sending, counting votes);
   with str hashing their order changed with PYTHONHASHSEED, so a seed replayed only in the
   same process; a CRC of the id makes the order the same in every process;
@@ -72,6 +75,25 @@ def _note_synced(journal: Any) -> None:
     SYNCED[str(journal.path)] = int(journal._end)
 
 
+# journal path -> the RaftNode writing it (set by raft.sim.cluster when it starts a node)
+JOURNAL_OWNERS: dict[str, Any] = {}
+# what the wrapped deleteEntriesFrom saw: a cut of committed entries (a checker failure)
+CUTS_BELOW_COMMIT: list[str] = []
+_delete_entries_from = raft.durability.DurableFileJournal.deleteEntriesFrom
+
+
+def _checked_delete_entries_from(journal: Any, entry_from: int) -> None:
+    owner = JOURNAL_OWNERS.get(str(journal.path))
+    if owner is not None and 0 <= entry_from < len(journal._indexes):
+        first_cut, commit = int(journal._indexes[entry_from]), int(owner.raftCommitIndex)
+        if first_cut <= commit:
+            CUTS_BELOW_COMMIT.append(
+                f"{owner.settings.node_id} cut its log from index {first_cut}, at or below "
+                f"its commit index {commit}"
+            )
+    _delete_entries_from(journal, entry_from)
+
+
 def _virtual_batch(clock: Callable[[], float]) -> type:
     base: Any = raft.batcher._Batch
 
@@ -99,6 +121,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.durability, "time", clock_time),
         (raft.durability.DurableFileJournal, "_note_synced", _note_synced),
         (pysyncobj_node.Node, "__hash__", _stable_node_hash),
+        (raft.durability.DurableFileJournal, "deleteEntriesFrom", _checked_delete_entries_from),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in replacements]
     structlog_before = structlog.get_config()
@@ -107,6 +130,8 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         for module, name, value in replacements:
             setattr(module, name, value)
         SYNCED.clear()
+        JOURNAL_OWNERS.clear()
+        CUTS_BELOW_COMMIT.clear()
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
         logging.disable(logging.CRITICAL)
         yield
@@ -114,5 +139,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         for module, name, value in saved:
             setattr(module, name, value)
         SYNCED.clear()
+        JOURNAL_OWNERS.clear()
+        CUTS_BELOW_COMMIT.clear()
         structlog.configure(**structlog_before)
         logging.disable(logging_before)

@@ -26,7 +26,7 @@ from raft.sim.clock import Scheduler
 from raft.sim.cluster import ClusterParams, SimCluster, SimNode
 from raft.sim.faults import Fault, encode_faults, generate_faults
 from raft.sim.network import SimNetwork
-from raft.sim.patches import simulated
+from raft.sim.patches import CUTS_BELOW_COMMIT, simulated
 from raft.sim.workload import QUEUE, Workload
 
 STEP_S = 0.05
@@ -190,6 +190,7 @@ def _simulate(run: _Run, seed: int, params: SimParams, faults: list[Fault] | Non
         run.cluster.stop_all()
     result.verdict = check_queue(run.workload.history)
     result.violations = list(run.checker.violations) + _queue_violations(result.verdict)
+    result.violations += [f"committed entries cut: {cut}" for cut in CUTS_BELOW_COMMIT[:3]]
     result.violations += [f"node code raised: {e}" for e in run.network.errors[:3]]
     result.violations += [f"apply failed: {m}" for m in run.workload.apply_failures[:3]]
     result.sim_seconds = run.scheduler.now
