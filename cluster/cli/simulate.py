@@ -40,7 +40,7 @@ SHRINK_RUNS_MAX = 30
     help="Stop the campaign after this much wall time.",
 )
 @click.option("--nodes", type=click.IntRange(3, 5), default=3, show_default=True)
-@click.option("--clients", type=click.IntRange(1, 32), default=4, show_default=True)
+@click.option("--clients", type=click.IntRange(1, 32), default=6, show_default=True)
 @click.option(
     "--seconds",
     type=click.FloatRange(min=1.0, max=3600.0),

@@ -44,7 +44,7 @@ class SimParams:
 
     nodes: int = 3
     seconds: float = 30.0  # virtual seconds of workload under faults
-    clients: int = 4
+    clients: int = 6
     flaky: bool = True
     compaction_min_entries: int = 60
 

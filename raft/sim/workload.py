@@ -75,8 +75,12 @@ class Workload:
         self.history: list[Event] = []
         self.apply_failures: list[str] = []
         node_ids = sorted(cluster.nodes)
+        # a third of the clients publish, the rest consume, round-robin over the nodes: with 6
+        # clients on 3 nodes one node serves two consumers, whose connections a restart of it
+        # closes in one hello (in an order every replica must agree on)
+        producers = max(1, clients // 3)
         self.clients = [
-            Client(f"c{i}", node_ids[i % len(node_ids)], i % 2 == 0, 100 + i)
+            Client(f"c{i}", node_ids[i % len(node_ids)], i < producers, 100 + i)
             for i in range(clients)
         ]
         self._op_ids = 0
