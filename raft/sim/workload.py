@@ -83,6 +83,8 @@ class Workload:
             Client(f"c{i}", node_ids[i % len(node_ids)], i < producers, 100 + i)
             for i in range(clients)
         ]
+        for client in self.clients:
+            client.next_at = self.rng.uniform(0.0, 1.0)  # not all at once
         self._op_ids = 0
         self.active = True
 
@@ -93,7 +95,9 @@ class Workload:
     def step(self) -> None:
         """Time out stale operations; start the next operation of every idle client."""
         now = self.scheduler.now
-        for client in self.clients:
+        order = list(self.clients)
+        self.rng.shuffle(order)  # clients are concurrent: who goes first varies
+        for client in order:
             pending = client.pending
             if pending is not None and now - pending.started > CLIENT_TIMEOUT_S:
                 self._finish(client, pending.op_id, "info", pending.f, pending.value)
