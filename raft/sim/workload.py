@@ -22,7 +22,7 @@ from fifo.commands import (
     Enqueue,
     Settle,
 )
-from fifo.replies import DequeueOk, Ok
+from fifo.replies import DequeueOk, NotEnqueued, Ok
 from raft.errors import SubmitError
 from raft.replicated import InternalFailure
 from raft.sim.clock import Scheduler
@@ -57,6 +57,8 @@ class Client:
         self.next_at = 0.0
         self.sent = 0
         self.ops = 0
+        self.seq = 1  # publisher dedup: the machine stores each (enqueuer, seq) once
+        self.retry: str | None = None  # a publish whose outcome is unknown, sent again
 
     def connection(self) -> ConnectionId:
         """This client's connection to its node's current incarnation."""
@@ -101,6 +103,7 @@ class Workload:
             pending = client.pending
             if pending is not None and now - pending.started > CLIENT_TIMEOUT_S:
                 self._finish(client, pending.op_id, "info", pending.f, pending.value)
+                # a late reply is ignored: the publish (if it was one) goes again, same seq
             node = self.cluster.nodes[client.node_id]
             if client.incarnation != node.incarnation and client.pending is not None:
                 pending = client.pending
@@ -145,13 +148,25 @@ class Workload:
         return "ok" if isinstance(reply, (Ok, DequeueOk)) else "fail"
 
     def _publish(self, client: Client, node: SimNode) -> None:
-        client.sent += 1
-        value = f"{client.name}-{client.sent}"
+        """Publish with dedup, as the client library does: a publish whose outcome is unknown
+        goes again with the same sequence number until it is confirmed or refused."""
+        if client.retry is None:
+            client.sent += 1
+            client.retry = f"{client.name}-{client.sent}"
+        value, seq = client.retry, client.seq
         op_id = self._start(client, "enqueue", value)
-        command = Enqueue(QUEUE, value.encode(), connection=client.connection())
+        command = Enqueue(QUEUE, value.encode(), client.name, seq, client.connection())
 
         def on_reply(reply: Any) -> None:
-            self._finish(client, op_id, self._outcome_kind(reply), "enqueue", value)
+            kind = self._outcome_kind(reply)
+            if not self._finish(client, op_id, kind, "enqueue", value):
+                return
+            if kind == "ok":
+                client.seq, client.retry = seq + 1, None
+            elif kind == "fail":
+                client.retry = None  # refused: nothing stored, the next value takes this seq
+                if isinstance(reply, NotEnqueued):
+                    client.seq = reply.expected_seq
 
         self._propose(node, command, on_reply)
 
