@@ -31,6 +31,7 @@ from raft.sim.cluster import SimCluster, SimNode
 QUEUE = "sim"
 CLIENT_TIMEOUT_S = 3.0
 OP_GAP_S = (0.01, 0.12)  # pause between a client's operations
+WORK_S = (0.0, 0.4)  # a consumer works on a message this long before it acks it
 DRAIN_STEPS_MAX = 20_000
 
 Event = tuple[float, str, str, str, str, bool]
@@ -59,6 +60,7 @@ class Client:
         self.ops = 0
         self.seq = 1  # publisher dedup: the machine stores each (enqueuer, seq) once
         self.retry: str | None = None  # a publish whose outcome is unknown, sent again
+        self.ack_due: tuple[float, Any, int, str] | None = None  # at, consumer key, id, value
 
     def connection(self) -> ConnectionId:
         """This client's connection to its node's current incarnation."""
@@ -111,6 +113,9 @@ class Workload:
             if not self.active or client.pending is not None or now < client.next_at:
                 continue
             if node.replica is None:
+                continue
+            if client.ack_due is not None:
+                self._ack_when_due(client, node)
                 continue
             client.incarnation = node.incarnation
             if client.producer:
@@ -186,9 +191,18 @@ class Workload:
             value = bytes(message.body).decode()
             redelivered = bool(message.redelivered or message.delivery_count)
             if self._finish(client, op_id, "ok", "dequeue", value, redelivered):
-                self._ack(client, node, reply.consumer_key, message.msg_id, value)
+                due = self.scheduler.now + self.rng.uniform(*WORK_S)
+                client.ack_due = (due, reply.consumer_key, message.msg_id, value)
 
         self._propose(node, command, on_reply)
+
+    def _ack_when_due(self, client: Client, node: SimNode) -> None:
+        """Ack the message the consumer worked on, once its work is done."""
+        assert client.ack_due is not None
+        due, key, msg_id, value = client.ack_due
+        if self.scheduler.now >= due:
+            client.ack_due = None
+            self._ack(client, node, key, msg_id, value)
 
     def _ack(self, client: Client, node: SimNode, key: Any, msg_id: int, value: str) -> None:
         op_id = self._start(client, "ack", value)
