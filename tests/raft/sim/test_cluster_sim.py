@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from cluster.cli.exits import USAGE, CliError
 from cluster.cli.main import cli
-from raft.sim import SimParams, SimResult, run_seed
+from raft.sim import SimParams, SimResult, encode_faults, parse_faults, run_seed
 from raft.sim.patches import simulated
 from raft.sim.run import _Run
 from tests.raft.sim.plants import hello_order, late_append_truncation, snapshot_chunk_commit
@@ -42,6 +42,11 @@ def test_the_same_seed_replays_to_the_same_trace_hash(seed_5: SimResult) -> None
     assert again.trace_hash == seed_5.trace_hash
     assert seed_5.operations > 20 and seed_5.verdict is not None and seed_5.verdict.confirmed > 0
     assert not seed_5.failed, seed_5.violations
+
+
+def test_the_printed_schedule_replays_the_seed_exactly(seed_5: SimResult) -> None:
+    schedule = parse_faults(encode_faults(seed_5.faults))
+    assert run_seed(5, SHORT, schedule).trace_hash == seed_5.trace_hash
 
 
 def test_another_seed_gives_another_trace(seed_5: SimResult) -> None:
