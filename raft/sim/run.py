@@ -250,14 +250,14 @@ def _drain(run: _Run) -> None:
             run.advance(STEP_S, workload=False)
         reply = state.get("reply")
         if isinstance(reply, DequeueOk) and reply.message is None and reply.ready == 0:
-            if _checked_out(leader) == 0:
+            if _messages_held(leader) == 0:
                 return
             run.advance(0.5, workload=False)
     run.checker.fail(f"the drain did not empty the queue in {DRAIN_STEPS_MAX} steps")
 
 
-def _checked_out(node: SimNode) -> int:
-    """Messages of the queue checked out to some consumer, on `node`'s state."""
+def _messages_held(node: SimNode) -> int:
+    """Messages the queue still holds (ready or checked out), on `node`'s state."""
     assert node.replica is not None
 
     def count(view: Any) -> int:
