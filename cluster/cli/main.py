@@ -143,3 +143,7 @@ cli.add_command(log_group)
 from cluster.cli.group import group_group  # noqa: E402
 
 cli.add_command(group_group)
+
+from cluster.cli.simulate import simulate  # noqa: E402
+
+cli.add_command(simulate)

@@ -1,0 +1,320 @@
+"""One seeded run of the simulated cluster, and campaigns of them with shrinking.
+
+A run: start the members, declare the queue, run the workload under the fault schedule for
+`seconds` of virtual time (checking every STEP_S), heal and restart everything, let the clients
+disconnect, drain the queue on the leader, let the followers catch up, then the final checks.
+Everything a run does is appended to its trace; `trace_hash` is its SHA-256, so two runs of one
+seed (and schedule) must print the same hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fifo.commands import DeclareQueue
+from fifo.replies import DeclareOk, DequeueOk
+from raft.sim.checkers import QueueVerdict, RaftChecker, check_queue
+from raft.sim.clock import Scheduler
+from raft.sim.cluster import ClusterParams, SimCluster, SimNode
+from raft.sim.faults import Fault, encode_faults, generate_faults
+from raft.sim.network import SimNetwork
+from raft.sim.patches import CUTS_BELOW_COMMIT, simulated
+from raft.sim.workload import QUEUE, Workload
+
+STEP_S = 0.05
+SETUP_S_MAX = 20.0
+AFTER_HEAL_S = 4.0
+CLOSE_S = 3.0
+DRAIN_REPLY_S = 3.0
+DRAIN_STEPS_MAX = 5000
+CATCH_UP_S = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class SimParams:
+    """What a run simulates (all of it goes into the reproduce command)."""
+
+    nodes: int = 3
+    seconds: float = 30.0  # virtual seconds of workload under faults
+    clients: int = 6
+    flaky: bool = True
+    compaction_min_entries: int = 60
+
+
+@dataclass
+class SimResult:
+    """The outcome of one run."""
+
+    seed: int
+    faults: list[Fault]
+    trace_hash: str = ""
+    violations: list[str] = field(default_factory=list)
+    verdict: QueueVerdict | None = None
+    sim_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time: the speed on a loaded machine
+    events: int = 0
+    messages: int = 0
+    operations: int = 0
+
+    @property
+    def failed(self) -> bool:
+        """Whether any checker failed."""
+        return bool(self.violations)
+
+
+class _Run:
+    """The objects of one run (built inside the patched context)."""
+
+    def __init__(self, seed: int, params: SimParams, root: Path) -> None:
+        master = random.Random(seed)
+        self.raft_rng = random.Random(master.getrandbits(64))
+        self.trace: list[Any] = []
+        self.scheduler = Scheduler()
+        self.network = SimNetwork(self.scheduler, random.Random(master.getrandbits(64)), self.trace)
+        self.checker = RaftChecker()
+        cluster_params = ClusterParams(params.nodes, params.compaction_min_entries)
+        self.cluster = SimCluster(
+            cluster_params,
+            self.scheduler,
+            self.network,
+            root,
+            self.checker.on_outcome,
+            random.Random(master.getrandbits(64)),
+        )
+        self.workload = Workload(
+            self.cluster, self.scheduler, random.Random(master.getrandbits(64)), params.clients
+        )
+        self.fault_rng = random.Random(master.getrandbits(64))
+
+    def advance(self, seconds: float, workload: bool = True) -> None:
+        """Run `seconds` of virtual time in steps, checking after each."""
+        end = self.scheduler.now + seconds
+        while self.scheduler.now < end - 1e-9:
+            self.scheduler.run_until(min(end, self.scheduler.now + STEP_S))
+            if workload:
+                self.workload.step()
+            for node in self.cluster.up_nodes():
+                assert node.loop is not None and node.replica is not None
+                node.loop.run_now(node.replica.sweep)
+            self.checker.step(self.cluster)
+
+    def leader(self) -> SimNode | None:
+        """The running node that leads in the highest term, if any."""
+        best: tuple[int, SimNode] | None = None
+        for node in self.cluster.up_nodes():
+            raft = node.replica._node if node.replica else None
+            if raft is not None and raft._isLeader():
+                term = int(raft.raftCurrentTerm)
+                if best is None or term > best[0]:
+                    best = (term, node)
+        return best[1] if best else None
+
+    def propose_and_wait(self, node: SimNode, command: Any, seconds: float) -> Any:
+        """Propose `command` on `node`; its reply, or None if none came within `seconds`."""
+        box: dict[str, Any] = {}
+        assert node.loop is not None and node.replica is not None
+        node.loop.run_now(node.replica.propose, command, lambda reply: box.setdefault("r", reply))
+        end = self.scheduler.now + seconds
+        while "r" not in box and self.scheduler.now < end:
+            self.advance(STEP_S, workload=False)
+        return box.get("r")
+
+    def apply_fault(self, fault: Fault) -> None:
+        """Carry one nemesis action out now."""
+        self.trace.append(("fault", round(self.scheduler.now, 6), fault.text()))
+        net, nodes = self.network, self.cluster.nodes
+        args = fault.args
+        if fault.op == "isolate" and args[0] in nodes:
+            me = nodes[args[0]].address
+            for other in nodes.values():
+                if other.address != me:
+                    net.blocked |= {(me, other.address), (other.address, me)}
+        elif fault.op in ("oneway", "flaky") and len(args) == 2 and set(args) <= set(nodes):
+            link = (nodes[args[0]].address, nodes[args[1]].address)
+            (net.blocked if fault.op == "oneway" else net.flaky).add(link)
+        elif fault.op == "heal":
+            net.blocked.clear()
+            net.flaky.clear()
+        elif fault.op == "crash" and args and args[0] in nodes:
+            if len(self.cluster.up_nodes()) > 1 or not nodes[args[0]].up:
+                self.cluster.crash(args[0], power_loss="power" in args[1:])
+        elif fault.op == "restart" and args and args[0] in nodes and not nodes[args[0]].up:
+            self.start(args[0])
+
+    def start(self, node_id: str) -> None:
+        """Start a member and have it record its incarnation (hello), as the node server does."""
+        node = self.cluster.start(node_id)
+        assert node.loop is not None and node.replica is not None
+        node.loop.run_now(node.replica.propose_hello, lambda _reply: None)
+
+
+def run_seed(seed: int, params: SimParams, faults: list[Fault] | None = None) -> SimResult:
+    """Run one seed (with `faults`, or the seed's own schedule) and check it."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    root = Path(tempfile.mkdtemp(prefix="quorumq-sim-", dir=base))
+    try:
+        run = _Run(seed, params, root)
+        with simulated(lambda: run.scheduler.now, run.raft_rng):
+            result = _simulate(run, seed, params, faults)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    result.wall_seconds = time.perf_counter() - started
+    result.cpu_seconds = time.process_time() - cpu_started
+    return result
+
+
+def _simulate(run: _Run, seed: int, params: SimParams, faults: list[Fault] | None) -> SimResult:
+    nodes = sorted(run.cluster.nodes)
+    if faults is None:
+        faults = generate_faults(run.fault_rng, nodes, params.seconds, params.flaky)
+    result = SimResult(seed, faults)
+    run.network.start()
+    try:
+        for node_id in nodes:
+            run.start(node_id)
+        _setup(run)
+        _under_faults(run, faults, params.seconds)
+        _heal_and_drain(run)
+        run.checker.final(run.cluster)
+    finally:
+        run.cluster.stop_all()
+    result.verdict = check_queue(run.workload.history)
+    result.violations = list(run.checker.violations) + _queue_violations(result.verdict)
+    result.violations += [f"committed entries cut: {cut}" for cut in CUTS_BELOW_COMMIT[:3]]
+    result.violations += [f"node code raised: {e}" for e in run.network.errors[:3]]
+    result.violations += [f"apply failed: {m}" for m in run.workload.apply_failures[:3]]
+    result.sim_seconds = run.scheduler.now
+    result.events = run.scheduler.events
+    result.messages = run.network.messages
+    result.operations = sum(1 for e in run.workload.history if e[2] == "invoke")
+    digests = [(n.node_id, n.incarnation) for n in run.cluster.nodes.values()]
+    blob = repr((run.trace, run.workload.history, digests, result.violations)).encode()
+    result.trace_hash = hashlib.sha256(blob).hexdigest()[:16]
+    return result
+
+
+def _setup(run: _Run) -> None:
+    """Wait for a leader, declare the queue through it."""
+    while run.scheduler.now < SETUP_S_MAX:
+        run.advance(STEP_S, workload=False)
+        leader = run.leader()
+        if leader is not None:
+            reply = run.propose_and_wait(leader, DeclareQueue(QUEUE), 2.0)
+            if isinstance(reply, DeclareOk):
+                return
+    run.checker.fail(f"no leader declared the queue within {SETUP_S_MAX} s")
+
+
+def _under_faults(run: _Run, faults: list[Fault], seconds: float) -> None:
+    end = run.scheduler.now + seconds
+    pending = sorted(faults, key=lambda f: f.at)
+    origin = run.scheduler.now
+    while run.scheduler.now < end - 1e-9:
+        while pending and origin + pending[0].at <= run.scheduler.now:
+            run.apply_fault(pending.pop(0))
+        run.advance(STEP_S)
+
+
+def _heal_and_drain(run: _Run) -> None:
+    """Heal, restart everyone, let clients finish and disconnect, drain, catch up."""
+    run.apply_fault(Fault(0.0, "heal"))
+    for node_id in sorted(run.cluster.nodes):
+        if not run.cluster.nodes[node_id].up:
+            run.start(node_id)
+    run.advance(AFTER_HEAL_S)
+    run.workload.close_connections()
+    run.advance(CLOSE_S, workload=False)
+    _drain(run)
+    run.advance(CATCH_UP_S, workload=False)
+
+
+def _drain(run: _Run) -> None:
+    for number in range(DRAIN_STEPS_MAX):
+        leader = run.leader()
+        if leader is None:
+            run.advance(STEP_S, workload=False)
+            continue
+        state = run.workload.drain_step(leader, number)
+        end = run.scheduler.now + DRAIN_REPLY_S
+        while "reply" not in state and run.scheduler.now < end:
+            run.advance(STEP_S, workload=False)
+        reply = state.get("reply")
+        if isinstance(reply, DequeueOk) and reply.message is None and reply.ready == 0:
+            if _messages_held(leader) == 0:
+                return
+            run.advance(0.5, workload=False)
+    run.checker.fail(f"the drain did not empty the queue in {DRAIN_STEPS_MAX} steps")
+
+
+def _messages_held(node: SimNode) -> int:
+    """Messages the queue still holds (ready or checked out), on `node`'s state."""
+    assert node.replica is not None
+
+    def count(view: Any) -> int:
+        queue = view.state.queues.get(QUEUE)
+        return 0 if queue is None else int(queue.messages_total)
+
+    return int(node.replica.read(count))
+
+
+def _queue_violations(verdict: QueueVerdict) -> list[str]:
+    out = []
+    for name in ("lost", "unexpected", "redelivered_after_ack", "failed_but_consumed"):
+        values = getattr(verdict, name)
+        if values:
+            out.append(f"queue: {len(values)} {name.replace('_', ' ')}: {values[:5]}")
+    return out
+
+
+def reproduce_command(result: SimResult, params: SimParams) -> str:
+    """The CLI command that replays `result` exactly."""
+    flags = f"--nodes {params.nodes} --clients {params.clients} --seconds {params.seconds:g}"
+    if not params.flaky:
+        flags += " --no-flaky"
+    return (
+        f"quorumq simulate --seed {result.seed} {flags} --faults '{encode_faults(result.faults)}'"
+    )
+
+
+def shrink(
+    result: SimResult,
+    params: SimParams,
+    runs_max: int = 40,
+    log: Callable[[str], None] | None = None,
+) -> tuple[SimResult, SimParams]:
+    """A shorter schedule (faults removed one at a time, then a shorter run) that still fails."""
+    best, best_params, runs = result, params, 0
+    last = max((f.at for f in best.faults), default=0.0) + 3.0
+    if last < params.seconds:
+        shorter = SimParams(
+            params.nodes, last, params.clients, params.flaky, params.compaction_min_entries
+        )
+        trial = run_seed(result.seed, shorter, best.faults)
+        runs += 1
+        if trial.failed:
+            best, best_params = trial, shorter
+    changed = True
+    while changed and runs < runs_max:
+        changed = False
+        for i in range(len(best.faults)):
+            if runs >= runs_max:
+                break
+            fewer = best.faults[:i] + best.faults[i + 1 :]
+            trial = run_seed(result.seed, best_params, fewer)
+            runs += 1
+            if trial.failed:
+                best, changed = trial, True
+                if log is not None:
+                    log(f"shrunk to {len(fewer)} faults")
+                break
+    return best, best_params
