@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import fifo.fuzz
@@ -23,6 +24,8 @@ def sweep(version: int, seeds: int, steps: int, first_seed: int) -> dict[str, ob
     for seed in range(first_seed, first_seed + seeds):
         result = fifo.fuzz.run(seed, steps, version)
         steps_run += result.steps_run
+        if (seed - first_seed + 1) % 20 == 0:  # progress, on stderr
+            print(f"v{version}: {seed - first_seed + 1} seeds done", file=sys.stderr, flush=True)
         for violation in result.violations:
             if len(violations) < 20:
                 violations.append({"seed": seed, "invariant": violation.invariant,
