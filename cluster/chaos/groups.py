@@ -13,9 +13,10 @@ member) and `assigned` / `revoked` notices (a member saw one; `queue` is the par
   another member A holds a delivery of P whose ack later completed ok. The machine hands P to B
   only after A's checked-out messages of P are settled or returned, and a settle from a fenced
   member is refused: an ok settle after B's delivery means A still had it checked out then.
-- **Delivery after revoke** (double ownership, invalidates): member A receives a delivery of
-  partition P after A saw P revoked (and before it saw P assigned again), once another member
-  received a delivery of P after that revoke: P had been handed over, A's share of it with it.
+- **Delivery after revoke** (double ownership, invalidates): member A receives a message of
+  partition P after A saw P revoked (in the same membership, before it saw P assigned again),
+  and another member had received that same message since the revoke: P was handed over with
+  it, and A still got it.
 - **Zombie overlaps** (reported only): the same overlap where A's ack failed or is unknown, or
   A never acked: A's messages were returned (its node or connection was considered down) while
   A was still alive and working on them. That is at-least-once delivery, not double ownership.
@@ -345,32 +346,34 @@ def overlaps(holdings: list[Holding]) -> tuple[list[Overlap], list[Overlap]]:
 
 
 def deliveries_after_revoke(history: list[Event]) -> list[Overlap]:
-    """Deliveries to a member of a partition it saw revoked (not assigned again since), once
-    another member got a delivery of that partition after the revoke."""
-    revoked_at: dict[tuple[str, str], int] = {}  # (member, partition) -> revoke time
-    latest: dict[str, tuple[str, str, int]] = {}  # partition -> (member, value, time) delivered
+    """Deliveries to a member of a message of a partition it saw revoked, when that message
+    had been delivered to another member since the revoke: the partition was handed over
+    with the message, and the old owner still got it (issue 24's c107). A new assign of the
+    partition to the member, or a new membership of it (another consumer tag), ends the revoke.
+    """
+    revoked: dict[tuple[str, str], tuple[int, str | None]] = {}  # (member, P) -> (t, tag)
+    tag_of: dict[str, str | None] = {}  # member -> consumer tag of its latest delivery
+    given: dict[str, list[tuple[str, int]]] = defaultdict(list)  # value -> (member, t)
     out: list[Overlap] = []
     for event in history:
         if event.queue is None:
             continue
         key = (event.process, event.queue)
         if event.f == "revoked":
-            revoked_at[key] = event.t_ns
+            revoked[key] = (event.t_ns, tag_of.get(event.process))
         elif event.f == "assigned":
-            revoked_at.pop(key, None)
+            revoked.pop(key, None)
         elif event.f == "deliver" and event.value is not None:
-            since = revoked_at.get(key)
-            other = latest.get(event.queue)
-            handed_over = (
-                since is not None and other is not None
-                and other[0] != event.process and other[2] >= since
-            )  # fmt: skip
-            if handed_over and other is not None:
-                out.append(
-                    Overlap(event.queue, other[0], other[1], event.process, event.value,
-                            event.t_ns / NS_PER_S)
-                )  # fmt: skip
-            latest[event.queue] = (event.process, event.value, event.t_ns)
+            tag_of[event.process] = event.detail
+            since = revoked.get(key)
+            if since is not None and since[1] == event.detail:
+                others = [m for m, t in given[event.value] if m != event.process and t >= since[0]]
+                if others:
+                    out.append(
+                        Overlap(event.queue, others[-1], event.value, event.process, event.value,
+                                event.t_ns / NS_PER_S)
+                    )  # fmt: skip
+            given[event.value].append((event.process, event.t_ns))
     return out
 
 
