@@ -48,7 +48,7 @@ from collections import OrderedDict
 from pathlib import Path
 from time import monotonic
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from amqp.protocol import queue_declare_ok_t
 from kombu.exceptions import ChannelError
@@ -97,6 +97,26 @@ def parse_url(url: str) -> tuple[list[str], dict[str, str]]:
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ValueError(f"endpoint {endpoint!r} in {url!r} is not host:port")
     return endpoints, dict(parse_qsl(parts.query))
+
+
+# query keys whose values are masked when the URL is shown (credentials= is a path, not a secret)
+_SECRET_QUERY_KEYS = ("password", "secret", "token", "key")
+
+
+def masked_url(url: str, mask: str = "**") -> str:
+    """`url` with the password of its user part and secret-looking query values replaced by
+    `mask`; anything else (endpoints, paths, option names) exactly as given."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    user, at, hosts = netloc.rpartition("@")
+    if at and ":" in user:
+        netloc = f"{user.partition(':')[0]}:{mask}@{hosts}"
+    pairs = []
+    for pair in parts.query.split("&") if parts.query else []:
+        name, eq, value = pair.partition("=")
+        secret = any(word in name.lower() for word in _SECRET_QUERY_KEYS)
+        pairs.append(f"{name}={mask}" if eq and secret and value else pair)
+    return urlunsplit(parts._replace(netloc=netloc, query="&".join(pairs)))
 
 
 def queue_config(arguments: dict[str, Any] | None, resolve_dlx: Any = None) -> QueueConfig:
@@ -625,9 +645,10 @@ class Transport(virtual.Transport):  # type: ignore[misc]
                 return
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
-        """The URL as given (it carries a key path, not a secret; kombu's parser would choke
-        on the comma-separated endpoints)."""
-        return uri
+        """The URL as given, for banners and logs (kombu's parser would choke on the
+        comma-separated endpoints), with a password and secret-looking query values masked
+        unless `include_password`."""
+        return uri if include_password else masked_url(uri, mask)
 
     def driver_version(self) -> str:
         """The installed quorumq version."""

@@ -63,6 +63,18 @@ def test_url_parsing_and_alias() -> None:
             kombu_transport.parse_url(bad)
 
 
+def test_the_url_is_shown_with_its_secrets_masked() -> None:
+    """Celery prints the broker URL in its banner and logs (kombu's `Connection.as_uri`): a
+    password in the URL, or a secret-looking query value, never appears unless asked for."""
+    url = "quorumq://ops:hunter2@a:1,b:2/?credentials=/k&token=s3cr3t&name=w1"
+    shown = Connection(url).as_uri()
+    assert "hunter2" not in shown and "s3cr3t" not in shown
+    assert shown == "quorumq://ops:**@a:1,b:2/?credentials=/k&token=**&name=w1"
+    assert Connection(url).as_uri(include_password=True) == url
+    plain = "quorumq://a:1/?credentials=/k"
+    assert Connection(plain).as_uri() == plain
+
+
 def test_queue_arguments_map_to_queue_config() -> None:
     config = kombu_transport.queue_config(
         {
