@@ -14,7 +14,8 @@ What a node counts, and so what to sum or not across nodes:
   `_rejected_total` count the commands that clients connected to *this node* got accepted, and
   `_delivered_total` the messages delivered to them: sum them over nodes for cluster totals.
 - `quorumq_queue_messages_dead_lettered_total` counts what this node applied: every node counts
-  every dead-lettering of the cluster (since it started): do not sum it over nodes.
+  every dead-lettering of the cluster (since it started): do not sum it over nodes. Its part
+  that reached no dead-letter queue is `quorumq_queue_messages_dropped_total` (same rule).
 - raft gauges and histograms are this node's own.
 
 The number of queues labelled is capped (`QUEUES_LABELLED_MAX`); past it, new queues are not
@@ -127,6 +128,12 @@ class NodeMetrics(NoMetrics):
             "Messages dead-lettered (or dropped) by the queue, as applied on this node.",
             ("queue", "reason"),
         )
+        self.dropped = counter(
+            "quorumq_queue_messages_dropped",
+            "Messages that left the queue (expired, rejected, over a limit) without reaching a "
+            "dead-letter queue (none configured, or it does not exist), as applied on this node.",
+            ("queue", "reason"),
+        )
         self.connections_opened = Counter(
             "quorumq_client_connections_opened",
             "Client connections authenticated by this node.",
@@ -206,7 +213,10 @@ class NodeMetrics(NoMetrics):
                 if effect.connection.node == self.node_id:
                     self.delivered.labels(self.label(effect.queue)).inc(len(effect.messages))
             elif type(effect) is DeadLettered:
-                self.dead_lettered.labels(self.label(effect.queue), effect.reason).inc(effect.count)
+                queue = self.label(effect.queue)
+                self.dead_lettered.labels(queue, effect.reason).inc(effect.count)
+                if effect.target is None:
+                    self.dropped.labels(queue, effect.reason).inc(effect.count)
         if mine and outcome.replies:
             self.batch_size.observe(len(outcome.replies))
 

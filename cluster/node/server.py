@@ -28,6 +28,7 @@ from cluster.amqp.listener import AmqpListener
 from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.client_tls import TlsClientListener
+from cluster.node.deadletters import DropReporter
 from cluster.node.effects import EffectRouter
 from cluster.node.limits import (
     ConnectionCaps,
@@ -48,6 +49,7 @@ from raft import storage
 from raft.errors import StorageError, SubmitError
 from raft.node import RaftSettings
 from raft.replica import Applied, Replica, ReplicaView, Reply
+from raft.replicated import Outcome
 
 if TYPE_CHECKING:
     from cluster.management import ManagementServer
@@ -144,6 +146,7 @@ class NodeServer:
         self.replica: Replica
         self.timers: LeaderTimers
         self.metrics: NoMetrics = NoMetrics()
+        self.drops = DropReporter(lambda: self.replica)
         self.management: ManagementServer | None = None  # set by run_node (http_port)
         if metrics_port is not None or node.http_port is not None:  # the API shows the counters
             self.metrics = NodeMetrics(
@@ -244,6 +247,11 @@ class NodeServer:
         for session in list(self._sessions):
             session.close()
 
+    def _observe_outcome(self, outcome: Outcome, mine: bool) -> None:
+        """Every applied entry, on every node (inside the tick): counters and drop reports."""
+        self.metrics.on_outcome(outcome, mine)
+        self.drops.observe(outcome, mine)
+
     def _on_applied(self, applied: Applied) -> None:
         self.router.dispatch(applied.effects)
 
@@ -257,7 +265,7 @@ class NodeServer:
             self._loop,
             self._on_applied,
             self._reset_sessions,
-            self.metrics.on_outcome,
+            self._observe_outcome,
         )
         self.router.use_replica(self.replica)  # deliveries only from current state (issue 24)
         self.timers = LeaderTimers(self.replica)

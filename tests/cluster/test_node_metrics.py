@@ -154,6 +154,48 @@ def test_metrics_match_a_known_workload(metered: tuple[LocalCluster, dict[str, i
         assert value(found, "quorumq_raft_has_quorum") == 1
 
 
+def test_a_dead_letter_into_a_missing_queue_is_counted_and_logged(
+    metered: tuple[LocalCluster, dict[str, int]],
+) -> None:
+    """Issue 34 item 1 at run time: a queue whose dead-letter queue was deleted drops what it
+    dead-letters (the machine has nowhere to put it). The node counts every dropped message in
+    `quorumq_queue_messages_dropped_total` and the leader logs it, naming the missing queue."""
+    cluster, ports = metered
+    with cluster.client() as client:
+        client.declare_queue("d-jobs", QueueConfig(dead_letter_queue="d-jobs.dlq"))
+        client.delete_queue("d-jobs.dlq")
+        client.declare_queue("d-plain")  # no dead-letter queue: a reject drops, as configured
+        for queue in ("d-jobs", "d-plain"):
+            with client.publisher(queue) as publisher:
+                publisher.publish_many([b"x", b"y", b"z"])
+            consumer = client.consume(queue, prefetch=3)
+            for _ in range(3):
+                message = consumer.get(timeout_s=10)
+                assert message is not None
+                message.reject()
+            assert consumer.wait_settled(10)
+            consumer.cancel()
+
+    def counted(port: int) -> Samples | None:
+        found = scrape(port)
+        plain = value(
+            found, "quorumq_queue_messages_dropped_total", queue="d-plain", reason="rejected"
+        )
+        return found if plain == 3 else None
+
+    for name, port in ports.items():
+        found = wait_until(lambda port=port: counted(port), 10, f"{name} counted the drops")
+        dropped = value(
+            found, "quorumq_queue_messages_dropped_total", queue="d-jobs", reason="rejected"
+        )
+        assert dropped == 3, name
+    leader = cluster.config.node(cluster.leader())
+    log_text = (leader.data_dir / "node.log").read_text()
+    lines = [line for line in log_text.splitlines() if "dead_letter_dropped" in line]
+    assert lines, "the leader logged no dropped dead-letter"
+    assert all("d-jobs.dlq" in line and "d-plain" not in line for line in lines), lines
+
+
 def test_dashboard_queries_only_exposed_metrics(
     metered: tuple[LocalCluster, dict[str, int]],
 ) -> None:
