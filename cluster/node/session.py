@@ -65,8 +65,10 @@ COMMAND_SCAN_BYTES_MIN = 4 * 1024
 COMMAND_ITEMS_MAX = fifo_limits.msg_ids_per_command_max + 512
 CBOR_MAJOR_TAG = 6
 # a body that fits a publish frame must fit a delivery or dequeue frame too, where up to
-# annotations_per_message_max annotations (about 17 KiB) may have been added (modify, dead-letter)
-PUBLISH_BODY_BYTES_MAX = EFFECT_BYTES_MAX
+# annotations_per_message_max annotations (about 17 KiB) may have been added (modify, dead-letter);
+# and no body may stall a node's loop past 100 ms: 8 MiB publishes stall each node 82-93 ms,
+# 15 MiB ones 184-219 ms (`python scripts/bench_big_messages.py --mib 8`, 2 cores, quiet)
+PUBLISH_BODY_BYTES_MAX = min(EFFECT_BYTES_MAX, 8 * 1024 * 1024)
 # queries always answered: "status" says itself whether this node has a leader
 FRESH_QUERIES = frozenset({"status"})
 WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
@@ -398,7 +400,7 @@ class ClientSession:
         if isinstance(command, Enqueue) and len(command.body) > PUBLISH_BODY_BYTES_MAX:
             message = (
                 f"a body of {len(command.body)} bytes: at most {PUBLISH_BODY_BYTES_MAX} (its "
-                "delivery must fit in one frame with the message's fields and annotations)"
+                "copies would stall the nodes' loops past 100 ms; split it or store it elsewhere)"
             )
             self.error(protocol.BAD_COMMAND, message, request_id)
             return
