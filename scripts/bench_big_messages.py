@@ -57,7 +57,7 @@ def terms(cluster: LocalCluster) -> dict[str, int]:
     found = {}
     for node in cluster.config.node_ids():
         with cluster.client(node, only=True) as client:
-            found[node] = int(client.status()["term"])
+            found[node] = int(str(client.status()["term"]))
     return found
 
 
