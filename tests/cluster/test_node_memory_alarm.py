@@ -18,6 +18,7 @@ from cluster.client import Consumer, Message
 from cluster.config import CONFIG_FILE
 from cluster.launcher import LocalCluster, init_cluster, start_cluster, wait_until
 from cluster.node.memory import TEST_RSS_ENV
+from tests.cluster.conftest import quorumq_cli
 
 RSS_FILE = "rss.test"
 WATERMARK_MIB = 64
@@ -67,6 +68,9 @@ def test_publishes_are_held_past_the_watermark_while_consumers_drain_then_resume
 
     _set_resident(cluster, WATERMARK_MIB + 1)
     wait_until(lambda: _alarms(cluster) == [True] * 3, 10.0, "the alarm on every node")
+    table = quorumq_cli("--data-dir", str(cluster.data_dir), "cluster", "status")
+    assert table.returncode == 0, table.stderr
+    assert "MEMORY_ALARM" in table.stdout.splitlines()[0]  # a column while a node has it
     with cluster.client() as publishing, cluster.client() as consuming:
         held = publishing.publisher("held", window=50)
         sender = threading.Thread(
