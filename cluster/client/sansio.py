@@ -88,6 +88,9 @@ RETRY_DELAY_S = 0.1
 # that doubles per refusal up to the max, jittered down to half (refusals spread out)
 MEMORY_ALARM_RETRY_S_MIN = 0.1
 MEMORY_ALARM_RETRY_S_MAX = 2.0
+# a node draining near its mark sets and clears its alarm again and again: an alarm that comes
+# back within this long of the last record is the same episode for the log (one record)
+MEMORY_ALARM_LOG_INTERVAL_S = 60.0
 SWITCH_NODE_AFTER_S = 3.0  # only "unavailable" answers for this long: reconnect elsewhere
 TICK_S = 0.05
 SCAN_S = 0.5  # request deadlines and the silence check
@@ -232,6 +235,7 @@ class ClientProtocol:
         self._refusal_seen = ""  # the last such refusal, for that record
         # the memory alarm of the current episode (the refusal's text), None when there is none
         self._memory_alarm: str | None = None
+        self._memory_alarm_logged_at = -MEMORY_ALARM_LOG_INTERVAL_S
         self._jitter = random.Random()
         self._attached_once = False
         # the connection that ended, for the one record of the reconnect: (node, why, chosen)
@@ -516,8 +520,11 @@ class ClientProtocol:
     def _hold_for_memory(self, request: _Request, message: str) -> None:
         """A request refused by a node past its memory high watermark (nothing was submitted):
         resend it after a bounded, jittered backoff; the publisher's window stays full meanwhile,
-        which is the flow control. One WARNING per alarm episode says why."""
-        if self._memory_alarm is None:
+        which is the flow control. One WARNING per alarm episode says why (alarms that come
+        back within MEMORY_ALARM_LOG_INTERVAL_S of it are the same episode)."""
+        due = self._now - self._memory_alarm_logged_at >= MEMORY_ALARM_LOG_INTERVAL_S
+        if self._memory_alarm is None and due:
+            self._memory_alarm_logged_at = self._now
             node = self.welcome.node if self.welcome is not None else None
             log.warning("publishes_held_memory_alarm", node=node, reason=message)
         self._memory_alarm = message

@@ -15,7 +15,11 @@ import pytest
 from cluster import protocol
 from cluster.client import ClientProtocol
 from cluster.client._wire import Welcome, split_frames
-from cluster.client.sansio import MEMORY_ALARM_RETRY_S_MAX, MEMORY_ALARM_RETRY_S_MIN
+from cluster.client.sansio import (
+    MEMORY_ALARM_LOG_INTERVAL_S,
+    MEMORY_ALARM_RETRY_S_MAX,
+    MEMORY_ALARM_RETRY_S_MIN,
+)
 from fifo.codec import encode
 from fifo.commands import ConnectionId
 from fifo.replies import Ok
@@ -109,10 +113,26 @@ def test_an_alarm_episode_is_one_warning_and_the_publisher_is_confirmed_after_it
         (logging.WARNING, "publishes_held_memory_alarm")
     ]
     assert ALARM in records[0].getMessage()
-    # a second episode is logged again
+    # an alarm back soon after (a node draining near its mark flaps): the same episode
     core.publish(publisher, [b"d"])
     core.receive_data(_answer(*(_refuse(f) for f in _sent(core))))
+    assert len([r for r in caplog.records if r.name.startswith("quorumq")]) == 1
+    frame = _resend(core, now)
+    core.receive_data(_answer(protocol.reply(frame["id"], encode(Ok()))))
+    # one that comes back after the interval is a new episode, logged again
+    core.publish(publisher, [b"e"])
+    core.tick(now + MEMORY_ALARM_LOG_INTERVAL_S)
+    core.receive_data(_answer(*(_refuse(f) for f in _sent(core))))
     assert len([r for r in caplog.records if r.name.startswith("quorumq")]) == 2
+
+
+def _resend(core: ClientProtocol, now: float) -> dict[str, Any]:
+    """The one frame resent after the backoff."""
+    while not core.has_output:
+        now += 0.01
+        core.tick(now)
+    (frame,) = _sent(core)
+    return frame
 
 
 def test_a_publisher_that_times_out_under_the_alarm_says_why() -> None:
