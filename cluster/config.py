@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,24 @@ SNAPSHOT_EVERY_S_MAX = 7 * 24 * 3600
 CONNECTIONS_MAX_DEFAULT = 4096
 CONNECTIONS_PER_SOURCE_MAX_DEFAULT = 1024
 CONNECTIONS_MAX_LIMIT = 1_000_000
+# past this resident set a node refuses new publishes (`memory_alarm`) until it falls back below:
+# a share of the machine's RAM (a float, RabbitMQ's vm_memory_high_watermark) or a size in bytes
+# (an int, or a string with a unit: "512MiB", "2GB"); cluster/node/memory.py
+MEMORY_HIGH_WATERMARK_DEFAULT = 0.4
+MEMORY_HIGH_WATERMARK_BYTES_MIN = 16 * 1024 * 1024
+MEMORY_HIGH_WATERMARK_BYTES_MAX = 2**50
+MEMORY_UNITS: dict[str, int] = {
+    "b": 1,
+    "kb": 1000,
+    "kib": 1024,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+_MEMORY_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 LOG_FILE_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 LOG_FILE_BYTES_MIN = 64 * 1024
 LOG_FILES_KEPT_DEFAULT = 5
@@ -115,6 +134,8 @@ class ClusterConfig:
     users: tuple[UserConfig, ...] = ()
     # AMQP: RabbitMQ's guest/guest is accepted from loopback addresses (bench scripts, demos)
     amqp_guest: bool = False
+    # a float in (0, 1]: that share of the machine's RAM; an int: bytes (memory_watermark_bytes)
+    memory_high_watermark: float | int = MEMORY_HIGH_WATERMARK_DEFAULT
 
     def founder_ids(self) -> list[str]:
         """The members the cluster was created with."""
@@ -204,7 +225,53 @@ def _parse(raw: dict[str, Any], path: Path) -> ClusterConfig:
             section, "log_files_kept", LOG_FILES_KEPT_DEFAULT, path, high=LOG_FILES_KEPT_MAX
         ),
         amqp_guest=_typed(section, "amqp_guest", bool, path, False),
+        memory_high_watermark=parse_memory_watermark(
+            section.get("memory_high_watermark", MEMORY_HIGH_WATERMARK_DEFAULT), path
+        ),
     )  # fmt: skip
+
+
+def parse_memory_watermark(value: Any, path: Path | str) -> float | int:
+    """`memory_high_watermark` as given: a float in (0, 1] (a share of the machine's RAM), or
+    a size in bytes (an int, or a string such as "512MiB", "2GB", "1.5GiB"); ConfigError else."""
+    where = f"{path}: memory_high_watermark"
+    if isinstance(value, float):
+        if not 0.0 < value <= 1.0:
+            raise ConfigError(
+                f"{where} as a share of the machine's RAM must be within (0, 1], got {value} "
+                '(an absolute size is an integer of bytes or a string such as "512MiB")'
+            )
+        return value
+    if isinstance(value, str):
+        value = _memory_size(value, where)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(
+            f'{where} must be a share of RAM (0.4) or a size (1073741824, "1GiB"), got {value!r}'
+        )
+    low, high = MEMORY_HIGH_WATERMARK_BYTES_MIN, MEMORY_HIGH_WATERMARK_BYTES_MAX
+    if not low <= value <= high:
+        raise ConfigError(
+            f"{where} must be within [{low}, {high}] bytes, got {value} (a share of the "
+            "machine's RAM is written as a float: 0.4)"
+        )
+    return value
+
+
+def _memory_size(text: str, where: str) -> int:
+    """Bytes of a size written with a unit (B, kB, KiB, MB, MiB, GB, GiB, TB, TiB)."""
+    match = _MEMORY_SIZE.fullmatch(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in MEMORY_UNITS:
+        units = ", ".join(("B", "kB", "KiB", "MB", "MiB", "GB", "GiB", "TB", "TiB"))
+        raise ConfigError(
+            f"{where}: cannot read {text!r} as a size: a number and one of the units {units}"
+        )
+    return int(float(match.group(1)) * MEMORY_UNITS[unit])
+
+
+def memory_watermark_bytes(watermark: float | int, ram_bytes: int) -> int:
+    """The watermark in bytes on a machine with `ram_bytes` of RAM."""
+    return int(watermark * ram_bytes) if isinstance(watermark, float) else watermark
 
 
 def _bounded(
@@ -312,6 +379,8 @@ def dumps(config: ClusterConfig) -> str:
         lines.append(f"log_files_kept = {config.log_files_kept}")
     if config.amqp_guest:
         lines.append("amqp_guest = true")
+    if config.memory_high_watermark != MEMORY_HIGH_WATERMARK_DEFAULT:
+        lines.append(f"memory_high_watermark = {config.memory_high_watermark!r}")
     if config.founders:
         lines.append(f"founders = [{', '.join(_toml_str(f) for f in config.founders)}]")
     for node in config.nodes:

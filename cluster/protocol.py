@@ -82,6 +82,9 @@ INTERNAL: Final = "internal"
 REFUSED: Final = "refused"
 REPLY_TOO_LARGE: Final = "reply_too_large"  # a query result over the frame limit
 DISK_FULL: Final = "disk_full"  # journal write hit ENOSPC: no commands until space returns
+# the node is past its memory high watermark: no new publishes until it falls back (retryable;
+# settles and consumes are served, so a backlog drains)
+MEMORY_ALARM: Final = "memory_alarm"
 TLS_REQUIRED: Final = "tls_required"  # sent in the clear by a TLS client port, then closed
 # sent instead of the challenge by a node at its connection cap, then closed (retry elsewhere)
 CONNECTION_LIMIT: Final = "connection_limit"

@@ -287,8 +287,12 @@ def status(
     divergence = digest_divergence(rows)
     if output_format(ctx) == "table" and not full_digest:
         rows = [_short_digest(row) for row in rows]
-    reasons = any(row.get("reason") for row in rows)  # a node that stopped applying says why
-    emit(ctx, rows, [*STATUS_COLUMNS, "reason"] if reasons else STATUS_COLUMNS)
+    columns = list(STATUS_COLUMNS)
+    if any(row.get("memory_alarm") for row in rows):  # a node refusing publishes: memory_alarm
+        columns.append("memory_alarm")
+    if any(row.get("reason") for row in rows):  # a node that stopped applying says why
+        columns.append("reason")
+    emit(ctx, rows, columns)
     if all(row.get("role") == "down" for row in rows):
         raise CliError("no node of the cluster is reachable", UNAVAILABLE)
     if divergence:

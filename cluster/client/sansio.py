@@ -27,6 +27,7 @@ Example (one blocking query; `Handshake` in `_wire` does the authentication the 
 from __future__ import annotations
 
 import itertools
+import random
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -83,6 +84,13 @@ RETRY_ELSEWHERE_CODES = frozenset({protocol.DISK_FULL})
 # set on an answer frame when an earlier attempt of the same request may have been applied
 UNCERTAIN = "uncertain"
 RETRY_DELAY_S = 0.1
+# a publish refused by a node past its memory watermark (flow control) is resent after a delay
+# that doubles per refusal up to the max, jittered down to half (refusals spread out)
+MEMORY_ALARM_RETRY_S_MIN = 0.1
+MEMORY_ALARM_RETRY_S_MAX = 2.0
+# a node draining near its mark sets and clears its alarm again and again: an alarm that comes
+# back within this long of the last record is the same episode for the log (one record)
+MEMORY_ALARM_LOG_INTERVAL_S = 60.0
 SWITCH_NODE_AFTER_S = 3.0  # only "unavailable" answers for this long: reconnect elsewhere
 TICK_S = 0.05
 SCAN_S = 0.5  # request deadlines and the silence check
@@ -149,6 +157,7 @@ class _Request:
     __slots__ = (
         "data",
         "deadline",
+        "held",
         "kind",
         "refusal",
         "refused_since",
@@ -174,6 +183,7 @@ class _Request:
         # the last "no leader" answer (a retry code) to an attempt, as "code: message"
         self.refusal: str | None = None
         self.refused_since = 0.0  # when the first such answer came (0: none yet)
+        self.held = 0  # memory_alarm refusals of this request (its backoff)
 
 
 class ClientProtocol:
@@ -221,6 +231,12 @@ class ClientProtocol:
         self._last_recv = now
         self._last_scan = now
         self._unavailable_since = 0.0  # first of an unbroken run of retryable errors
+        self._refused_frames = 0  # frames refused in that run (logged once when it ends)
+        self._refusal_seen = ""  # the last such refusal, for that record
+        # the memory alarm of the current episode (the refusal's text), None when there is none
+        self._memory_alarm: str | None = None
+        self._memory_alarm_logged_at = -MEMORY_ALARM_LOG_INTERVAL_S
+        self._jitter = random.Random()
         self._attached_once = False
         # the connection that ended, for the one record of the reconnect: (node, why, chosen)
         self._lost: tuple[str, str, bool] | None = None
@@ -290,7 +306,7 @@ class ClientProtocol:
         self._buffer, self._out = b"", []
         self._frames.clear()
         self._last_recv = self._now
-        self._unavailable_since = 0.0
+        self._unavailable_since, self._refused_frames = 0.0, 0  # the reconnect is logged
         if self._attached_once:
             self.reconnects += 1
         self._attached_once = True
@@ -427,13 +443,16 @@ class ClientProtocol:
             self._on_frame({"op": protocol.REPLY, "id": request_id, "reply": OK_BYTES})
             return
         del self._inflight[request_id]
-        self._unavailable_since = 0.0
+        if self._unavailable_since:
+            self._refusals_ended()
         self._confirm(request.target)
 
     def _confirm(self, item: Unconfirmed) -> None:
         """`item` is confirmed (a confirm of an earlier attempt may have come already)."""
         publisher = item.publisher
         self._updated[id(publisher)] = publisher
+        if self._memory_alarm is not None:
+            self._memory_alarm_ended()
         if publisher.pending.pop(item.seq, None) is not None:
             publisher.confirmed += 1
 
@@ -451,12 +470,17 @@ class ClientProtocol:
             return
         if op == protocol.ERROR:
             code = str(frame.get("code"))
+            if code == protocol.MEMORY_ALARM and not self._expired(request):
+                self._hold_for_memory(request, str(frame.get("message", "")))
+                return
             elsewhere = code in RETRY_ELSEWHERE_CODES and self.reconnect and len(self.endpoints) > 1
             if code in RETRY_CODES or elsewhere:
                 request.refusal = f"{code}: {frame.get('message', '')}"
                 request.refused_since = request.refused_since or self._now
             retry = (code in RETRY_CODES or elsewhere) and not self._expired(request)
             if retry and not self._gave_up(request):
+                self._refused_frames += 1
+                self._refusal_seen = request.refusal or code
                 request.uncertain = True
                 request.retry_at = self._now + RETRY_DELAY_S
                 self._inflight[request.request_id] = request
@@ -469,12 +493,51 @@ class ClientProtocol:
             what = f"refused for {self.no_leader_fail_s:g}s" if gave_up else None
             self._finish(request, None, _frame_error(frame, what))
             return
-        self._unavailable_since = 0.0
+        if self._unavailable_since:
+            self._refusals_ended()
         if request.uncertain:
             # an error reply now may only mean an earlier attempt already did the work (a settle
             # applied, then its consumer left): the caller must treat the outcome as unknown
             frame = {**frame, UNCERTAIN: True}
         self._finish(request, frame, None)
+
+    def _refusals_ended(self) -> None:
+        """A run of refusals for want of a leader ended with an answer: one record for it all
+        (however many frames were refused), at INFO: the client rode it out."""
+        if self._refused_frames:
+            node = self.welcome.node if self.welcome is not None else None
+            waited_s = round(self._now - self._unavailable_since, 2)
+            log.info(
+                "leader_unavailable",
+                node=node,
+                refused=self._refused_frames,
+                for_s=waited_s,
+                last=self._refusal_seen,
+            )
+        self._unavailable_since = 0.0
+        self._refused_frames = 0
+
+    def _hold_for_memory(self, request: _Request, message: str) -> None:
+        """A request refused by a node past its memory high watermark (nothing was submitted):
+        resend it after a bounded, jittered backoff; the publisher's window stays full meanwhile,
+        which is the flow control. One WARNING per alarm episode says why (alarms that come
+        back within MEMORY_ALARM_LOG_INTERVAL_S of it are the same episode)."""
+        due = self._now - self._memory_alarm_logged_at >= MEMORY_ALARM_LOG_INTERVAL_S
+        if self._memory_alarm is None and due:
+            self._memory_alarm_logged_at = self._now
+            node = self.welcome.node if self.welcome is not None else None
+            log.warning("publishes_held_memory_alarm", node=node, reason=message)
+        self._memory_alarm = message
+        request.held += 1
+        delay = min(MEMORY_ALARM_RETRY_S_MAX, MEMORY_ALARM_RETRY_S_MIN * 2 ** min(request.held, 8))
+        request.retry_at = self._now + delay * self._jitter.uniform(0.5, 1.0)
+        self._inflight[request.request_id] = request
+        self._retries.append(request)
+
+    def _memory_alarm_ended(self) -> None:
+        """A publish was confirmed again after a memory alarm."""
+        log.debug("publishes_resumed_memory_alarm_cleared")
+        self._memory_alarm = None
 
     def _gave_up(self, request: _Request) -> bool:
         """True once `request` was refused for want of a leader for `no_leader_fail_s`."""
@@ -510,7 +573,7 @@ class ClientProtocol:
         if stuck and len(self.endpoints) > 1 and self.welcome is not None:
             # this node cannot get anything committed (cut off from the majority?): try another
             log.debug("switching_node", node=self.welcome.node, after_s=SWITCH_NODE_AFTER_S)
-            self._unavailable_since = 0.0
+            self._unavailable_since, self._refused_frames = 0.0, 0
             self._close_connection("no commit through this node")
 
     def _expire(self, now: float) -> None:
@@ -677,6 +740,10 @@ class ClientProtocol:
         refusals = [r.refusal for r in requests if r is not None and r.refusal is not None]
         if refusals and len(refusals) == len(requests):
             return no_leader(refusals[-1], f"{count} messages not confirmed in {waited_s:.1f}s")
+        if self._memory_alarm is not None:
+            return RequestTimeout(
+                f"{count} messages still unconfirmed after {waited_s:.1f}s: {self._memory_alarm}"
+            )
         return RequestTimeout(f"{count} messages still unconfirmed after {waited_s:.1f}s")
 
     def _resend_gap(self, item: Unconfirmed, expected: int) -> None:

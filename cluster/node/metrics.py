@@ -46,6 +46,34 @@ OTHER_QUEUE = "_other"
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 APPLY_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# gauge -> (the server's status field it reads, scale, help): cluster/node/memory.py
+NODE_GAUGES: dict[str, tuple[str, float, str]] = {
+    "quorumq_memory_resident_bytes": (
+        "memory_resident_bytes",
+        1.0,
+        "This node's resident set, as last sampled.",
+    ),
+    "quorumq_memory_high_watermark_bytes": (
+        "memory_high_watermark_bytes",
+        1.0,
+        "Past this resident set the node refuses publishes.",
+    ),
+    "quorumq_memory_alarm": (
+        "memory_alarm",
+        1.0,
+        "1 while the memory alarm is set (publishes refused: memory_alarm).",
+    ),
+    "quorumq_event_loop_stall_seconds_max": (
+        "loop_stall_max_ms",
+        0.001,
+        "The longest event-loop stall since the node started.",
+    ),
+    "quorumq_event_loop_stall_recent_seconds_max": (
+        "loop_stall_recent_max_ms",
+        0.001,
+        "The longest event-loop stall in the last 10 s.",
+    ),
+}
 
 
 class MetricsUnavailable(Exception):
@@ -83,6 +111,7 @@ class NodeMetrics(NoMetrics):
         connections: Callable[[], int],
         port: int | None,
         bind: str = "127.0.0.1",
+        node_status: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         try:
             from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -95,6 +124,7 @@ class NodeMetrics(NoMetrics):
         self.bind = bind
         self._replica = replica
         self._connections = connections
+        self._node_status = node_status  # the server's own status fields (memory, loop stalls)
         self._server: Any = None
         self._labelled: set[str] = set()
         self._labelled_lock = threading.Lock()
@@ -315,6 +345,7 @@ class _StateCollector:
         families["quorumq_raft_leader"].add_metric([str(status["leader"] or "")], 1)
         families["quorumq_machine_version"].add_metric([], status["effective_machine_version"])
         families["quorumq_client_connections"].add_metric([], self.metrics._connections())
+        _add_node_gauges(families, self.metrics._node_status())
         yield from families.values()
         yield from _role_change_families(status.get("role_changes") or {})
 
@@ -345,6 +376,7 @@ class _StateCollector:
             "quorumq_raft_has_quorum": "1 if this node sees a quorum.",
             "quorumq_machine_version": "The effective state-machine version.",
             "quorumq_client_connections": "Client connections open on this node.",
+            **{name: doc for name, (_field, _scale, doc) in NODE_GAUGES.items()},
         }
         families.update({name: GaugeMetricFamily(name, doc) for name, doc in plain.items()})
         families["quorumq_raft_leader"] = GaugeMetricFamily(
@@ -353,6 +385,14 @@ class _StateCollector:
             labels=["leader"],
         )
         return families
+
+
+def _add_node_gauges(families: dict[str, GaugeMetricFamily], status: dict[str, Any]) -> None:
+    """The gauges read from the server's status fields (those it reports)."""
+    for name, (status_field, scale, _doc) in NODE_GAUGES.items():
+        value = status.get(status_field)
+        if value is not None:
+            families[name].add_metric([], float(value) * scale)
 
 
 def _overviews(view: ReplicaView) -> list[Any]:

@@ -38,6 +38,7 @@ from cluster.node.limits import (
     source_address,
 )
 from cluster.node.logs import setup_logging
+from cluster.node.memory import LoopStalls, MemoryMonitor, total_memory_bytes
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
@@ -120,6 +121,11 @@ class NodeServer:
             cluster.connections_per_source_max,
             self.refusals,
         )
+        self.memory = MemoryMonitor(
+            node.id,
+            config.memory_watermark_bytes(cluster.memory_high_watermark, total_memory_bytes()),
+        )
+        self.loop_stalls = LoopStalls()
         self.amqp: AmqpListener | None = None
         if node.amqp_port is not None:
             self.amqp = AmqpListener(self, node.amqp_port, cluster.amqp_guest)
@@ -155,6 +161,7 @@ class NodeServer:
                 lambda: len(self._sessions),
                 metrics_port,
                 metrics_bind,
+                self.status_extra,
             )
 
     def new_connection(self) -> ConnectionId:
@@ -180,6 +187,8 @@ class NodeServer:
             "raft_address": self.node.raft_address,
             "incarnation": self.incarnation,
             "fsync": self.cluster.fsync,
+            **self.memory.status(),
+            **self.loop_stalls.status(),
         }
         if self.refused_reason is not None:
             extra["reason"] = self.refused_reason
@@ -353,7 +362,10 @@ class NodeServer:
         last_status = 0.0
         started = time.monotonic()
         while True:
+            asleep_at = time.monotonic()
             await asyncio.sleep(TIMER_PERIOD_S)
+            self.loop_stalls.note(time.monotonic() - asleep_at - TIMER_PERIOD_S)
+            self.memory.sample()
             damage = self.replica.storage_damage()
             if damage is not None:
                 # raft stopped on it; the node exits as a damaged start does (65), and the

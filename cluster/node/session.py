@@ -404,6 +404,10 @@ class ClientSession:
             )
             self.error(protocol.BAD_COMMAND, message, request_id)
             return
+        alarm = self.server.memory.refusal() if type(command) is Enqueue else None
+        if alarm is not None:  # flow control: settles and consumes go on, publishes wait
+            self.error(protocol.MEMORY_ALARM, alarm, request_id)
+            return
         refusal = self.server.unavailable_reason(for_read=False)
         if refusal is not None:  # say so now: held, it would only time out (nothing submitted)
             self.error(protocol.UNAVAILABLE, f"{refusal}; nothing was submitted", request_id)

@@ -1,0 +1,79 @@
+"""A leader change the client rides out is one log record, never one per refused frame.
+
+The client publishes through the leader while both followers are paused (SIGSTOP) until it
+steps down for want of a majority: the node refuses or loses many frames meanwhile
+(`unavailable`: no leader, the leader changed, the entry was discarded by a new leader), and the
+client retries them all on the same connection. It says so once, at INFO on `quorumq.client`
+(how many frames were refused, for how long), and prints nothing on stdout.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from cluster.launcher import LocalCluster, local_cluster, node_status, wait_until
+
+
+@pytest.fixture
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with local_cluster(tmp_path_factory.mktemp("leader-change-records") / "D", 3) as running:
+        yield running
+
+
+def _depose(cluster: LocalCluster, leader: str, publisher: object) -> None:
+    """Once some messages are confirmed, pause both followers until `leader` steps down (it
+    lost its majority); resume them, and wait until the cluster has a leader again."""
+    wait_until(lambda: getattr(publisher, "confirmed", 0) >= 300, 30.0, "300 confirms")
+    followers = [node for node in cluster.config.node_ids() if node != leader]
+    for node in followers:
+        cluster.kill(node, signal.SIGSTOP)
+    try:
+        wait_until(lambda: _role(cluster, leader) not in ("leader", None), 30.0, "a step-down")
+    finally:
+        for node in followers:
+            cluster.kill(node, signal.SIGCONT)
+    cluster.leader(timeout_s=30.0)
+
+
+def _role(cluster: LocalCluster, node: str) -> str | None:
+    status = node_status(cluster.config.node(node), cluster.key, timeout_s=1.0)
+    return None if status is None else str(status["role"])
+
+
+@pytest.mark.cluster
+def test_a_leader_change_ridden_out_by_a_publisher_is_one_info_record(
+    cluster: LocalCluster,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="quorumq")
+    caplog.set_level(logging.INFO)
+    leader = cluster.leader()
+    total = 3000
+    with cluster.client(leader, reconnect_timeout_s=30.0) as client:
+        client.declare_queue("changes")
+        with client.publisher("changes", window=200) as publisher:
+            pauser = threading.Thread(target=_depose, args=(cluster, leader, publisher))
+            pauser.start()
+            publisher.publish_many((b"m%d" % i for i in range(total)), timeout_s=60.0)
+            publisher.wait_for_confirms(timeout_s=60.0)
+            pauser.join()
+        assert publisher.confirmed == total
+        assert client.reconnects == 0, "the leader kept serving: no reconnect expected"
+    assert capfd.readouterr().out == ""
+    records = [
+        r for r in caplog.records if r.name.startswith("quorumq") and r.levelno >= logging.INFO
+    ]
+    everything = [r.getMessage() for r in caplog.records if r.name.startswith("quorumq")]
+    assert len(records) == 1, everything[:50]
+    (record,) = records
+    assert record.name == "quorumq.client"
+    assert record.__dict__["quorumq_event"] == "leader_unavailable"
+    assert record.__dict__["quorumq_context"]["refused"] >= 1
+    debug = [r for r in caplog.records if r.name == "quorumq.client"]
+    assert len(debug) < 20, f"{len(debug)} records: one per frame? {debug[0].getMessage()}"

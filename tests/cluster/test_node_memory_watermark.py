@@ -1,0 +1,192 @@
+"""`memory_high_watermark` (cluster.toml) and the node's memory monitor, without processes.
+
+The setting is a share of the machine's RAM or a size with a unit, validated with errors that
+name the key; the monitor samples the resident set at most every SAMPLE_PERIOD_S, sets the alarm
+at the mark, clears it only below RESUME_SHARE of it, and trims the heap while it is set.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cluster import config
+from cluster.errors import ConfigError
+from cluster.node.memory import (
+    PAGE_BYTES,
+    RESUME_SHARE,
+    SAMPLE_PERIOD_S,
+    STALL_WINDOW_S,
+    TRIM_PERIOD_S,
+    LoopStalls,
+    MemoryMonitor,
+    resident_bytes,
+    total_memory_bytes,
+)
+
+MIB = 1024 * 1024
+
+
+def _config(tmp_path: Path, watermark: float | int = 0.4) -> config.ClusterConfig:
+    node = config.NodeConfig("n1", "127.0.0.1", 7001, 8001, tmp_path / "n1")
+    return config.ClusterConfig("test", 1, (node,), memory_high_watermark=watermark)
+
+
+@pytest.mark.parametrize(
+    ("written", "parsed"),
+    [
+        (0.4, 0.4),
+        (1.0, 1.0),
+        (1073741824, 1073741824),
+        ("512MiB", 512 * MIB),
+        ("2GB", 2_000_000_000),
+        ("1.5 GiB", int(1.5 * 1024**3)),
+        ("20000kB", 20_000_000),
+    ],
+)
+def test_a_share_or_a_size_with_its_unit_is_read(written: object, parsed: float | int) -> None:
+    assert config.parse_memory_watermark(written, "c.toml") == parsed
+
+
+@pytest.mark.parametrize(
+    ("written", "complaint"),
+    [
+        (0.0, "within (0, 1]"),
+        (1.5, "within (0, 1]"),
+        (1, "is written as a float: 0.4"),
+        ("512", "cannot read '512' as a size"),
+        ("lots", "cannot read 'lots' as a size"),
+        ("12 parsecs", "MiB"),
+        (True, "must be a share of RAM"),
+        ([1], "must be a share of RAM"),
+        ("1kB", "must be within"),
+    ],
+)
+def test_a_bad_watermark_is_a_config_error_naming_the_key(written: object, complaint: str) -> None:
+    with pytest.raises(ConfigError, match="memory_high_watermark") as raised:
+        config.parse_memory_watermark(written, "c.toml")
+    assert complaint in str(raised.value)
+
+
+def test_the_default_is_40_percent_of_ram_and_both_forms_round_trip(tmp_path: Path) -> None:
+    assert config.MEMORY_HIGH_WATERMARK_DEFAULT == 0.4
+    assert config.memory_watermark_bytes(0.4, 1000 * MIB) == 400 * MIB
+    assert config.memory_watermark_bytes(64 * MIB, 1000 * MIB) == 64 * MIB
+    for value in (0.4, 0.25, 64 * MIB):
+        written = _config(tmp_path, value)
+        config.write(tmp_path, written)
+        assert config.load(tmp_path).memory_high_watermark == value
+
+
+def test_a_unit_in_cluster_toml_is_read(tmp_path: Path) -> None:
+    config.write(tmp_path, _config(tmp_path))
+    path = tmp_path / config.CONFIG_FILE
+    text = path.read_text().replace("[cluster]\n", '[cluster]\nmemory_high_watermark = "3GiB"\n')
+    path.write_text(text)
+    assert config.load(tmp_path).memory_high_watermark == 3 * 1024**3
+    path.write_text(text.replace('"3GiB"', '"3 bananas"'))
+    with pytest.raises(ConfigError, match=r"cluster.toml: memory_high_watermark"):
+        config.load(tmp_path)
+
+
+def test_resident_and_total_memory_are_read_from_proc() -> None:
+    rss = resident_bytes()
+    assert rss % PAGE_BYTES == 0 and 10 * MIB < rss < total_memory_bytes()
+    status = Path(f"/proc/{os.getpid()}/status").read_text()
+    vm_rss = int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS")).split()[1])
+    assert abs(rss - vm_rss * 1024) < 64 * MIB
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _monitor(rss: list[int], trims: list[float], clock: _Clock) -> MemoryMonitor:
+    return MemoryMonitor("n1", 100 * MIB, lambda: rss[0], clock, lambda: trims.append(clock.now))
+
+
+def test_the_alarm_sets_at_the_mark_and_clears_below_the_resume_share() -> None:
+    clock, rss, trims = _Clock(), [50 * MIB], list[float]()
+    monitor = _monitor(rss, trims, clock)
+    monitor.sample()
+    assert (monitor.alarm, monitor.refusal()) == (False, None)
+    rss[0] = 100 * MIB
+    clock.now += SAMPLE_PERIOD_S
+    monitor.sample()
+    assert monitor.alarm and monitor.alarms == 1
+    refusal = monitor.refusal()
+    assert refusal is not None and "n1 is past its memory high watermark" in refusal
+    assert "100 MiB resident" in refusal and "retry" in refusal
+    rss[0] = int(100 * MIB * RESUME_SHARE)  # between the resume share and the mark: still set
+    clock.now += SAMPLE_PERIOD_S
+    monitor.sample()
+    assert monitor.alarm
+    rss[0] -= 1
+    clock.now += SAMPLE_PERIOD_S
+    monitor.sample()
+    assert monitor.refusal() is None
+    assert monitor.status() == {
+        "memory_resident_bytes": rss[0],
+        "memory_high_watermark_bytes": 100 * MIB,
+        "memory_alarm": False,
+    }
+
+
+def test_sampling_is_rate_limited_and_trimming_happens_only_under_the_alarm() -> None:
+    clock, rss, trims = _Clock(), [200 * MIB], list[float]()
+    reads: list[float] = []
+
+    def read() -> int:
+        reads.append(clock.now)
+        return rss[0]
+
+    monitor = MemoryMonitor("n1", 100 * MIB, read, clock, lambda: trims.append(clock.now))
+    for _ in range(100):  # ten samples asked per period: one taken
+        monitor.sample()
+        clock.now += SAMPLE_PERIOD_S / 10
+    assert len(reads) == 10
+    assert monitor.alarm and len(trims) == 1 + int(clock.now // TRIM_PERIOD_S)
+    rss[0], trims[:] = 10 * MIB, []
+    for _ in range(100):
+        clock.now += TRIM_PERIOD_S
+        monitor.sample()
+    assert len(trims) == 1  # the sample that cleared it trimmed first; none after
+
+
+def test_loop_stalls_keep_the_longest_ever_and_of_the_recent_window() -> None:
+    clock = _Clock()
+    stalls = LoopStalls(clock)
+    stalls.note(-0.01)
+    stalls.note(0.5)
+    clock.now += STALL_WINDOW_S + 1
+    stalls.note(0.02)
+    assert stalls.status() == {"loop_stall_max_ms": 500, "loop_stall_recent_max_ms": 20}
+
+
+def test_the_metrics_carry_the_memory_and_loop_stall_gauges_of_the_status_fields() -> None:
+    pytest.importorskip("prometheus_client")
+    from cluster.node.metrics import _add_node_gauges, _StateCollector
+
+    families = _StateCollector._families()
+    status = {
+        "memory_resident_bytes": 70 * MIB,
+        "memory_high_watermark_bytes": 64 * MIB,
+        "memory_alarm": True,
+        "loop_stall_max_ms": 1500,
+        "loop_stall_recent_max_ms": 20,
+    }
+    _add_node_gauges(families, status)
+    values = {name: f.samples[0].value for name, f in families.items() if f.samples}
+    assert values == {
+        "quorumq_memory_resident_bytes": 70 * MIB,
+        "quorumq_memory_high_watermark_bytes": 64 * MIB,
+        "quorumq_memory_alarm": 1.0,
+        "quorumq_event_loop_stall_seconds_max": 1.5,
+        "quorumq_event_loop_stall_recent_seconds_max": 0.02,
+    }
