@@ -116,6 +116,7 @@ class Channel:
             self._confirm(seq, ok=False)
             return
         self.connection.publish_started()
+        self.connection.block_if_alarmed()
         returnable = body if method.mandatory else b""  # kept until the reply only if needed
 
         def sink(reply: Reply) -> None:

@@ -49,6 +49,7 @@ CONFIG_CACHE_QUEUES_MAX = 1_000
 # acks are gathered this long before they go to the log as one Settle (a client acking one
 # message per frame would otherwise cost one command per message)
 SETTLE_GATHER_S = 0.001
+ALARM_POLL_S = 0.2  # a blocked connection checks the memory alarm this often
 CLOSE_OK_WAIT_S = 2.0  # after our connection.close, how long the client may take to answer
 PRODUCT = "quorumq"
 
@@ -84,6 +85,9 @@ class AmqpConnection:
         self._in_flight = 0
         self._reading = asyncio.Event()
         self._reading.set()
+        self.blocked_notify = False  # the client announced the connection.blocked capability
+        self._unblocked = asyncio.Event()  # cleared while the memory alarm blocks this connection
+        self._unblocked.set()
         self._configs: dict[str, tuple[float, QueueConfig | None, str | None]] = {}
         self._closing_connection = False
         self._splitter = frames.FrameSplitter(limits.frame_bytes_max)
@@ -178,6 +182,31 @@ class AmqpConnection:
         if self._in_flight < limits.publishes_in_flight_max // 2:
             self._reading.set()
 
+    def block_if_alarmed(self) -> None:
+        """A publish was read: while the node's memory alarm is set, stop reading this
+        connection (after what was read) until it clears, telling the client with
+        connection.blocked / unblocked if it asked for them (RabbitMQ's flow control; a
+        connection that only consumes is never blocked)."""
+        alarm = self.server.memory.refusal()
+        if alarm is None or not self._unblocked.is_set():
+            return
+        self._unblocked.clear()
+        if self.blocked_notify:
+            self.send_method(0, commands.Connection.Blocked(reason="low on memory"))
+        log.info("amqp_blocked", connection=self.connection_id.number, reason=alarm)
+        asyncio.get_running_loop().create_task(self._unblock_when_cleared())
+
+    async def _unblock_when_cleared(self) -> None:
+        while not self.closed and self.server.memory.refusal() is not None:
+            await asyncio.sleep(ALARM_POLL_S)
+        if self.closed:
+            return
+        self._last_read = time.monotonic()  # the client's heartbeats were not read meanwhile
+        self._unblocked.set()
+        if self.blocked_notify:
+            self.send_method(0, commands.Connection.Unblocked())
+        log.info("amqp_unblocked", connection=self.connection_id.number)
+
     def cached_config(self, queue: str) -> tuple[QueueConfig | None, str | None]:
         """The config of `queue` and its message-group key (None: not grouped), read again at
         most once a CONFIG_CACHE_S."""
@@ -222,6 +251,7 @@ class AmqpConnection:
         start_ok = await self._next_method(commands.Connection.StartOk)
         capabilities = (start_ok.client_properties or {}).get("capabilities") or {}
         self.cancel_notify = bool(capabilities.get("consumer_cancel_notify"))
+        self.blocked_notify = bool(capabilities.get("connection.blocked"))
         peer = self.writer.get_extra_info("peername")
         user = auth.check(
             start_ok.mechanism, _bytes(start_ok.response), self.server.client_key,
@@ -272,6 +302,7 @@ class AmqpConnection:
         wait for their confirms; what was written is drained after each read)."""
         while not self.is_closed():
             await self._reading.wait()
+            await self._unblocked.wait()
             data = await self.reader.read(limits.read_bytes)
             if not data:
                 return
@@ -425,6 +456,8 @@ class AmqpConnection:
         while not self.closed:
             await asyncio.sleep(self.heartbeat_s / 2)
             now = time.monotonic()
+            if not self._unblocked.is_set():
+                self._last_read = now  # blocked: the client's heartbeats wait unread
             if now - self._last_read > 2 * self.heartbeat_s:
                 log.info("amqp_heartbeat_missed", connection=self.connection_id.number)
                 self.close()
@@ -518,7 +551,7 @@ def _server_properties() -> dict[str, Any]:
             "basic.nack": True,
             "consumer_cancel_notify": True,
             "exchange_exchange_bindings": False,
-            "connection.blocked": False,
+            "connection.blocked": True,
             "authentication_failure_close": True,
             "per_consumer_qos": True,
             "consumer_priorities": True,
