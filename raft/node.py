@@ -64,11 +64,17 @@ from raft import durability, membership, safe_pickle, storage
 from raft.contact import Contact, majority_steady
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, decode_entry, encode_entry
-from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldError
+from raft.errors import (
+    DiskFullError,
+    EntryError,
+    EntryGoneError,
+    StorageError,
+    VersionTooOldError,
+)
 from raft.membership import MemberChange, MemberSet, MembershipError, Refusal
 from raft.metadata import member_change_refusal
 from raft.prevote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
-from raft.replicated import Outcome, ReplicatedState
+from raft.replicated import LiveIndexes, Outcome, ReplicatedState
 from raft.roles import RoleChanges
 from raft.ticker import LoopPoller, LoopThread, LoopTicker
 from raft.transport import PeerConnection, QuorumTransport
@@ -222,6 +228,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         on_outcome: OutcomeListener,
         on_snapshot_loaded: SnapshotListener | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        live_indexes: LiveIndexes | None = None,
     ) -> None:
         safe_pickle.install()
         durability.install()
@@ -236,7 +243,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self.settings = settings
         self.lock = threading.RLock()
         self.replicated_state = ReplicatedState(
-            list(settings.founders) or [settings.node_id, *settings.peers]
+            list(settings.founders) or [settings.node_id, *settings.peers], live_indexes
         )
         # the member set this node last applied wins over cluster.toml, which may lag
         self._member_set = membership.read_member_set(settings.data_dir, settings.node_id)
@@ -1076,6 +1083,16 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def forget_decoded(self, batch_id: int) -> None:
         """Drop the handed-over commands of a batch that failed (will never be applied here)."""
         self._decoded_by_batch.pop(batch_id, None)
+
+    def read_entry(self, raft_index: int) -> bytes:
+        """The entry blob (the CBOR map of `raft.entry`, as applied) at `raft_index`, from the
+        journal or the entries retained after compaction (raft.retention); checksums verified.
+        EntryGoneError if it is not held; StorageError if it is damaged (never served).
+        Callable from any thread (a worker reading cold bodies off the loop)."""
+        journal = self._journal()
+        if not isinstance(journal, DurableFileJournal):
+            raise EntryGoneError(raft_index, "this node keeps no journal")
+        return journal.read_entry(raft_index)
 
     def submit(self, entry: Entry, callback: Callable[[Any, int], None] | None = None) -> None:
         """Queue an entry for replication (thread-safe); `callback(result, fail_reason)`."""

@@ -1,0 +1,92 @@
+"""Retention through a real in-process RaftNode (issue 32): read_entry, compaction, restart."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fifo
+from cluster.launcher import free_ports, wait_until
+from fifo.commands import DeclareQueue, Enqueue
+from fifo.state import State
+from raft.entry import Entry, encode_entry
+from raft.errors import EntryGoneError
+from raft.node import RaftNode, RaftSettings
+from raft.replicated import Outcome
+
+
+class Node:
+    """One single-member RaftNode whose live entry indexes the test names (`live`)."""
+
+    def __init__(self, data_dir: Path, port: int, live: set[int]) -> None:
+        self.live = live
+        self.blobs: dict[int, bytes] = {}  # raft index -> the blob submitted there
+        self.outcomes: dict[int, Outcome] = {}
+        self.changed = threading.Condition()
+        settings = RaftSettings(
+            node_id="n1",
+            address=f"127.0.0.1:{port}",
+            peers={},
+            data_dir=data_dir,
+            password="secret-for-tests",
+            supported_version=2,
+            incarnation=1,
+            election_timeout_ms=(300, 500),
+        )
+        self.node = RaftNode(settings, self._on_outcome, live_indexes=self._live_indexes)
+        self.next_batch = 1
+
+    def _live_indexes(self, _state: State) -> list[int]:
+        return sorted(self.live)
+
+    def _on_outcome(self, outcome: Outcome) -> None:
+        with self.changed:
+            if outcome.origin is not None:
+                self.outcomes[outcome.origin[2]] = outcome
+            self.changed.notify_all()
+
+    def run(self, *commands: Any) -> int:
+        """Submit one batch, wait for it to apply; its raft index."""
+        batch, self.next_batch = self.next_batch, self.next_batch + 1
+        entry = Entry("cmds", int(time.time() * 1000), ("n1", 1, batch), cmds=tuple(
+            fifo.encode(c) for c in commands))  # fmt: skip
+        self.node.submit(entry)
+        with self.changed:
+            assert self.changed.wait_for(lambda: batch in self.outcomes, timeout=10)
+        index = self.outcomes[batch].index
+        self.blobs[index] = encode_entry(entry)
+        return index
+
+    def compact(self) -> None:
+        """Force a snapshot and wait until the journal was compacted."""
+        self.node.forceLogCompaction()
+        wait_until(lambda: self.node.getStatus()["log_len"] < 10, 10, "compaction")
+
+    def close(self) -> None:
+        self.node.destroy_synchronous()
+
+
+@pytest.fixture
+def port() -> int:
+    return free_ports(1)[0]
+
+
+@pytest.fixture
+def node(tmp_path: Path, port: int) -> Iterator[Node]:
+    one = Node(tmp_path, port, set())
+    yield one
+    one.close()
+
+
+def test_read_entry_returns_the_blob_applied_at_an_index(node: Node) -> None:
+    node.run(DeclareQueue("q"))
+    indexes = [node.run(Enqueue("q", b"body-%d" % i)) for i in range(5)]
+    for index in indexes:
+        assert node.node.read_entry(index) == node.blobs[index]
+    with pytest.raises(EntryGoneError):
+        node.node.read_entry(indexes[-1] + 100)
