@@ -237,8 +237,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # a snapshot that does not verify stops the start here, before anything is bound: a
         # node never serves, votes or leads from a state it could not load (the journal is
         # verified the same way when SyncObj opens it)
+        dump = None
         if os.path.exists(settings.dump_file):
-            storage.read_dump_body(Path(settings.dump_file), settings.node_id)
+            dump = storage.read_dump_body(Path(settings.dump_file), settings.node_id)
         # our attributes exist before SyncObj's constructor runs (its first tick loads the dump)
         self.settings = settings
         self.lock = threading.RLock()
@@ -291,6 +292,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             _LoopQuorumTransport if transport_name() == "quorumq" else _LoopPysyncobjTransport
         )
         super().__init__(settings.address, peer_nodes, conf, transportClass=transport_class)
+        if dump is not None:  # every live entry it names is retained or in the journal
+            self._load_live(dump)
         self._replace_pipe_notifier()
         transport = self._SyncObj__transport
         transport._constructing = False
@@ -519,6 +522,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             raise RuntimeError("no snapshot after an apply raised: the state may be half-applied")
         with self.lock:
             body = self.replicated_state.snapshot()
+            live = self.replicated_state.live_indexes()
+        journal = self._journal()
+        if isinstance(journal, DurableFileJournal):  # the live entries it names are kept
+            journal.retain_live(live, int(prev[1]))
+            journal.note_snapshot_live(live)
+        body["live"] = storage.encode_indexes(live)
         body["raft"] = {
             "last": [bytes(last[0]), last[1], last[2]],
             "prev": [bytes(prev[0]), prev[1], prev[2]],
@@ -565,7 +574,24 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         last_entry = (bytes(last[0]), last[1], last[2])
         prev_entry = (bytes(prev[0]), prev[1], prev[2])
         self._align_journal_to_snapshot(prev_entry, last_entry)
+        self._load_live(body)
         return last_entry, prev_entry, self._snapshot_peers(int(last[1]), raft["cluster"])
+
+    def _load_live(self, body: dict[str, Any]) -> None:
+        """Hand the live entry list of a loaded dump to the journal, which checks that each
+        is retained or in the log (StorageError: the node stops, as for a damaged dump)."""
+        journal = self._journal()
+        if not isinstance(journal, DurableFileJournal):
+            return
+        path = Path(self.settings.dump_file)
+        live = storage.decode_indexes(path, body.get("live"), self.settings.node_id)
+        try:
+            journal.load_live(live, int(body["raft"]["prev"][1]))
+        except StorageError as err:
+            with self.lock:
+                self.stopped_reason = str(err)
+            log.error("snapshot_live_entries_missing", error=str(err))
+            raise
 
     def _snapshot_peers(self, index: int, cluster: list[str]) -> list[DialedTCPNode]:
         """The peers as of a snapshot: its member set if a change recorded one (persisted

@@ -32,8 +32,15 @@ CBOR map `{"term", "voted_for", "commit"}`; written to a temporary file, fsynced
 old one and the directory fsynced. A format-1 meta (pysyncobj's pickle) is read with the safe
 unpickler. A meta that does not load is damage (before, it silently reset term and vote).
 
-Dump (format 2): `b"QQDUMP02"`, `<Q` last index, `<Q` body length, `<I` crc32 of (the 24 bytes
-before it, body), body = the CBOR snapshot map. A format-1 dump is the bare CBOR map.
+Dump (format 3): `b"QQDUMP03"`, `<Q` last index, `<Q` body length, `<I` crc32 of (the 24 bytes
+before it, body), body = the CBOR snapshot map, whose `live` field (bytes, little-endian u64s)
+names the entries whose bodies the state still refers to (issue 32). Format 2 (`b"QQDUMP02"`,
+no `live`: none) is still read; code older than format 3 refuses a format-3 dump (it names
+retained entries that code would drop). A format-1 dump is the bare CBOR map.
+
+Retained-entries segment (format 1, `raft.retention`): a 16-byte header `b"QQRETN01"`, `<I`
+format version, `<I` crc32 of the first 12 bytes; then journal records exactly as above (the
+checksums cover each record's offset in its segment), in any index order.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import sys
 import zlib
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +78,13 @@ V1_HEADER_BYTES = 40
 V1_LAST_OFFSET_AT = 36
 
 META_MAGIC = b"QQMETA02"
-DUMP_MAGIC = b"QQDUMP02"
+DUMP_MAGIC = b"QQDUMP03"  # format 3: the body may name live entry indexes (issue 32)
+DUMP_MAGIC_V2 = b"QQDUMP02"  # still read: names none
+SEGMENT_MAGIC = b"QQRETN01"
+SEGMENT_VERSION = 1
+SEGMENT_HEADER = SEGMENT_MAGIC + struct.pack("<I", SEGMENT_VERSION)
+SEGMENT_HEADER += struct.pack("<I", zlib.crc32(SEGMENT_HEADER))
+SEGMENT_HEADER_BYTES = len(SEGMENT_HEADER)  # 16
 _DUMP_HEAD = struct.Struct("<QQ")  # last index, body length
 _DUMP_PREFIX = len(DUMP_MAGIC) + _DUMP_HEAD.size  # 24
 
@@ -214,6 +229,33 @@ def _scan_v2(path: Path, data: bytes, node_id: str | None, keep_commands: bool) 
             str(path),
             0,
         )
+    return _scan_records(path, data, node_id, keep_commands, contiguous=True)
+
+
+def scan_segment(path: Path, data: bytes, node_id: str | None = None) -> JournalScan:
+    """Parse and verify a retained-entries segment (`raft.retention`): its header, then journal
+    records in any index order; commands left empty (read back when asked for). A torn tail is
+    reported as for a journal; other damage, or another format, raises StorageError."""
+    if len(data) < SEGMENT_HEADER_BYTES and SEGMENT_HEADER.startswith(data):
+        return JournalScan([], [], 0, 0 if data else None, "header cut short", SEGMENT_VERSION)
+    if data[:SEGMENT_HEADER_BYTES] != SEGMENT_HEADER:
+        what = "an unknown format" if not data.startswith(SEGMENT_MAGIC) else "a damaged header"
+        raise StorageError(
+            f"{path}: retained-entries segment with {what} at offset 0 (this code reads "
+            f"segment format {SEGMENT_VERSION}); {recovery_hint(node_id)}",
+            str(path),
+            0,
+        )
+    scan = _scan_records(path, data, node_id, keep_commands=False, contiguous=False)
+    return JournalScan(
+        scan.entries, scan.offsets, scan.end, scan.torn_at, scan.torn_reason, SEGMENT_VERSION
+    )
+
+
+def _scan_records(
+    path: Path, data: bytes, node_id: str | None, keep_commands: bool, contiguous: bool
+) -> JournalScan:
+    """The records after a 16-byte header (a journal's: `contiguous` indexes; a segment's)."""
     entries: list[tuple[bytes, int, int]] = []
     offsets: list[int] = []
     offset, size = JOURNAL_HEADER_BYTES, len(data)
@@ -253,7 +295,7 @@ def _scan_v2(path: Path, data: bytes, node_id: str | None, keep_commands: bool) 
             if end == size or not any(data[end:]):
                 return torn("last record fails its checksum")
             raise damaged("journal record fails its checksum")
-        if entries and index != entries[-1][1] + 1:
+        if contiguous and entries and index != entries[-1][1] + 1:
             raise damaged(f"journal record has index {index}, expected {entries[-1][1] + 1}")
         entries.append((bytes(command) if keep_commands else b"", index, term))
         offsets.append(offset)
@@ -381,7 +423,7 @@ def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
             offset,
         )
 
-    if data.startswith(DUMP_MAGIC):
+    if data.startswith((DUMP_MAGIC, DUMP_MAGIC_V2)):
         if len(data) < _DUMP_PREFIX + 4:
             raise damaged("snapshot header cut short", len(data))
         index, length = _DUMP_HEAD.unpack_from(data, len(DUMP_MAGIC))
@@ -401,6 +443,31 @@ def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
     if index is not None and last != index:
         raise damaged(f"snapshot covers index {last}, its header says {index}", 0)
     return dict(plain)
+
+
+def encode_indexes(indexes: Iterable[int]) -> bytes:
+    """Sorted Raft indexes as the dump's `live` field: little-endian u64s, back to back."""
+    packed = array("Q", indexes)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def decode_indexes(path: Path, raw: Any, node_id: str | None = None) -> array[int]:
+    """The dump's `live` field back (absent in format 2: none); StorageError if malformed."""
+    packed = array("Q")
+    if raw is None:
+        return packed
+    if not isinstance(raw, bytes) or len(raw) % 8:
+        raise StorageError(
+            f"{path}: the snapshot's live entry list is malformed; {recovery_hint(node_id)}",
+            str(path),
+            0,
+        )
+    packed.frombytes(raw)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed
 
 
 def power_loss(journal: Path, seed: int, keep_prefix: bool = True) -> dict[str, int]:

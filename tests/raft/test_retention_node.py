@@ -15,7 +15,7 @@ from cluster.launcher import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.state import State
 from raft.entry import Entry, encode_entry
-from raft.errors import EntryGoneError
+from raft.errors import EntryGoneError, StorageError
 from raft.node import RaftNode, RaftSettings
 from raft.replicated import Outcome
 
@@ -90,3 +90,53 @@ def test_read_entry_returns_the_blob_applied_at_an_index(node: Node) -> None:
         assert node.node.read_entry(index) == node.blobs[index]
     with pytest.raises(EntryGoneError):
         node.node.read_entry(indexes[-1] + 100)
+
+
+def test_a_restart_after_compaction_keeps_the_live_entries_and_the_digest(
+    tmp_path: Path, port: int
+) -> None:
+    """Dump + retained entries + journal tail give the same digest, and read_entry serves the
+    entries the snapshot named live (and only those) after compaction and after a restart."""
+    live: set[int] = set()
+    first = Node(tmp_path, port, live)
+    first.run(DeclareQueue("q"))
+    indexes = [first.run(Enqueue("q", b"body-%d" % i)) for i in range(30)]
+    live.update(indexes[::3])
+    first.compact()
+    for _ in range(5):
+        first.run(Enqueue("q", b"tail"))
+    log_start = first.node._journal()[0][1]
+    assert first.node._journal().retained.indexes() == sorted(i for i in live if i < log_start)
+    for index in indexes:
+        if index in live or index >= log_start:
+            assert first.node.read_entry(index) == first.blobs[index]
+        else:
+            with pytest.raises(EntryGoneError):
+                first.node.read_entry(index)
+    with first.node.lock:
+        digest, applied = first.node.replicated_state.digest(), first.node.raftLastApplied
+    first.close()
+
+    second = Node(tmp_path, port, live)
+    try:
+        wait_until(lambda: second.node.raftLastApplied >= applied, 10, "replay")
+        with second.node.lock:
+            assert second.node.replicated_state.digest() == digest
+        for index in sorted(live):
+            assert second.node.read_entry(index) == first.blobs[index]
+    finally:
+        second.close()
+
+
+def test_a_start_refuses_a_snapshot_naming_an_entry_that_is_gone(tmp_path: Path, port: int) -> None:
+    live: set[int] = set()
+    first = Node(tmp_path, port, live)
+    first.run(DeclareQueue("q"))
+    indexes = [first.run(Enqueue("q", b"body-%d" % i)) for i in range(10)]
+    live.add(indexes[2])
+    first.compact()
+    first.close()
+    for segment in (tmp_path / "raft.journal.retained").glob("*.seg"):
+        segment.unlink()
+    with pytest.raises(StorageError, match="names 1 live entries"):
+        Node(tmp_path, port, live)
