@@ -123,6 +123,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         # entries kept below the log's start because a snapshot names them live
         self.retained = RetainedStore(Path(journal_file + ".retained"), policy, node_id)
         self._snapshot_live: Sequence[int] = ()  # what the newest dump names live
+        self._kept_below = -1  # retained trimmed to _snapshot_live below this (-1: not yet)
         self._epoch = 0  # bumped when positions are reused (tail cut, clear): views go stale
         self._load()
         meta = storage.read_meta(self.meta_path, node_id)
@@ -417,7 +418,9 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
                 self._tail_bytes -= len(self._tail.popleft()[0])
             below = self._indexes[0] if len(self._indexes) else 0
         # the dump naming _snapshot_live is durable: what it does not name below the log goes
-        self.retained.keep_only(self._snapshot_live, below)
+        if below != self._kept_below:
+            self.retained.keep_only(self._snapshot_live, below)
+            self._kept_below = below
         self.dirty = False
         if self.policy != "never":
             self._note_synced()
@@ -473,12 +476,22 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
     def note_snapshot_live(self, live: Sequence[int]) -> None:
         """The dump being written names `live`: the compaction that follows it keeps those."""
         self._snapshot_live = live
+        self._kept_below = -1
+
+    def forget_dead(self, live: Sequence[int], below: int) -> None:
+        """The dump naming `live` is durable: drop the retained entries it does not name below
+        `below` (its first entry in the log) and reclaim their segments. Any thread (the
+        snapshot worker): the compaction that follows skips this work."""
+        self._snapshot_live = live
+        self.retained.keep_only(live, below)
+        self._kept_below = below
 
     def load_live(self, live: Sequence[int], below: int) -> None:
         """A dump naming `live` was loaded (start, or a snapshot installed): keep `live` as
         the list the next compaction keeps; StorageError if one of them below `below` (the
         snapshot's first entry in the log) is neither retained nor in the log."""
         self._snapshot_live = live
+        self._kept_below = -1
         with self._lock:
             first = self._indexes[0] if len(self._indexes) else below
         gone = self.retained.missing(live, min(first, below))

@@ -76,6 +76,7 @@ from raft.metadata import member_change_refusal
 from raft.prevote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
 from raft.replicated import LiveIndexes, Outcome, ReplicatedState
 from raft.roles import RoleChanges
+from raft.snapshotter import SnapshotJob, SnapshotStarted
 from raft.ticker import LoopPoller, LoopThread, LoopTicker
 from raft.transport import PeerConnection, QuorumTransport
 
@@ -274,7 +275,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
         self._address_to_id.update({addr: nid for nid, addr in peers.items()})
         self._address_to_id[settings.address] = settings.node_id
+        self._snapshots = SnapshotJob(None, Path(settings.dump_file), settings.fsync != "never")
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
+        conf.serializeChecker = self._snapshots.poll
         self._pre_vote = PreVote(conf.raftMinTimeout)
         self.roles = RoleChanges(settings.node_id, conf.raftMinTimeout, conf.leaderFallbackTimeout)
         conf.onStateChanged = self._on_role_changed  # every change logged with its cause
@@ -292,6 +295,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             _LoopQuorumTransport if transport_name() == "quorumq" else _LoopPysyncobjTransport
         )
         super().__init__(settings.address, peer_nodes, conf, transportClass=transport_class)
+        journal = self._journal()
+        self._snapshots.journal = journal if isinstance(journal, DurableFileJournal) else None
         if dump is not None:  # every live entry it names is retained or in the journal
             self._load_live(dump)
         self._replace_pipe_notifier()
@@ -375,6 +380,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             return
         self._destroyed = True
         self._ticker.stop()
+        self._snapshots.cancel()
         try:
             SyncObj.destroy(self)  # autoTick off: pysyncobj's _doDestroy, here and now
         finally:
@@ -516,34 +522,30 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     # --- snapshots (pysyncobj serializer hooks) ----------------------------------------------
 
-    def _serialize_snapshot(self, file_name: str, raft_data: Any) -> None:
+    def _serialize_snapshot(self, _file_name: str, raft_data: Any) -> None:
+        """pysyncobj's serializer hook (in a tick on the loop): fork the snapshot job
+        (raft.snapshotter) and raise SnapshotStarted; `_snapshots.poll` reports the outcome."""
         last, prev, cluster = raft_data
         if self.crash_traceback is not None:  # pysyncobj logs the failure and keeps the journal
             raise RuntimeError("no snapshot after an apply raised: the state may be half-applied")
-        with self.lock:
-            body = self.replicated_state.snapshot()
-            live = self.replicated_state.live_indexes()
-        journal = self._journal()
-        if isinstance(journal, DurableFileJournal):  # the live entries it names are kept
-            journal.retain_live(live, int(prev[1]))
-            journal.note_snapshot_live(live)
-        body["live"] = storage.encode_indexes(live)
-        body["raft"] = {
+        raft = {
             "last": [bytes(last[0]), last[1], last[2]],
             "prev": [bytes(prev[0]), prev[1], prev[2]],
             "cluster": sorted(node.id if hasattr(node, "id") else str(node) for node in cluster),
         }
-        data = storage.encode_dump(cbor2.dumps(body), int(last[1]))
-        fd = os.open(file_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, storage.FILE_MODE)
-        with open(fd, "wb") as f:
-            os.fchmod(fd, storage.FILE_MODE)
-            f.write(data)
-            f.flush()
-            if self.settings.fsync != "never":
-                os.fsync(f.fileno())
-        log.info("snapshot_written", index=last[1], bytes=len(data))
+
+        def encode() -> tuple[bytes, list[int]]:  # in the forked child: no lock, no I/O
+            body = self.replicated_state.snapshot()
+            live = self.replicated_state.live_indexes()
+            body["live"] = storage.encode_indexes(live)
+            body["raft"] = raft
+            return storage.encode_dump(cbor2.dumps(body), int(last[1])), live
+
+        self._snapshots.start(encode, below=int(prev[1]))
+        raise SnapshotStarted
 
     def _deserialize_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
+        self._snapshots.cancel()  # a snapshot of the state this one replaces
         try:
             body = storage.read_dump_body(Path(file_name), self.settings.node_id)
         except StorageError as err:
@@ -785,6 +787,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             and "prevLogIdx" not in message
         )
         if snapshot_chunk:
+            self._snapshots.cancel()  # its rename must never land over the leader's snapshot
             message = self._without_commit_advance(message)
         elif self._is_checked_append(message):
             message = self._trim_present_entries(node, message)

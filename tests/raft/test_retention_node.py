@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -140,3 +141,63 @@ def test_a_start_refuses_a_snapshot_naming_an_entry_that_is_gone(tmp_path: Path,
         segment.unlink()
     with pytest.raises(StorageError, match="names 1 live entries"):
         Node(tmp_path, port, live)
+
+
+def test_a_snapshot_is_encoded_off_the_loop_while_entries_keep_applying(
+    tmp_path: Path, port: int
+) -> None:
+    """The snapshot is encoded in a forked child: a provider that takes 1.5 s there (a huge
+    state) does not hold up the node, which applies entries meanwhile; the compaction then
+    completes and the state it wrote is the one as of the fork."""
+    slow = Node(tmp_path, port, set())
+    parent = os.getpid()
+    seen_in: list[int] = []
+
+    def slow_live(_state: State) -> list[int]:
+        seen_in.append(os.getpid())  # appended in the child only if it runs there
+        if os.getpid() != parent:
+            time.sleep(1.5)
+        return []
+
+    slow.node.replicated_state.live_indexes_provider = slow_live
+    try:
+        slow.run(DeclareQueue("q"))
+        for i in range(20):
+            slow.run(Enqueue("q", b"body-%d" % i))
+        slow.node.forceLogCompaction()
+        started = time.monotonic()
+        while time.monotonic() - started < 1.0:  # the child is still encoding
+            took = time.monotonic()
+            slow.run(Enqueue("q", b"meanwhile"))
+            assert time.monotonic() - took < 0.5
+        assert slow.node._journal()[0][1] == 1  # not compacted yet
+        wait_until(lambda: slow.node._journal()[0][1] > 20, 10, "compaction")
+        assert seen_in == []  # never computed in this process
+    finally:
+        slow.close()
+
+
+def test_a_failed_snapshot_keeps_the_journal_and_the_next_one_succeeds(
+    tmp_path: Path, port: int
+) -> None:
+    one = Node(tmp_path, port, set())
+    fail = [True]
+
+    def flaky(_state: State) -> list[int]:
+        if fail[0]:
+            raise RuntimeError("planted")
+        return []
+
+    one.node.replicated_state.live_indexes_provider = flaky
+    try:
+        one.run(DeclareQueue("q"))
+        for i in range(20):
+            one.run(Enqueue("q", b"body-%d" % i))
+        one.node.forceLogCompaction()
+        wait_until(lambda: not one.node._snapshots.running, 10, "the failed child")
+        assert one.node.getStatus()["log_len"] > 20
+        fail[0] = False
+        one.node.forceLogCompaction()
+        wait_until(lambda: one.node.getStatus()["log_len"] < 10, 10, "compaction")
+    finally:
+        one.close()
