@@ -124,6 +124,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self.retained = RetainedStore(Path(journal_file + ".retained"), policy, node_id)
         self._snapshot_live: Sequence[int] = ()  # what the newest dump names live
         self._kept_below = -1  # retained trimmed to _snapshot_live below this (-1: not yet)
+        self._snapshot_below = 0
         self._epoch = 0  # bumped when positions are reused (tail cut, clear): views go stale
         self._load()
         meta = storage.read_meta(self.meta_path, node_id)
@@ -450,6 +451,21 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
 
     # --- retention (raft.retention) ------------------------------------------------------------
 
+    def read_record(self, raft_index: int) -> Entry | None:
+        """(command, index, term) at `raft_index` from the log or the retained entries, or None
+        if neither holds it (any thread; StorageError on damage)."""
+        with self._lock:
+            count = len(self._indexes)
+            position = raft_index - self._indexes[0] if count else -1
+            if 0 <= position < count:
+                return self._entry(position)
+        return self.retained.read_record(raft_index)
+
+    @property
+    def snapshot_live(self) -> tuple[Sequence[int], int]:
+        """The live list the newest dump names and the index below which it is retained."""
+        return self._snapshot_live, self._snapshot_below
+
     def retain_live(self, live: Sequence[int], below: int) -> int:
         """Before a dump naming `live` is written: copy the entries of `live` below `below`
         that the log holds and the retained store does not yet, synced; the number copied."""
@@ -473,27 +489,28 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             yield from chunk
             at += len(chunk)
 
-    def note_snapshot_live(self, live: Sequence[int]) -> None:
+    def note_snapshot_live(self, live: Sequence[int], below: int) -> None:
         """The dump being written names `live`: the compaction that follows it keeps those."""
-        self._snapshot_live = live
+        self._snapshot_live, self._snapshot_below = live, below
         self._kept_below = -1
 
     def forget_dead(self, live: Sequence[int], below: int) -> None:
         """The dump naming `live` is durable: drop the retained entries it does not name below
         `below` (its first entry in the log) and reclaim their segments. Any thread (the
         snapshot worker): the compaction that follows skips this work."""
-        self._snapshot_live = live
+        self._snapshot_live, self._snapshot_below = live, below
         self.retained.keep_only(live, below)
         self._kept_below = below
 
-    def load_live(self, live: Sequence[int], below: int) -> None:
+    def load_live(self, live: Sequence[int], below: int, trust_log: bool = True) -> None:
         """A dump naming `live` was loaded (start, or a snapshot installed): keep `live` as
         the list the next compaction keeps; StorageError if one of them below `below` (the
-        snapshot's first entry in the log) is neither retained nor in the log."""
-        self._snapshot_live = live
+        snapshot's first entry in the log) is neither retained nor in the log (with
+        `trust_log` False, a snapshot from the leader about to replace the log: retained)."""
+        self._snapshot_live, self._snapshot_below = live, below
         self._kept_below = -1
         with self._lock:
-            first = self._indexes[0] if len(self._indexes) else below
+            first = self._indexes[0] if len(self._indexes) and trust_log else below
         gone = self.retained.missing(live, min(first, below))
         if gone:
             raise StorageError(

@@ -68,6 +68,7 @@ from raft.errors import (
     DiskFullError,
     EntryError,
     EntryGoneError,
+    RaftError,
     StorageError,
     VersionTooOldError,
 )
@@ -78,6 +79,7 @@ from raft.replicated import LiveIndexes, Outcome, ReplicatedState
 from raft.roles import RoleChanges
 from raft.snapshotter import SnapshotJob, SnapshotStarted
 from raft.ticker import LoopPoller, LoopThread, LoopTicker
+from raft.transfer import TransferStream
 from raft.transport import PeerConnection, QuorumTransport
 
 log = structlog.get_logger("raft")
@@ -95,6 +97,10 @@ PRE_VOTE_PARK_S = 3600.0
 # messages stalled a node 0.36 s, and a stall past the election timeout makes the followers
 # elect another leader); above this many messages it is computed only when asked for
 DIGEST_MESSAGES_MAX = 50_000
+SNAPSHOT_CHUNK_BYTES = 1024 * 1024
+# test-only: "all" names every applied entry live in every snapshot (raft.retention in tests
+# with real node processes, before machine v4 refers to bodies in the log)
+TEST_LIVE_ENTRIES_ENV = "QUORUMQ_TEST_LIVE_ENTRIES"
 # the peer transport: "quorumq" (raft/transport.py, the default) or "pysyncobj" (its pickle +
 # zlib + Fernet transport, kept selectable only to measure against; every node must agree)
 TRANSPORT_ENV = "QUORUMQ_RAFT_TRANSPORT"
@@ -245,7 +251,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self.settings = settings
         self.lock = threading.RLock()
         self.replicated_state = ReplicatedState(
-            list(settings.founders) or [settings.node_id, *settings.peers], live_indexes
+            list(settings.founders) or [settings.node_id, *settings.peers],
+            live_indexes or self._test_live_indexes(),
         )
         # the member set this node last applied wins over cluster.toml, which may lag
         self._member_set = membership.read_member_set(settings.data_dir, settings.node_id)
@@ -297,8 +304,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         super().__init__(settings.address, peer_nodes, conf, transportClass=transport_class)
         journal = self._journal()
         self._snapshots.journal = journal if isinstance(journal, DurableFileJournal) else None
+        self._SyncObj__serializer.getTransmissionData = self._transmission_data
+        self._start_dump_pending = dump is not None  # the first dump loaded is this one
         if dump is not None:  # every live entry it names is retained or in the journal
-            self._load_live(dump)
+            self._install_transferred(Path(settings.dump_file))
+            self._load_live(dump, trust_log=True)
         self._replace_pipe_notifier()
         transport = self._SyncObj__transport
         transport._constructing = False
@@ -313,6 +323,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._ticker.start()
         if self._loop_thread is not None:
             self._loop_thread.start()
+
+    def _test_live_indexes(self) -> LiveIndexes | None:
+        """Test-only (TEST_LIVE_ENTRIES_ENV = "all"): every entry applied is live, so every
+        snapshot retains the whole log below it (drives retention before machine v4)."""
+        if os.environ.get(TEST_LIVE_ENTRIES_ENV) != "all":
+            return None
+
+        def every_entry(_state: Any) -> list[int]:
+            return list(range(1, self.replicated_state.meta.last_index + 1))
+
+        return every_entry
 
     def _replace_pipe_notifier(self) -> None:
         """A queued command asks the loop for a tick; pysyncobj's pipe is closed."""
@@ -556,6 +577,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             log.error("snapshot_damaged", file=file_name, offset=err.offset, error=str(err))
             raise
         os.chmod(file_name, storage.FILE_MODE)
+        self._install_transferred(Path(file_name))
         with self.lock:
             self.replicated_state.restore(body)
             meta = self.replicated_state.meta
@@ -576,24 +598,73 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         last_entry = (bytes(last[0]), last[1], last[2])
         prev_entry = (bytes(prev[0]), prev[1], prev[2])
         self._align_journal_to_snapshot(prev_entry, last_entry)
-        self._load_live(body)
+        trust_log, self._start_dump_pending = self._start_dump_pending, False
+        self._load_live(body, trust_log)
         return last_entry, prev_entry, self._snapshot_peers(int(last[1]), raft["cluster"])
 
-    def _load_live(self, body: dict[str, Any]) -> None:
+    def _load_live(self, body: dict[str, Any], trust_log: bool) -> None:
         """Hand the live entry list of a loaded dump to the journal, which checks that each
-        is retained or in the log (StorageError: the node stops, as for a damaged dump)."""
+        is retained (or in the log, if `trust_log`: not for a snapshot from the leader, which
+        replaces the log) (StorageError: the node stops, as for a damaged dump)."""
         journal = self._journal()
         if not isinstance(journal, DurableFileJournal):
             return
         path = Path(self.settings.dump_file)
         live = storage.decode_indexes(path, body.get("live"), self.settings.node_id)
         try:
-            journal.load_live(live, int(body["raft"]["prev"][1]))
+            journal.load_live(live, int(body["raft"]["prev"][1]), trust_log)
         except StorageError as err:
             with self.lock:
                 self.stopped_reason = str(err)
             log.error("snapshot_live_entries_missing", error=str(err))
             raise
+
+    def _install_transferred(self, path: Path) -> None:
+        """Move the live entries a snapshot transfer carried after its dump (raft.transfer)
+        into the retained store (synced), then cut them off the dump file."""
+        journal = self._journal()
+        data = path.read_bytes()
+        end = storage.dump_length(path, data)
+        if end == len(data) or not isinstance(journal, DurableFileJournal):
+            return
+        records = storage.transfer_records(path, data, self.settings.node_id)
+        added = journal.retained.add(records)
+        os.truncate(path, end)
+        if self.settings.fsync != "never":
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        log.info("snapshot_live_entries_installed", entries=len(records), added=added)
+
+    def _transmission_data(self, transmission_id: Any) -> Any:
+        """pysyncobj's Serializer.getTransmissionData, streaming `raft.transfer.TransferStream`
+        (the dump, then the live entries it names) instead of the dump file alone."""
+        serializer = self._SyncObj__serializer
+        if serializer._Serializer__pid != 0:
+            return None  # a snapshot is being taken
+        transmissions = serializer._Serializer__transmissions
+        transmission = transmissions.get(transmission_id)
+        if transmission is None:
+            try:
+                stream = TransferStream(Path(self.settings.dump_file), self._snapshots.journal)
+            except OSError as err:
+                log.error("snapshot_transfer_failed", error=repr(err))
+                return None
+            transmission = transmissions[transmission_id] = {"file": stream, "transmitted": 0}
+        is_first = transmission["transmitted"] == 0
+        try:
+            data = transmission["file"].read(serializer._Serializer__transmissionBatchSize)
+        except (OSError, RaftError) as err:
+            log.error("snapshot_transfer_failed", error=repr(err))
+            transmissions.pop(transmission_id, None)
+            transmission["file"].close()
+            return False
+        transmission["transmitted"] += len(data)
+        if not data:
+            transmissions.pop(transmission_id, None)
+        return data, is_first, not data
 
     def _snapshot_peers(self, index: int, cluster: list[str]) -> list[DialedTCPNode]:
         """The peers as of a snapshot: its member set if a change recorded one (persisted
@@ -1261,6 +1332,9 @@ def _syncobj_conf(
         connectionRetryTime=0.3,
         autoTick=False,  # the node's loop ticks it (raft/ticker.py)
         autoTickPeriod=TICK_PERIOD_S,
+        # a snapshot goes to a lagging follower in chunks of this size, one per AppendEntries
+        # (with issue 32 it carries the live entries' bodies: 64 KiB per tick was too slow)
+        logCompactionBatchSize=SNAPSHOT_CHUNK_BYTES,
         logCompactionMinEntries=settings.compaction_min_entries,
         logCompactionMinTime=settings.compaction_min_time_s,
         commandsWaitLeader=True,

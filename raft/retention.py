@@ -146,6 +146,11 @@ class RetainedStore:
     def read(self, index: int) -> bytes | None:
         """The command of the retained entry at `index` (checksums verified), or None if it is
         not held; StorageError if its record no longer verifies (never served)."""
+        record = self.read_record(index)
+        return None if record is None else record[0]
+
+    def read_record(self, index: int) -> Record | None:
+        """(command, index, term) of the retained entry at `index`, as `read`."""
         with self._lock:
             at = self._position(index)
             if at is None:
@@ -163,7 +168,7 @@ class RetainedStore:
                 str(path),
                 offset,
             )
-        return command
+        return command, index, term
 
     def _fd(self, segment: int) -> int:
         fd = self._fds.get(segment)
@@ -190,13 +195,25 @@ class RetainedStore:
     # --- writing -----------------------------------------------------------------------------
 
     def add(self, records: Iterable[Record]) -> int:
-        """Append entries not held yet (above every held index), sync, then make them
-        readable; the number added. On an error (ENOSPC) nothing is published."""
-        placed = self._write(records)
+        """Write the entries not held yet, sync, then make them readable; the number added.
+        On an error (ENOSPC) nothing is published."""
+        placed = self._write(record for record in records if record[1] not in self)
+        placed.sort()
         with self._lock:
-            for item in placed:
-                if self._indexes and item[0] <= self._indexes[-1]:
-                    raise ValueError(f"retained index {item[0]} is not above the last held")
+            if not placed or not self._indexes or placed[0][0] > self._indexes[-1]:
+                for item in placed:
+                    self._append_placed(item)
+                return len(placed)
+            held = [
+                (index, place, length, term)
+                for index, place, length, term in zip(
+                    self._indexes, self._places, self._lengths, self._terms, strict=True
+                )
+            ]
+            self._indexes, self._places = array("Q"), array("Q")
+            self._lengths, self._terms = array("I"), array("Q")
+            self._live = dict.fromkeys(self._sizes, 0)
+            for item in sorted(held + placed):
                 self._append_placed(item)
         return len(placed)
 

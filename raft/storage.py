@@ -85,6 +85,10 @@ SEGMENT_VERSION = 1
 SEGMENT_HEADER = SEGMENT_MAGIC + struct.pack("<I", SEGMENT_VERSION)
 SEGMENT_HEADER += struct.pack("<I", zlib.crc32(SEGMENT_HEADER))
 SEGMENT_HEADER_BYTES = len(SEGMENT_HEADER)  # 16
+# a snapshot sent to a follower: the dump, then this header and the live entries it names
+TRANSFER_MAGIC = b"QQXFER01"
+TRANSFER_HEADER = TRANSFER_MAGIC + struct.pack("<I", SEGMENT_VERSION)
+TRANSFER_HEADER += struct.pack("<I", zlib.crc32(TRANSFER_HEADER))
 _DUMP_HEAD = struct.Struct("<QQ")  # last index, body length
 _DUMP_PREFIX = len(DUMP_MAGIC) + _DUMP_HEAD.size  # 24
 
@@ -232,21 +236,26 @@ def _scan_v2(path: Path, data: bytes, node_id: str | None, keep_commands: bool) 
     return _scan_records(path, data, node_id, keep_commands, contiguous=True)
 
 
-def scan_segment(path: Path, data: bytes, node_id: str | None = None) -> JournalScan:
-    """Parse and verify a retained-entries segment (`raft.retention`): its header, then journal
+def scan_segment(
+    path: Path, data: bytes, node_id: str | None = None, header: bytes = b""
+) -> JournalScan:
+    """Parse and verify a retained-entries segment (`raft.retention`; or, with `header` =
+    TRANSFER_HEADER, a snapshot transfer's trailer, commands kept): its header, then journal
     records in any index order; commands left empty (read back when asked for). A torn tail is
     reported as for a journal; other damage, or another format, raises StorageError."""
-    if len(data) < SEGMENT_HEADER_BYTES and SEGMENT_HEADER.startswith(data):
+    header = header or SEGMENT_HEADER
+    if len(data) < len(header) and header.startswith(data):
         return JournalScan([], [], 0, 0 if data else None, "header cut short", SEGMENT_VERSION)
-    if data[:SEGMENT_HEADER_BYTES] != SEGMENT_HEADER:
-        what = "an unknown format" if not data.startswith(SEGMENT_MAGIC) else "a damaged header"
+    if data[: len(header)] != header:
+        what = "an unknown format" if not data.startswith(header[:8]) else "a damaged header"
         raise StorageError(
             f"{path}: retained-entries segment with {what} at offset 0 (this code reads "
             f"segment format {SEGMENT_VERSION}); {recovery_hint(node_id)}",
             str(path),
             0,
         )
-    scan = _scan_records(path, data, node_id, keep_commands=False, contiguous=False)
+    keep = header == TRANSFER_HEADER
+    scan = _scan_records(path, data, node_id, keep_commands=keep, contiguous=False)
     return JournalScan(
         scan.entries, scan.offsets, scan.end, scan.torn_at, scan.torn_reason, SEGMENT_VERSION
     )
@@ -428,9 +437,12 @@ def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
             raise damaged("snapshot header cut short", len(data))
         index, length = _DUMP_HEAD.unpack_from(data, len(DUMP_MAGIC))
         (crc,) = struct.unpack_from("<I", data, _DUMP_PREFIX)
-        body = data[_DUMP_PREFIX + 4 :]
+        body = data[_DUMP_PREFIX + 4 : _DUMP_PREFIX + 4 + length]
         if len(body) != length:
             raise damaged(f"snapshot cut short ({len(body)} of {length} body bytes)", len(data))
+        trailer = data[_DUMP_PREFIX + 4 + length :]
+        if trailer and not (data.startswith(DUMP_MAGIC) and trailer.startswith(TRANSFER_MAGIC)):
+            raise damaged(f"{len(trailer)} bytes follow the snapshot", _DUMP_PREFIX + 4 + length)
         if _crc(data[:_DUMP_PREFIX], body) != crc:
             raise damaged("snapshot fails its checksum", _DUMP_PREFIX + 4)
     else:
@@ -443,6 +455,33 @@ def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
     if index is not None and last != index:
         raise damaged(f"snapshot covers index {last}, its header says {index}", 0)
     return dict(plain)
+
+
+def dump_length(path: Path, data: bytes) -> int:
+    """Where a format-3 dump file's snapshot ends (a transfer's trailer may follow)."""
+    if not data.startswith(DUMP_MAGIC) or len(data) < _DUMP_PREFIX + 4:
+        return len(data)
+    _index, length = _DUMP_HEAD.unpack_from(data, len(DUMP_MAGIC))
+    return min(len(data), _DUMP_PREFIX + 4 + int(length))
+
+
+def transfer_records(
+    path: Path, data: bytes, node_id: str | None = None
+) -> list[tuple[bytes, int, int]]:
+    """The live entries a snapshot transfer carried after its dump (none if none), verified;
+    StorageError if the trailer is damaged or cut (a transfer is only renamed when complete)."""
+    trailer = data[dump_length(path, data) :]
+    if not trailer:
+        return []
+    scan = scan_segment(path, trailer, node_id, header=TRANSFER_HEADER)
+    if scan.torn_at is not None:
+        raise StorageError(
+            f"{path}: the live entries after the snapshot are cut short ({scan.torn_reason}); "
+            f"{recovery_hint(node_id)}",
+            str(path),
+            scan.torn_at,
+        )
+    return scan.entries
 
 
 def encode_indexes(indexes: Iterable[int]) -> bytes:

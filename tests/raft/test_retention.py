@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import cbor2
 import pysyncobj.pickle as pysyncobj_pickle
 import pytest
 
@@ -63,7 +64,7 @@ def test_read_entry_of_an_index_not_held_or_not_a_blob_says_so(tmp_path: Path) -
 def _compact(journal: durability.DurableFileJournal, live: list[int], below: int) -> None:
     """What a snapshot at `below` does: retain, (dump written), compact the log to `below`."""
     journal.retain_live(live, below)
-    journal.note_snapshot_live(live)
+    journal.note_snapshot_live(live, below)
     journal.deleteEntriesTo(below - journal[0][1])
 
 
@@ -157,3 +158,34 @@ def test_disk_use_stays_within_twice_the_live_bytes_plus_one_segment(tmp_path: P
     reopened.keep_only(live, next_index)
     assert reopened.indexes() == live
     reopened.close()
+
+
+def _transfer(tmp_path: Path) -> tuple[Path, list[tuple[bytes, int, int]], int]:
+    body = cbor2.dumps({"raft": {"last": [b"", 9, 1]}, "live": storage.encode_indexes([3, 5])})
+    dump = storage.encode_dump(body, 9)
+    records = [(_command(_blob(3)), 3, 1), (_command(_blob(5)), 5, 1)]
+    trailer, offset = bytearray(storage.TRANSFER_HEADER), len(storage.TRANSFER_HEADER)
+    for record in records:
+        trailer += storage.encode_record(offset, *record)
+        offset = len(trailer)
+    path = tmp_path / "raft.dump"
+    path.write_bytes(dump + bytes(trailer))
+    return path, records, len(dump)
+
+
+def test_a_snapshot_transfer_carries_checksummed_live_entries_after_its_dump(
+    tmp_path: Path,
+) -> None:
+    path, records, dump_bytes = _transfer(tmp_path)
+    data = path.read_bytes()
+    assert storage.dump_length(path, data) == dump_bytes
+    assert storage.transfer_records(path, data) == records
+    assert storage.read_dump_body(path)["raft"]["last"][1] == 9  # the trailer is not the body
+    damaged = bytearray(data)
+    damaged[-10] ^= 0x40
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(StorageError, match="fails its checksum"):
+        storage.transfer_records(path, bytes(damaged))
+    path.write_bytes(data[:dump_bytes] + b"garbage")
+    with pytest.raises(StorageError, match="7 bytes follow the snapshot"):
+        storage.read_dump_body(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import fifo
 from cluster.launcher import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.state import State
+from raft import storage
 from raft.entry import Entry, encode_entry
 from raft.errors import EntryGoneError, StorageError
 from raft.node import RaftNode, RaftSettings
@@ -201,3 +203,33 @@ def test_a_failed_snapshot_keeps_the_journal_and_the_next_one_succeeds(
         wait_until(lambda: one.node.getStatus()["log_len"] < 10, 10, "compaction")
     finally:
         one.close()
+
+
+def test_a_start_installs_the_live_entries_a_transfer_left_after_the_dump(
+    tmp_path: Path, port: int
+) -> None:
+    """A crash after a snapshot transfer was renamed into place, before its live entries were
+    moved out of the dump file: the next start moves them, then serves them."""
+    live: set[int] = set()
+    first = Node(tmp_path, port, live)
+    first.run(DeclareQueue("q"))
+    indexes = [first.run(Enqueue("q", b"body-%d" % i)) for i in range(10)]
+    live.update(indexes[:3])
+    first.compact()
+    journal = first.node._journal()
+    records = [journal.read_record(i) for i in sorted(live)]
+    first.close()
+    shutil.rmtree(tmp_path / "raft.journal.retained")
+    trailer = bytearray(storage.TRANSFER_HEADER)
+    for record in records:
+        trailer += storage.encode_record(len(trailer), *record)
+    dump = tmp_path / "raft.dump"
+    dump.write_bytes(dump.read_bytes() + bytes(trailer))
+
+    second = Node(tmp_path, port, live)
+    try:
+        for index in sorted(live):
+            assert second.node.read_entry(index) == first.blobs[index]
+        assert storage.dump_length(dump, dump.read_bytes()) == dump.stat().st_size
+    finally:
+        second.close()
