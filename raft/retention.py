@@ -159,15 +159,21 @@ class RetainedStore:
             segment, offset = place >> _OFFSET_BITS, place & _OFFSET_MASK
             path = self._path(segment)
             buf = os.pread(self._fd(segment), length, offset)
-        command, found, found_term, size = storage.decode_record(path, buf, 0, offset, self.node_id)
-        if (found, found_term, size) != (index, term, length):
-            raise StorageError(
-                f"{path}: retained record at offset {offset} holds index {found} term "
-                f"{found_term} ({size} bytes), written as index {index} term {term} ({length} "
-                f"bytes); {storage.recovery_hint(self.node_id)}",
-                str(path),
-                offset,
+        try:
+            command, found, found_term, size = storage.decode_record(
+                path, buf, 0, offset, self.node_id
             )
+            if (found, found_term, size) != (index, term, length):
+                raise StorageError(
+                    f"{path}: retained record at offset {offset} holds index {found} term "
+                    f"{found_term} ({size} bytes), written as index {index} term {term} "
+                    f"({length} bytes); {storage.recovery_hint(self.node_id)}",
+                    str(path),
+                    offset,
+                )
+        except StorageError as err:
+            log.error("retained_entry_damaged", file=str(path), index=index, error=str(err))
+            raise
         return command, index, term
 
     def _fd(self, segment: int) -> int:
@@ -225,18 +231,22 @@ class RetainedStore:
             segment = self._writable_segment()
             offset = self._sizes[segment]
             record = storage.encode_record(offset, command, index, term)
+            with self._lock:
+                fd = self._fd(segment)
             try:
-                _pwrite_all(self._fd(segment), record, offset)
+                _pwrite_all(fd, record, offset)
             except OSError:
                 with contextlib.suppress(OSError):
-                    os.ftruncate(self._fd(segment), offset)
+                    os.ftruncate(fd, offset)
                 raise
             self._sizes[segment] = offset + len(record)
             touched.add(segment)
             placed.append((index, segment << _OFFSET_BITS | offset, len(record), term))
         if self._sync:
             for segment in sorted(touched):
-                os.fdatasync(self._fd(segment))
+                with self._lock:
+                    fd = self._fd(segment)
+                os.fdatasync(fd)
         return placed
 
     def _writable_segment(self) -> int:

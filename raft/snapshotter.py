@@ -88,6 +88,11 @@ class SnapshotJob:
     def _child(self, encode: DumpEncoder) -> None:
         code = _EXIT_FAILED
         try:
+            # a signal to the child must not wake the parent's loop (the wakeup fd is shared)
+            with contextlib.suppress(ValueError):
+                signal.set_wakeup_fd(-1)
+                for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    signal.signal(signum, signal.SIG_DFL)
             data, live = encode()
             _write(self.tmp_path, data, self.sync)
             _write(self.live_path, storage.encode_indexes(live), self.sync)
