@@ -269,8 +269,8 @@ class RetainedStore:
 
     def keep_only(self, live: Sequence[int], below: int) -> None:
         """Keep the entries whose index is in `live` (sorted) and below `below`; drop the rest,
-        then delete the segments left empty and rewrite those under the live share. Call only
-        once the dump naming `live` is durable."""
+        then delete the segments left empty (the active one too) and rewrite the sealed ones
+        under the live share. Call only once the dump naming `live` is durable."""
         wanted = set(live)
         with self._lock:
             kept = [
@@ -292,11 +292,13 @@ class RetainedStore:
     def _reclaim(self) -> None:
         """Delete empty sealed segments; rewrite sealed ones whose live share is too low."""
         for segment in sorted(self._sizes):
-            if segment == self._active:
-                continue
             live, size = self._live[segment], self._sizes[segment]
-            if live == 0:
+            if live == 0:  # the active one too: a drained queue leaves no segment behind
                 self._delete(segment)
+                if segment == self._active:
+                    self._active = None
+            elif segment == self._active:
+                continue
             elif live * 100 < size * LIVE_SHARE_MIN_PERCENT:
                 self._rewrite(segment)
 

@@ -157,6 +157,8 @@ def test_disk_use_stays_within_twice_the_live_bytes_plus_one_segment(tmp_path: P
     reopened = RetainedStore(tmp_path / "retained", "never", "n1", segment_bytes_max=segment_max)
     reopened.keep_only(live, next_index)
     assert reopened.indexes() == live
+    reopened.keep_only([], next_index)  # drained: nothing is left on disk
+    assert reopened.stats() == {"entries": 0, "live_bytes": 0, "disk_bytes": 0, "segments": 0}
     reopened.close()
 
 
