@@ -98,6 +98,8 @@ PRE_VOTE_PARK_S = 3600.0
 # elect another leader); above this many messages it is computed only when asked for
 DIGEST_MESSAGES_MAX = 50_000
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
+# snapshots are encoded in a forked child (raft.snapshotter); the simulator turns this off
+SNAPSHOT_IN_CHILD = True
 # test-only: "all" names every applied entry live in every snapshot (raft.retention in tests
 # with real node processes, before machine v4 refers to bodies in the log)
 TEST_LIVE_ENTRIES_ENV = "QUORUMQ_TEST_LIVE_ENTRIES"
@@ -562,7 +564,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             body["raft"] = raft
             return storage.encode_dump(cbor2.dumps(body), int(last[1])), live
 
-        self._snapshots.start(encode, below=int(prev[1]))
+        self._snapshots.start(encode, below=int(prev[1]), in_child=SNAPSHOT_IN_CHILD)
         raise SnapshotStarted
 
     def _deserialize_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:

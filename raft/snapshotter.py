@@ -73,12 +73,20 @@ class SnapshotJob:
         """Whether a child or a retention thread is still at work."""
         return self._pid != 0 or self._thread is not None
 
-    def start(self, encode: DumpEncoder, below: int) -> None:
-        """Fork a child that runs `encode` and writes its result (loop thread)."""
+    def start(self, encode: DumpEncoder, below: int, in_child: bool = True) -> None:
+        """Fork a child that runs `encode` and writes its result (loop thread). With
+        `in_child` False everything runs here and now, done at the next poll (the simulator:
+        a child and a thread would make its runs depend on real time)."""
         if self.running:
             raise RuntimeError("a snapshot is already being taken")
         self._below, self._started = below, time.perf_counter()
         self._cancelled.clear()
+        if not in_child:
+            data, live = encode()
+            _write(self.tmp_path, data, self.sync)
+            _write(self.live_path, storage.encode_indexes(live), self.sync)
+            self._finish()
+            return
         pid = os.fork()
         if pid == 0:  # the child: never returns
             self._child(encode)
