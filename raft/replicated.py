@@ -14,6 +14,7 @@ input, not a bug: it is refused alone with an Error reply.
 from __future__ import annotations
 
 import hashlib
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,10 +50,22 @@ SNAPSHOT_FORMAT = 1
 LiveIndexes = Callable[[State], list[int]]
 
 
+def _fifo_live_indexes() -> LiveIndexes | None:
+    """fifo's `live_entry_indexes` (exported by `fifo`, or in `fifo.bodies`), if it has one."""
+    provider: LiveIndexes | None = getattr(fifo, "live_entry_indexes", None)
+    if provider is None:
+        try:
+            bodies = importlib.import_module("fifo.bodies")
+        except ImportError:
+            return None
+        provider = getattr(bodies, "live_entry_indexes", None)
+    return provider
+
+
 def default_live_indexes(state: State) -> list[int]:
     """`fifo.live_entry_indexes(state)` once fifo has it (machine v4 keeps bodies in the log),
     else none: every body is inline in the state."""
-    provider: LiveIndexes | None = getattr(fifo, "live_entry_indexes", None)
+    provider = _fifo_live_indexes()
     return [] if provider is None else list(provider(state))
 
 

@@ -246,6 +246,7 @@ STORAGE_LEFTOVERS = (
     "raft.journal.meta.tmp",
     "raft.dump.tmp",
     "raft.dump.1.tmp",
+    "raft.dump.live.tmp",
     "members.tmp",
 )
 

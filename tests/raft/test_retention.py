@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import random
+import struct
+import zlib
 from pathlib import Path
 
 import cbor2
 import pysyncobj.pickle as pysyncobj_pickle
 import pytest
 
-from raft import durability, storage
+import fifo
+from raft import durability, replicated, storage
 from raft.entry import Entry, encode_entry
 from raft.errors import EntryGoneError, StorageError
 from raft.retention import RetainedStore
@@ -191,3 +194,23 @@ def test_a_snapshot_transfer_carries_checksummed_live_entries_after_its_dump(
     path.write_bytes(data[:dump_bytes] + b"garbage")
     with pytest.raises(StorageError, match="7 bytes follow the snapshot"):
         storage.read_dump_body(path)
+
+
+def test_the_default_live_indexes_come_from_fifo_once_it_has_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = fifo.init_state(2)
+    monkeypatch.delattr(fifo, "live_entry_indexes", raising=False)
+    assert replicated.default_live_indexes(state) == []  # v1-v3 states: bodies are inline
+    monkeypatch.setattr(fifo, "live_entry_indexes", lambda _state: [4, 9], raising=False)
+    assert replicated.default_live_indexes(state) == [4, 9]
+    assert replicated.ReplicatedState(["n1"]).live_indexes() == [4, 9]
+
+
+def test_a_format_2_dump_still_loads_and_names_no_live_entries(tmp_path: Path) -> None:
+    body = cbor2.dumps({"raft": {"last": [b"", 9, 1]}})
+    path = tmp_path / "raft.dump"
+    prefix = storage.DUMP_MAGIC_V2 + struct.pack("<QQ", 9, len(body))
+    path.write_bytes(prefix + struct.pack("<I", zlib.crc32(body, zlib.crc32(prefix))) + body)
+    plain = storage.read_dump_body(path)
+    assert list(storage.decode_indexes(path, plain.get("live"))) == []
