@@ -62,6 +62,10 @@ def _fifo_live_indexes() -> LiveIndexes | None:
     return provider
 
 
+def _none(_state: State) -> list[int]:
+    return []
+
+
 def default_live_indexes(state: State) -> list[int]:
     """`fifo.live_entry_indexes(state)` once fifo has it (machine v4 keeps bodies in the log),
     else none: every body is inline in the state."""
@@ -96,7 +100,8 @@ class ReplicatedState:
     def __init__(self, members: list[str], live_indexes: LiveIndexes | None = None) -> None:
         self.meta = Metadata(members=sorted(members))
         self.state: State = fifo.init_state(INITIAL_MACHINE_VERSION)
-        self.live_indexes_provider: LiveIndexes = live_indexes or default_live_indexes
+        # resolved here, not in the snapshot child (no import after a fork)
+        self.live_indexes_provider: LiveIndexes = live_indexes or _fifo_live_indexes() or _none
 
     def live_indexes(self) -> list[int]:
         """The sorted Raft indexes of the entries whose bodies the state still refers to."""

@@ -43,6 +43,8 @@ log = structlog.get_logger("raft.snapshot")
 # what the child hands back: the dump file's bytes and the live entry list it names
 DumpEncoder = Callable[[], tuple[bytes, Sequence[int]]]
 _EXIT_OK, _EXIT_FAILED = 0, 70
+# a child still encoding after this long is killed (the snapshot fails; pysyncobj retries it)
+CHILD_TIMEOUT_S = 600.0
 
 
 class SnapshotStarted(Exception):  # not an error: pysyncobj's serializer protocol
@@ -124,6 +126,10 @@ class SnapshotJob:
     def _reap(self) -> None:
         pid, status = os.waitpid(self._pid, os.WNOHANG)
         if pid == 0:
+            if time.perf_counter() - self._started > CHILD_TIMEOUT_S:
+                log.error("snapshot_child_stuck", pid=self._pid, after_s=CHILD_TIMEOUT_S)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._pid, signal.SIGKILL)
             return
         self._pid = 0
         if os.waitstatus_to_exitcode(status) != _EXIT_OK:
