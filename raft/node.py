@@ -98,8 +98,10 @@ PRE_VOTE_PARK_S = 3600.0
 # elect another leader); above this many messages it is computed only when asked for
 DIGEST_MESSAGES_MAX = 50_000
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
-# snapshots are encoded in a forked child (raft.snapshotter); the simulator turns this off
-SNAPSHOT_IN_CHILD = True
+# snapshots are encoded in a forked child (raft.snapshotter); the simulator turns this off, and
+# QUORUMQ_SNAPSHOT_INLINE=1 too, only to measure against (scripts/bench_snapshot_stall.py --node)
+SNAPSHOT_INLINE_ENV = "QUORUMQ_SNAPSHOT_INLINE"
+SNAPSHOT_IN_CHILD = os.environ.get(SNAPSHOT_INLINE_ENV) != "1"
 # test-only: "all" names every applied entry live in every snapshot (raft.retention in tests
 # with real node processes, before machine v4 refers to bodies in the log)
 TEST_LIVE_ENTRIES_ENV = "QUORUMQ_TEST_LIVE_ENTRIES"
