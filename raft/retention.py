@@ -272,22 +272,29 @@ class RetainedStore:
         then delete the segments left empty (the active one too) and rewrite the sealed ones
         under the live share. Call only once the dump naming `live` is durable."""
         wanted = set(live)
-        with self._lock:
-            kept = [
-                at for at, index in enumerate(self._indexes) if index < below and index in wanted
-            ]
-            if len(kept) != len(self._indexes):
-                self._keep_positions(kept)
+        # the one writer is this thread: the arrays are read without the lock, and only the
+        # swap to the new ones takes it (readers wait for the swap, not the filtering)
+        kept = [at for at, index in enumerate(self._indexes) if index < below and index in wanted]
+        if len(kept) != len(self._indexes):
+            self._keep_positions(kept)
         self._reclaim()
 
     def _keep_positions(self, kept: list[int]) -> None:
-        self._indexes = array("Q", (self._indexes[at] for at in kept))
-        self._places = array("Q", (self._places[at] for at in kept))
-        self._lengths = array("I", (self._lengths[at] for at in kept))
-        self._terms = array("Q", (self._terms[at] for at in kept))
-        self._live = dict.fromkeys(self._sizes, 0)
-        for place, length in zip(self._places, self._lengths, strict=True):
-            self._live[place >> _OFFSET_BITS] += length
+        indexes = array("Q", (self._indexes[at] for at in kept))
+        places = array("Q", (self._places[at] for at in kept))
+        lengths = array("I", (self._lengths[at] for at in kept))
+        terms = array("Q", (self._terms[at] for at in kept))
+        live = dict.fromkeys(self._sizes, 0)
+        for place, length in zip(places, lengths, strict=True):
+            live[place >> _OFFSET_BITS] += length
+        with self._lock:
+            self._indexes, self._places, self._lengths, self._terms = (
+                indexes,
+                places,
+                lengths,
+                terms,
+            )
+            self._live = live
 
     def _reclaim(self) -> None:
         """Delete empty sealed segments; rewrite sealed ones whose live share is too low."""
