@@ -627,12 +627,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """Move the live entries a snapshot transfer carried after its dump (raft.transfer)
         into the retained store (synced), then cut them off the dump file."""
         journal = self._journal()
-        data = path.read_bytes()
-        end = storage.dump_length(path, data)
-        if end == len(data) or not isinstance(journal, DurableFileJournal):
+        end = storage.dump_end(path)
+        if end == path.stat().st_size or not isinstance(journal, DurableFileJournal):
             return
-        records = storage.transfer_records(path, data, self.settings.node_id)
-        added = journal.retained.add(records)
+        added = journal.retained.add(storage.iter_transfer_records(path, self.settings.node_id))
         os.truncate(path, end)
         if self.settings.fsync != "never":
             fd = os.open(path, os.O_RDONLY)
@@ -640,7 +638,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        log.info("snapshot_live_entries_installed", entries=len(records), added=added)
+        log.info("snapshot_live_entries_installed", added=added)
 
     def _transmission_data(self, transmission_id: Any) -> Any:
         """pysyncobj's Serializer.getTransmissionData, streaming `raft.transfer.TransferStream`

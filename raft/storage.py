@@ -420,9 +420,20 @@ def encode_dump(body: bytes, index: int) -> bytes:
     return prefix + struct.pack("<I", _crc(prefix, body)) + body
 
 
+def _read_dump_bytes(path: Path) -> bytes:
+    """A dump file's bytes; of a format-3 one, only its snapshot and the first bytes after it
+    (a transfer's trailer is read by `iter_transfer_records`, never kept whole)."""
+    with open(path, "rb") as f:
+        head = f.read(_DUMP_PREFIX + 4)
+        if not head.startswith(DUMP_MAGIC) or len(head) < _DUMP_PREFIX + 4:
+            return head + f.read()
+        _index, length = _DUMP_HEAD.unpack_from(head, len(DUMP_MAGIC))
+        return head + f.read(length + len(TRANSFER_MAGIC))
+
+
 def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
     """The snapshot map of a dump file of either format, verified; StorageError if damaged."""
-    data = path.read_bytes()
+    data = _read_dump_bytes(path)
 
     def damaged(what: str, offset: int) -> StorageError:
         return StorageError(
@@ -457,31 +468,42 @@ def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
     return dict(plain)
 
 
-def dump_length(path: Path, data: bytes) -> int:
-    """Where a format-3 dump file's snapshot ends (a transfer's trailer may follow)."""
-    if not data.startswith(DUMP_MAGIC) or len(data) < _DUMP_PREFIX + 4:
-        return len(data)
-    _index, length = _DUMP_HEAD.unpack_from(data, len(DUMP_MAGIC))
-    return min(len(data), _DUMP_PREFIX + 4 + int(length))
+def dump_end(path: Path) -> int:
+    """Where a dump file's snapshot ends (a format-3 one: a transfer's trailer may follow)."""
+    with open(path, "rb") as f:
+        head = f.read(_DUMP_PREFIX + 4)
+        size = os.fstat(f.fileno()).st_size
+    if not head.startswith(DUMP_MAGIC) or len(head) < _DUMP_PREFIX + 4:
+        return size
+    _index, length = _DUMP_HEAD.unpack_from(head, len(DUMP_MAGIC))
+    return min(size, _DUMP_PREFIX + 4 + int(length))
 
 
-def transfer_records(
-    path: Path, data: bytes, node_id: str | None = None
-) -> list[tuple[bytes, int, int]]:
-    """The live entries a snapshot transfer carried after its dump (none if none), verified;
-    StorageError if the trailer is damaged or cut (a transfer is only renamed when complete)."""
-    trailer = data[dump_length(path, data) :]
-    if not trailer:
-        return []
-    scan = scan_segment(path, trailer, node_id, header=TRANSFER_HEADER)
-    if scan.torn_at is not None:
-        raise StorageError(
-            f"{path}: the live entries after the snapshot are cut short ({scan.torn_reason}); "
-            f"{recovery_hint(node_id)}",
-            str(path),
-            scan.torn_at,
-        )
-    return scan.entries
+def iter_transfer_records(
+    path: Path, node_id: str | None = None
+) -> Iterator[tuple[bytes, int, int]]:
+    """The live entries a snapshot transfer carried after its dump (none if none), read one
+    record at a time and verified; StorageError if the trailer is damaged or cut (a transfer
+    is renamed into place only when complete)."""
+    with open(path, "rb") as f:
+        f.seek(dump_end(path))
+        header = f.read(len(TRANSFER_HEADER))
+        if not header:
+            return
+        if header != TRANSFER_HEADER:
+            raise StorageError(
+                f"{path}: the bytes after the snapshot are not a transfer trailer; "
+                f"{recovery_hint(node_id)}",
+                str(path),
+                f.tell() - len(header),
+            )
+        offset = len(header)
+        while head := f.read(_REC_HEAD_BYTES):
+            length = _REC_HEAD.unpack_from(head)[0] if len(head) >= _REC_HEAD.size else 0
+            buf = head + f.read(min(length, RECORD_PAYLOAD_MAX) + 4)
+            command, index, term, size = decode_record(path, buf, 0, offset, node_id)
+            yield command, index, term
+            offset += size
 
 
 def encode_indexes(indexes: Iterable[int]) -> bytes:

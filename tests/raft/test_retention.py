@@ -183,14 +183,17 @@ def test_a_snapshot_transfer_carries_checksummed_live_entries_after_its_dump(
 ) -> None:
     path, records, dump_bytes = _transfer(tmp_path)
     data = path.read_bytes()
-    assert storage.dump_length(path, data) == dump_bytes
-    assert storage.transfer_records(path, data) == records
+    assert storage.dump_end(path) == dump_bytes
+    assert list(storage.iter_transfer_records(path)) == records
     assert storage.read_dump_body(path)["raft"]["last"][1] == 9  # the trailer is not the body
     damaged = bytearray(data)
     damaged[-10] ^= 0x40
     path.write_bytes(bytes(damaged))
     with pytest.raises(StorageError, match="fails its checksum"):
-        storage.transfer_records(path, bytes(damaged))
+        list(storage.iter_transfer_records(path))
+    path.write_bytes(data[:-10])
+    with pytest.raises(StorageError, match=r"cut short|runs past"):
+        list(storage.iter_transfer_records(path))
     path.write_bytes(data[:dump_bytes] + b"garbage")
     with pytest.raises(StorageError, match="7 bytes follow the snapshot"):
         storage.read_dump_body(path)
