@@ -52,3 +52,13 @@ class StorageError(RaftError):
 
 class DiskFullError(RaftError):
     """Raised when a journal write fails with ENOSPC: the write was undone, nothing was added."""
+
+
+class EntryGoneError(RaftError):
+    """Raised by `read_entry` when the journal holds no entry blob at a Raft index: it was
+    compacted away and not retained (no snapshot named it live), it lies past the log's end, or
+    it is one of pysyncobj's own entries (no-op, membership). Damage is a StorageError instead."""
+
+    def __init__(self, index: int, why: str) -> None:
+        super().__init__(f"no entry at raft index {index}: {why}")
+        self.index = index

@@ -14,6 +14,8 @@ input, not a bug: it is refused alone with an Error reply.
 from __future__ import annotations
 
 import hashlib
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +35,44 @@ from raft.fastcodec import decode_command
 from raft.membership import MemberChange
 from raft.metadata import INITIAL_MACHINE_VERSION, Hello, Metadata, Switch, apply_metadata
 
-__all__ = ["INITIAL_MACHINE_VERSION", "InternalFailure", "Metadata", "Outcome", "ReplicatedState"]
+__all__ = [
+    "INITIAL_MACHINE_VERSION",
+    "InternalFailure",
+    "LiveIndexes",
+    "Metadata",
+    "Outcome",
+    "ReplicatedState",
+    "default_live_indexes",
+]
 
 SNAPSHOT_FORMAT = 1
+# the sorted Raft indexes of the entries whose bodies the state still refers to (issue 32)
+LiveIndexes = Callable[[State], list[int]]
+
+
+def _fifo_live_indexes() -> LiveIndexes | None:
+    """fifo's `live_entry_indexes` (exported by `fifo`, or in `fifo.bodies`), if it has one."""
+    provider: LiveIndexes | None = getattr(fifo, "live_entry_indexes", None)
+    if provider is None:
+        try:
+            bodies = importlib.import_module("fifo.bodies")
+        except ImportError:
+            return None
+        provider = getattr(bodies, "live_entry_indexes", None)
+    return provider
+
+
+def _none(_state: State) -> list[int]:
+    return []
+
+
+def default_live_indexes(state: State) -> list[int]:
+    """`fifo.live_entry_indexes(state)` once fifo has it (machine v4 keeps bodies in the log),
+    else none: every body is inline in the state."""
+    provider = _fifo_live_indexes()
+    return [] if provider is None else list(provider(state))
+
+
 _make_meta = constructor(Meta)  # == Meta(...), without the frozen dataclass's __setattr__ calls
 
 
@@ -60,9 +97,15 @@ class Outcome:
 class ReplicatedState:
     """fifo state + metadata; `apply_entry` is deterministic given the same entries."""
 
-    def __init__(self, members: list[str]) -> None:
+    def __init__(self, members: list[str], live_indexes: LiveIndexes | None = None) -> None:
         self.meta = Metadata(members=sorted(members))
         self.state: State = fifo.init_state(INITIAL_MACHINE_VERSION)
+        # resolved here, not in the snapshot child (no import after a fork)
+        self.live_indexes_provider: LiveIndexes = live_indexes or _fifo_live_indexes() or _none
+
+    def live_indexes(self) -> list[int]:
+        """The sorted Raft indexes of the entries whose bodies the state still refers to."""
+        return self.live_indexes_provider(self.state)
 
     # --- apply -------------------------------------------------------------------------------
 

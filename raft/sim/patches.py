@@ -18,6 +18,8 @@ answer from the virtual clock and the seeded generator instead:
 - `raft.durability.DurableFileJournal._note_synced` (the power-loss layer) records the synced
   length in `SYNCED` instead of a marker file per fsync; a crash writes the marker from it and
   `raft.storage.power_loss` drops what was not fsynced;
+- `raft.node.SNAPSHOT_IN_CHILD` is False: a snapshot is encoded, retained and renamed inside
+  the tick (a forked child and a thread would make a run depend on real time);
 - structlog and the logging module (pysyncobj's warnings) are quiet (the nodes log every
   election; a campaign would print millions of lines).
 No file of `raft/` or `cluster/` is edited: this module is the whole seam.
@@ -115,6 +117,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.node, "time", clock_time),
         (raft.node, "_LoopQuorumTransport", SimTransport),
         (raft.node, "transport_name", lambda: "quorumq"),
+        (raft.node, "SNAPSHOT_IN_CHILD", False),
         (raft.transport, "monotonic_time", clock),
         (raft.batcher, "time", clock_time),
         (raft.batcher, "_Batch", _virtual_batch(clock)),
