@@ -281,10 +281,9 @@ class Replica:
             refs += refs_in(outcome.replies)
 
         def hand_over(lookup: Lookup) -> None:
-            if refs:
-                effects[:] = self._resolved_effects(effects, lookup)
-                if mine:
-                    outcome.replies = [self._resolved_reply(r, lookup) for r in outcome.replies]
+            effects[:] = self._resolved_effects(effects, lookup)  # (v4 emits RefDeliver only)
+            if mine and refs:
+                outcome.replies = [self._resolved_reply(r, lookup) for r in outcome.replies]
             self._committer.resolve(outcome)  # replies first, then the effects of the same entry
             self._on_applied(Applied(outcome.index, effects))
 
