@@ -177,11 +177,20 @@ class EffectRouter:
         return sent
 
     def _with_bodies(self, deliveries: list[RefDeliver]) -> list[Deliver]:
-        """Machine v4: the reconciled deliveries with their bodies (read now: reconciliation is
-        rare, once after catching up, and bounded by the held consumers' prefetch)."""
+        """The reconciled deliveries with their bodies: machine v4's references are read now
+        (reconciliation is rare, once after catching up, bounded by the held prefetch)."""
         assert self._replica is not None
-        resolved = (self._replica.resolve_now(delivery) for delivery in deliveries)
-        return [delivery for delivery in resolved if delivery is not None]
+        out: list[Deliver] = []
+        for delivery in deliveries:
+            if any(type(m) is RefDelivery for m in delivery.messages):
+                resolved = self._replica.resolve_now(delivery)
+                if resolved is not None:
+                    out.append(resolved)
+            else:  # bodies held inline (v1-v3, or converted from v3)
+                inline = tuple(m for m in delivery.messages if type(m) is Delivery)
+                out.append(Deliver(delivery.connection, delivery.queue, delivery.tag,
+                                   delivery.consumer_key, inline))  # fmt: skip
+        return out
 
     @staticmethod
     def _send_native(effect: Any, send: Send) -> None:
