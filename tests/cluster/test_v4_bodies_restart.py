@@ -1,7 +1,7 @@
 """Real node processes running machine v4 (issue 32): messages keep only a reference to their
 body in the state, so a node reads every body back from its journal to send it. Publish, restart
 the node the consumer will use (its body cache is empty then), and take the exact bodies back
-there, in order, by basic.get, by peek and by a consumer.
+there, in order, by basic.get, by peek and by a consumer, natively and through AMQP 0-9-1.
 
 The cluster keeps the default `snapshot_every_entries` (5,000): no log compaction happens in
 this run. Entries holding live bodies survive compaction only with the retention work of the
@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cluster.launcher import start_cluster, wait_until
+from cluster.launcher import LocalCluster, start_cluster, wait_until
 from cluster.node.server import UNRELEASED_FLAG
 
 pytestmark = pytest.mark.cluster
@@ -69,10 +70,46 @@ def test_a_restarted_node_sends_the_exact_bodies_in_order(
                 if len(got) == MESSAGES - 1:
                     break
             assert _sums(got) == _sums(bodies[1:])
+        _amqp_round_trip(cluster, leader, restarted, bodies[:20])
         logged = (cluster.config.node(restarted).data_dir / "stdout.log").read_text()
         assert "body_missing" not in logged
     finally:
         cluster.stop()
+
+
+def _amqp_round_trip(cluster: LocalCluster, publish_on: str, take_on: str,
+                     bodies: list[bytes]) -> None:  # fmt: skip
+    """The same through AMQP 0-9-1: published on one node, basic.get and basic.consume on the
+    other, which reads the bodies back from its journal."""
+    pika = pytest.importorskip("pika")
+    credentials = pika.PlainCredentials("quorumq", cluster.key.decode("ascii"))
+
+    def params(node_id: str) -> Any:
+        port = cluster.config.node(node_id).amqp_port
+        return pika.ConnectionParameters("127.0.0.1", port, credentials=credentials,
+                                         socket_timeout=30, stack_timeout=60)  # fmt: skip
+
+    with pika.BlockingConnection(params(publish_on)) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("amqp-bodies", durable=True, arguments={"x-queue-type": "quorum"})
+        for body in bodies:
+            channel.basic_publish("", "amqp-bodies", body)
+    with pika.BlockingConnection(params(take_on)) as connection:
+        channel = connection.channel()
+        wait_until(lambda: channel.queue_declare("amqp-bodies", passive=True).method.message_count
+                   == len(bodies), 30, "the AMQP publishes on the other node")  # fmt: skip
+        _method, _properties, first = channel.basic_get("amqp-bodies", auto_ack=True)
+        got = [first]
+        for method, _properties, body in channel.consume("amqp-bodies", inactivity_timeout=10):
+            if method is None:
+                break
+            got.append(body)
+            channel.basic_ack(method.delivery_tag)
+            if len(got) == len(bodies):
+                break
+        channel.cancel()
+    assert _sums(got) == _sums(bodies)
 
 
 def _ready(client: object) -> int:
