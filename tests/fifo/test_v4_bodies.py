@@ -21,8 +21,8 @@ from fifo.bodies import (
     resolve_effects,
     resolve_reply,
 )
-from fifo.effects import Deliver, RefDeliver, RefDelivery
-from fifo.replies import DequeueOk, RefDequeueOk
+from fifo.effects import Deliver, Delivery, RefDeliver, RefDelivery
+from fifo.replies import DequeueOk, Error, RefDequeueOk
 from fifo.state import BodyNotHeldError, Message, RefMessage, State
 from raft.entry import SUB_INDEX_SPAN
 
@@ -46,7 +46,7 @@ class Log:
         if isinstance(command, c.Enqueue):
             self.bodies[index] = command.body
         reply, effects = fifo.apply(fifo.Meta(index, 1, self.now, 4), command, self.state)
-        assert not isinstance(reply, fifo.Error), reply
+        assert not isinstance(reply, Error), reply
         return reply, effects
 
     def body_of(self, ref: int) -> bytes:
@@ -83,7 +83,8 @@ def test_a_v4_publish_keeps_a_reference_and_no_body() -> None:
     assert [(m.ref, m.size) for m in messages] == [(2 * SPAN, 1000), (3 * SPAN, 2)]
     with pytest.raises(BodyNotHeldError, match=f"meta index {2 * SPAN}"):
         _ = messages[0].body
-    assert fifo.overview(log.state, "q").bytes == 1002
+    overview = fifo.overview(log.state, "q")
+    assert overview is not None and overview.bytes == 1002
     assert b"x" * 1000 not in fifo.snapshot(log.state)
     assert referenced_bodies(log.state) == (2, 1002)
 
@@ -130,7 +131,8 @@ def test_deliveries_carry_the_reference_or_the_body_in_hand() -> None:
     declare(log)
     key = checkout(log, prefetch=1)
     _, fresh = log.apply(c.Enqueue("q", b"first"))
-    assert type(fresh[0]) is RefDeliver and fresh[0].messages[0].body == b"first"
+    assert type(fresh[0]) is RefDeliver
+    assert [m.body for m in fresh[0].messages if isinstance(m, Delivery)] == [b"first"]
     log.apply(c.Enqueue("q", b"second"))  # no credit: waits
     _, later = log.apply(c.Settle("q", key, (0,)))
     delivery = next(e for e in later if type(e) is RefDeliver)
@@ -287,3 +289,29 @@ def test_peek_names_the_reference() -> None:
     log.apply(c.Enqueue("q", b"peeked"))
     (info,) = fifo.messages(log.state, "q")
     assert (info.body, info.body_ref) == (b"", 2 * SPAN)
+
+
+def test_the_fuzzer_reports_a_reference_to_no_publish() -> None:
+    """A machine that delivers a reference the log does not hold is caught (`apply_raised`,
+    naming the index): the fuzzer resolves every reference from the commands it applied."""
+    import dataclasses
+
+    from fifo.fuzz import runner
+
+    def shifted(meta: fifo.Meta, command: Any, state: State) -> tuple[Any, list[Any]]:
+        reply, effects = fifo.apply(meta, command, state)
+        out = []
+        for effect in effects:
+            if type(effect) is RefDeliver:
+                items = tuple(
+                    dataclasses.replace(m, ref=m.ref + 1) if type(m) is RefDelivery else m
+                    for m in effect.messages
+                )
+                effect = dataclasses.replace(effect, messages=items)
+            out.append(effect)
+        return reply, out
+
+    assert not runner.run(1, 400, 4).violations
+    found = runner.run(1, 400, 4, apply_fn=shifted).violations
+    assert found and found[0].invariant == "apply_raised"
+    assert "is missing" in found[0].detail
