@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fifo.commands import ConnectionId, ConsumerKey, GroupConfig, QueueConfig
-from fifo.state import Consumer, ConsumerGroup, GroupId, Message, Queue, State
+from fifo.state import Consumer, ConsumerGroup, GroupId, Message, Queue, RefMessage, State
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class ConsumerInfo:
 @dataclass(frozen=True, slots=True)
 class MessageInfo:
     """A peeked message (ready or returned). Machine v4: a body that stays in the log comes
-    as `body_ref` (the meta index of its enqueuing command, else 0) with `body` empty here; the
+    as `body_ref` (the meta index of its enqueuing command, else None) with `body` empty here; the
     node resolves it before answering (fifo.bodies)."""
 
     position: int
@@ -54,7 +54,7 @@ class MessageInfo:
     returned: bool
     delivery_count: int
     expiry_ms: int | None
-    body_ref: int = 0
+    body_ref: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +170,7 @@ def messages(state: State, queue: str, limit: int = 100) -> list[MessageInfo]:
 
 
 def _message_info(position: int, m: Message, returned: bool) -> MessageInfo:
-    if m.ref:  # v4: the body stays in the log
+    if type(m) is RefMessage:  # v4: the body stays in the log
         return MessageInfo(position, b"", returned, m.delivery_count, m.expiry, m.ref)
     return MessageInfo(position, m.body, returned, m.delivery_count, m.expiry)
 

@@ -69,10 +69,12 @@ def with_bodies(replica: Replica, found: list[MessageInfo]) -> list[MessageInfo]
     """Peeked messages with the bodies machine v4 keeps in the log read back (cache, else the
     journal, on the loop: a peek is an admin read bounded by MESSAGES_LIMIT_MAX, never a
     delivery); BodyMissingError names a body the log no longer holds."""
-    return [
-        dataclasses.replace(info, body=replica.read_body(info.body_ref)) if info.body_ref else info
-        for info in found
-    ]
+    out: list[MessageInfo] = []
+    for info in found:
+        if info.body_ref is not None:
+            info = dataclasses.replace(info, body=replica.read_body(info.body_ref))
+        out.append(info)
+    return out
 
 
 def _answer(view: ReplicaView, name: str, args: dict[str, Any], supported: int) -> Any:

@@ -42,7 +42,7 @@ from fifo.replies import (
     RejectPublish,
     Reply,
 )
-from fifo.state import GroupId, Message, State
+from fifo.state import GroupId, Message, RefMessage, State
 from fifo.v3.sticky import moves, moves_lower_bound
 
 Found = tuple[str, str]  # (invariant, detail)
@@ -487,7 +487,7 @@ def check_consumer_group(state: State, group: probe.ConsumerGroup) -> list[Found
 
 def _label(message: Message) -> str:
     """How a violation names a message: its body, or (v4) the index its body stays at."""
-    return f"ref {message.ref}" if message.ref else repr(message.body)
+    return f"ref {message.ref}" if type(message) is RefMessage else repr(message.body)
 
 
 def check_state(state: State, ledgers: dict[str, Ledger]) -> list[Found]:
