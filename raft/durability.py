@@ -53,6 +53,7 @@ from pysyncobj.journal import Journal
 from raft import storage
 from raft.errors import DiskFullError, EntryGoneError, StorageError
 from raft.export import entry_blob
+from raft.retention import RetainedStore
 from raft.storage import fsync_dir
 
 __all__ = ["POLICIES", "DurableFileJournal", "fsync_dir", "install", "register"]
@@ -119,6 +120,11 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         # entries read back, by absolute position (_dropped + position)
         self._read_cache: OrderedDict[int, Entry] = OrderedDict()
         self._dropped = 0  # entries compacted away from the front since the journal was opened
+        # entries kept below the log's start because a snapshot names them live
+        self.retained = RetainedStore(Path(journal_file + ".retained"), policy, node_id)
+        self._snapshot_live: Sequence[int] = ()  # what the newest dump names live
+        self._kept_below = -1  # retained trimmed to _snapshot_live below this (-1: not yet)
+        self._snapshot_below = 0
         self._epoch = 0  # bumped when positions are reused (tail cut, clear): views go stale
         self._load()
         meta = storage.read_meta(self.meta_path, node_id)
@@ -411,6 +417,11 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             self._dropped += kept.start
             while len(self._tail) > len(self._offsets):
                 self._tail_bytes -= len(self._tail.popleft()[0])
+            below = self._indexes[0] if len(self._indexes) else 0
+        # the dump naming _snapshot_live is durable: what it does not name below the log goes
+        if below != self._kept_below:
+            self.retained.keep_only(self._snapshot_live, below)
+            self._kept_below = below
         self.dirty = False
         if self.policy != "never":
             self._note_synced()
@@ -421,23 +432,94 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         checksums verified. EntryGoneError if none is held there; StorageError on damage.
         Thread-safe: the read is one pread under the journal lock (microseconds from the page
         cache), so the loop's appends wait at most that long."""
+        command: bytes | None = None
         with self._lock:
             count = len(self._indexes)
-            position = raft_index - self._indexes[0] if count else -1
+            first = self._indexes[0] if count else None
+            position = raft_index - first if first is not None else -1
             if 0 <= position < count:
                 command = self._entry(position)[0]
-            else:
-                command = self._retained_command(raft_index)
+        if command is None:
+            command = self.retained.read(raft_index)
+        if command is None:
+            where = "past the log's end" if first is None or raft_index >= first else "compacted"
+            raise EntryGoneError(raft_index, f"{where} and not retained")
         kind, blob = entry_blob(command)
         if blob is None:
             raise EntryGoneError(raft_index, f"it holds no entry blob (a {kind} entry)")
         return blob
 
-    def _retained_command(self, raft_index: int) -> bytes:
-        """The command of an entry below the log's start, if it was retained."""
-        first = self._indexes[0] if len(self._indexes) else None
-        where = "past the log's end" if first is None or raft_index >= first else "compacted"
-        raise EntryGoneError(raft_index, f"{where} and not retained")
+    # --- retention (raft.retention) ------------------------------------------------------------
+
+    def read_record(self, raft_index: int) -> Entry | None:
+        """(command, index, term) at `raft_index` from the log or the retained entries, or None
+        if neither holds it (any thread; StorageError on damage)."""
+        with self._lock:
+            count = len(self._indexes)
+            position = raft_index - self._indexes[0] if count else -1
+            if 0 <= position < count:
+                return self._entry(position)
+        return self.retained.read_record(raft_index)
+
+    @property
+    def snapshot_live(self) -> tuple[Sequence[int], int]:
+        """The live list the newest dump names and the index below which it is retained."""
+        return self._snapshot_live, self._snapshot_below
+
+    def retain_live(self, live: Sequence[int], below: int) -> int:
+        """Before a dump naming `live` is written: copy the entries of `live` below `below`
+        that the log holds and the retained store does not yet, synced; the number copied."""
+        with self._lock:
+            first = self._indexes[0] if len(self._indexes) else below
+        wanted = [i for i in live if first <= i < below and i not in self.retained]
+        return self.retained.add(self._entries_at(wanted))
+
+    def _entries_at(self, indexes: list[int]) -> Iterator[Entry]:
+        """The log's entries at `indexes` (sorted, held), read in runs of consecutive
+        positions, a chunk at a time under the lock (appends wait at most one chunk)."""
+        at = 0
+        while at < len(indexes):
+            run_end = at + 1
+            while run_end < len(indexes) and indexes[run_end] == indexes[run_end - 1] + 1:
+                run_end += 1
+            with self._lock:
+                lo = indexes[at] - self._indexes[0]
+                hi = self._chunk_end(lo, lo + run_end - at)
+                chunk = self._fetch(lo, hi)
+            yield from chunk
+            at += len(chunk)
+
+    def note_snapshot_live(self, live: Sequence[int], below: int) -> None:
+        """The dump being written names `live`: the compaction that follows it keeps those."""
+        self._snapshot_live, self._snapshot_below = live, below
+        self._kept_below = -1
+
+    def forget_dead(self, live: Sequence[int], below: int) -> None:
+        """The dump naming `live` is durable: drop the retained entries it does not name below
+        `below` (its first entry in the log) and reclaim their segments. Any thread (the
+        snapshot worker): the compaction that follows skips this work."""
+        self._snapshot_live, self._snapshot_below = live, below
+        self.retained.keep_only(live, below)
+        self._kept_below = below
+
+    def load_live(self, live: Sequence[int], below: int, trust_log: bool = True) -> None:
+        """A dump naming `live` was loaded (start, or a snapshot installed): keep `live` as
+        the list the next compaction keeps; StorageError if one of them below `below` (the
+        snapshot's first entry in the log) is neither retained nor in the log (with
+        `trust_log` False, a snapshot from the leader about to replace the log: retained)."""
+        self._snapshot_live, self._snapshot_below = live, below
+        self._kept_below = -1
+        with self._lock:
+            first = self._indexes[0] if len(self._indexes) and trust_log else below
+        gone = self.retained.missing(live, min(first, below))
+        if gone:
+            raise StorageError(
+                f"{self.retained.directory}: the snapshot names {len(gone)} live entries that "
+                f"are neither retained nor in the journal (first: index {gone[0]}); "
+                f"{storage.recovery_hint(self.node_id)}",
+                str(self.retained.directory),
+                0,
+            )
 
     @overload
     def __getitem__(self, item: int) -> Entry: ...
@@ -464,6 +546,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         return len(self._offsets)
 
     def _destroy(self) -> None:
+        self.retained.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

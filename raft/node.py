@@ -68,6 +68,7 @@ from raft.errors import (
     DiskFullError,
     EntryError,
     EntryGoneError,
+    RaftError,
     StorageError,
     VersionTooOldError,
 )
@@ -76,7 +77,9 @@ from raft.metadata import member_change_refusal
 from raft.prevote import PRE_VOTE, PRE_VOTE_RESPONSE, PreVote
 from raft.replicated import LiveIndexes, Outcome, ReplicatedState
 from raft.roles import RoleChanges
+from raft.snapshotter import SnapshotJob, SnapshotStarted
 from raft.ticker import LoopPoller, LoopThread, LoopTicker
+from raft.transfer import TransferStream
 from raft.transport import PeerConnection, QuorumTransport
 
 log = structlog.get_logger("raft")
@@ -94,6 +97,10 @@ PRE_VOTE_PARK_S = 3600.0
 # messages stalled a node 0.36 s, and a stall past the election timeout makes the followers
 # elect another leader); above this many messages it is computed only when asked for
 DIGEST_MESSAGES_MAX = 50_000
+SNAPSHOT_CHUNK_BYTES = 1024 * 1024
+# test-only: "all" names every applied entry live in every snapshot (raft.retention in tests
+# with real node processes, before machine v4 refers to bodies in the log)
+TEST_LIVE_ENTRIES_ENV = "QUORUMQ_TEST_LIVE_ENTRIES"
 # the peer transport: "quorumq" (raft/transport.py, the default) or "pysyncobj" (its pickle +
 # zlib + Fernet transport, kept selectable only to measure against; every node must agree)
 TRANSPORT_ENV = "QUORUMQ_RAFT_TRANSPORT"
@@ -237,13 +244,15 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # a snapshot that does not verify stops the start here, before anything is bound: a
         # node never serves, votes or leads from a state it could not load (the journal is
         # verified the same way when SyncObj opens it)
+        dump = None
         if os.path.exists(settings.dump_file):
-            storage.read_dump_body(Path(settings.dump_file), settings.node_id)
+            dump = storage.read_dump_body(Path(settings.dump_file), settings.node_id)
         # our attributes exist before SyncObj's constructor runs (its first tick loads the dump)
         self.settings = settings
         self.lock = threading.RLock()
         self.replicated_state = ReplicatedState(
-            list(settings.founders) or [settings.node_id, *settings.peers], live_indexes
+            list(settings.founders) or [settings.node_id, *settings.peers],
+            live_indexes or self._test_live_indexes(),
         )
         # the member set this node last applied wins over cluster.toml, which may lag
         self._member_set = membership.read_member_set(settings.data_dir, settings.node_id)
@@ -273,7 +282,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._address_to_id = {addr: nid for nid, addr in settings.peers.items()}
         self._address_to_id.update({addr: nid for nid, addr in peers.items()})
         self._address_to_id[settings.address] = settings.node_id
+        self._snapshots = SnapshotJob(None, Path(settings.dump_file), settings.fsync != "never")
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
+        conf.serializeChecker = self._snapshots.poll
         self._pre_vote = PreVote(conf.raftMinTimeout)
         self.roles = RoleChanges(settings.node_id, conf.raftMinTimeout, conf.leaderFallbackTimeout)
         conf.onStateChanged = self._on_role_changed  # every change logged with its cause
@@ -291,6 +302,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             _LoopQuorumTransport if transport_name() == "quorumq" else _LoopPysyncobjTransport
         )
         super().__init__(settings.address, peer_nodes, conf, transportClass=transport_class)
+        journal = self._journal()
+        self._snapshots.journal = journal if isinstance(journal, DurableFileJournal) else None
+        self._SyncObj__serializer.getTransmissionData = self._transmission_data
+        self._start_dump_pending = dump is not None  # the first dump loaded is this one
+        if dump is not None:  # every live entry it names is retained or in the journal
+            self._install_transferred(Path(settings.dump_file))
+            self._load_live(dump, trust_log=True)
         self._replace_pipe_notifier()
         transport = self._SyncObj__transport
         transport._constructing = False
@@ -305,6 +323,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._ticker.start()
         if self._loop_thread is not None:
             self._loop_thread.start()
+
+    def _test_live_indexes(self) -> LiveIndexes | None:
+        """Test-only (TEST_LIVE_ENTRIES_ENV = "all"): every entry applied is live, so every
+        snapshot retains the whole log below it (drives retention before machine v4)."""
+        if os.environ.get(TEST_LIVE_ENTRIES_ENV) != "all":
+            return None
+
+        def every_entry(_state: Any) -> list[int]:
+            return list(range(1, self.replicated_state.meta.last_index + 1))
+
+        return every_entry
 
     def _replace_pipe_notifier(self) -> None:
         """A queued command asks the loop for a tick; pysyncobj's pipe is closed."""
@@ -372,6 +401,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             return
         self._destroyed = True
         self._ticker.stop()
+        self._snapshots.cancel()
         try:
             SyncObj.destroy(self)  # autoTick off: pysyncobj's _doDestroy, here and now
         finally:
@@ -513,28 +543,30 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     # --- snapshots (pysyncobj serializer hooks) ----------------------------------------------
 
-    def _serialize_snapshot(self, file_name: str, raft_data: Any) -> None:
+    def _serialize_snapshot(self, _file_name: str, raft_data: Any) -> None:
+        """pysyncobj's serializer hook (in a tick on the loop): fork the snapshot job
+        (raft.snapshotter) and raise SnapshotStarted; `_snapshots.poll` reports the outcome."""
         last, prev, cluster = raft_data
         if self.crash_traceback is not None:  # pysyncobj logs the failure and keeps the journal
             raise RuntimeError("no snapshot after an apply raised: the state may be half-applied")
-        with self.lock:
-            body = self.replicated_state.snapshot()
-        body["raft"] = {
+        raft = {
             "last": [bytes(last[0]), last[1], last[2]],
             "prev": [bytes(prev[0]), prev[1], prev[2]],
             "cluster": sorted(node.id if hasattr(node, "id") else str(node) for node in cluster),
         }
-        data = storage.encode_dump(cbor2.dumps(body), int(last[1]))
-        fd = os.open(file_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, storage.FILE_MODE)
-        with open(fd, "wb") as f:
-            os.fchmod(fd, storage.FILE_MODE)
-            f.write(data)
-            f.flush()
-            if self.settings.fsync != "never":
-                os.fsync(f.fileno())
-        log.info("snapshot_written", index=last[1], bytes=len(data))
+
+        def encode() -> tuple[bytes, list[int]]:  # in the forked child: no lock, no I/O
+            body = self.replicated_state.snapshot()
+            live = self.replicated_state.live_indexes()
+            body["live"] = storage.encode_indexes(live)
+            body["raft"] = raft
+            return storage.encode_dump(cbor2.dumps(body), int(last[1])), live
+
+        self._snapshots.start(encode, below=int(prev[1]))
+        raise SnapshotStarted
 
     def _deserialize_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
+        self._snapshots.cancel()  # a snapshot of the state this one replaces
         try:
             body = storage.read_dump_body(Path(file_name), self.settings.node_id)
         except StorageError as err:
@@ -545,6 +577,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             log.error("snapshot_damaged", file=file_name, offset=err.offset, error=str(err))
             raise
         os.chmod(file_name, storage.FILE_MODE)
+        self._install_transferred(Path(file_name))
         with self.lock:
             self.replicated_state.restore(body)
             meta = self.replicated_state.meta
@@ -565,7 +598,73 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         last_entry = (bytes(last[0]), last[1], last[2])
         prev_entry = (bytes(prev[0]), prev[1], prev[2])
         self._align_journal_to_snapshot(prev_entry, last_entry)
+        trust_log, self._start_dump_pending = self._start_dump_pending, False
+        self._load_live(body, trust_log)
         return last_entry, prev_entry, self._snapshot_peers(int(last[1]), raft["cluster"])
+
+    def _load_live(self, body: dict[str, Any], trust_log: bool) -> None:
+        """Hand the live entry list of a loaded dump to the journal, which checks that each
+        is retained (or in the log, if `trust_log`: not for a snapshot from the leader, which
+        replaces the log) (StorageError: the node stops, as for a damaged dump)."""
+        journal = self._journal()
+        if not isinstance(journal, DurableFileJournal):
+            return
+        path = Path(self.settings.dump_file)
+        live = storage.decode_indexes(path, body.get("live"), self.settings.node_id)
+        try:
+            journal.load_live(live, int(body["raft"]["prev"][1]), trust_log)
+        except StorageError as err:
+            with self.lock:
+                self.stopped_reason = str(err)
+            log.error("snapshot_live_entries_missing", error=str(err))
+            raise
+
+    def _install_transferred(self, path: Path) -> None:
+        """Move the live entries a snapshot transfer carried after its dump (raft.transfer)
+        into the retained store (synced), then cut them off the dump file."""
+        journal = self._journal()
+        data = path.read_bytes()
+        end = storage.dump_length(path, data)
+        if end == len(data) or not isinstance(journal, DurableFileJournal):
+            return
+        records = storage.transfer_records(path, data, self.settings.node_id)
+        added = journal.retained.add(records)
+        os.truncate(path, end)
+        if self.settings.fsync != "never":
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        log.info("snapshot_live_entries_installed", entries=len(records), added=added)
+
+    def _transmission_data(self, transmission_id: Any) -> Any:
+        """pysyncobj's Serializer.getTransmissionData, streaming `raft.transfer.TransferStream`
+        (the dump, then the live entries it names) instead of the dump file alone."""
+        serializer = self._SyncObj__serializer
+        if serializer._Serializer__pid != 0:
+            return None  # a snapshot is being taken
+        transmissions = serializer._Serializer__transmissions
+        transmission = transmissions.get(transmission_id)
+        if transmission is None:
+            try:
+                stream = TransferStream(Path(self.settings.dump_file), self._snapshots.journal)
+            except OSError as err:
+                log.error("snapshot_transfer_failed", error=repr(err))
+                return None
+            transmission = transmissions[transmission_id] = {"file": stream, "transmitted": 0}
+        is_first = transmission["transmitted"] == 0
+        try:
+            data = transmission["file"].read(serializer._Serializer__transmissionBatchSize)
+        except (OSError, RaftError) as err:
+            log.error("snapshot_transfer_failed", error=repr(err))
+            transmissions.pop(transmission_id, None)
+            transmission["file"].close()
+            return False
+        transmission["transmitted"] += len(data)
+        if not data:
+            transmissions.pop(transmission_id, None)
+        return data, is_first, not data
 
     def _snapshot_peers(self, index: int, cluster: list[str]) -> list[DialedTCPNode]:
         """The peers as of a snapshot: its member set if a change recorded one (persisted
@@ -759,6 +858,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             and "prevLogIdx" not in message
         )
         if snapshot_chunk:
+            self._snapshots.cancel()  # its rename must never land over the leader's snapshot
             message = self._without_commit_advance(message)
         elif self._is_checked_append(message):
             message = self._trim_present_entries(node, message)
@@ -1232,6 +1332,9 @@ def _syncobj_conf(
         connectionRetryTime=0.3,
         autoTick=False,  # the node's loop ticks it (raft/ticker.py)
         autoTickPeriod=TICK_PERIOD_S,
+        # a snapshot goes to a lagging follower in chunks of this size, one per AppendEntries
+        # (with issue 32 it carries the live entries' bodies: 64 KiB per tick was too slow)
+        logCompactionBatchSize=SNAPSHOT_CHUNK_BYTES,
         logCompactionMinEntries=settings.compaction_min_entries,
         logCompactionMinTime=settings.compaction_min_time_s,
         commandsWaitLeader=True,

@@ -32,8 +32,15 @@ CBOR map `{"term", "voted_for", "commit"}`; written to a temporary file, fsynced
 old one and the directory fsynced. A format-1 meta (pysyncobj's pickle) is read with the safe
 unpickler. A meta that does not load is damage (before, it silently reset term and vote).
 
-Dump (format 2): `b"QQDUMP02"`, `<Q` last index, `<Q` body length, `<I` crc32 of (the 24 bytes
-before it, body), body = the CBOR snapshot map. A format-1 dump is the bare CBOR map.
+Dump (format 3): `b"QQDUMP03"`, `<Q` last index, `<Q` body length, `<I` crc32 of (the 24 bytes
+before it, body), body = the CBOR snapshot map, whose `live` field (bytes, little-endian u64s)
+names the entries whose bodies the state still refers to (issue 32). Format 2 (`b"QQDUMP02"`,
+no `live`: none) is still read; code older than format 3 refuses a format-3 dump (it names
+retained entries that code would drop). A format-1 dump is the bare CBOR map.
+
+Retained-entries segment (format 1, `raft.retention`): a 16-byte header `b"QQRETN01"`, `<I`
+format version, `<I` crc32 of the first 12 bytes; then journal records exactly as above (the
+checksums cover each record's offset in its segment), in any index order.
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import sys
 import zlib
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +78,17 @@ V1_HEADER_BYTES = 40
 V1_LAST_OFFSET_AT = 36
 
 META_MAGIC = b"QQMETA02"
-DUMP_MAGIC = b"QQDUMP02"
+DUMP_MAGIC = b"QQDUMP03"  # format 3: the body may name live entry indexes (issue 32)
+DUMP_MAGIC_V2 = b"QQDUMP02"  # still read: names none
+SEGMENT_MAGIC = b"QQRETN01"
+SEGMENT_VERSION = 1
+SEGMENT_HEADER = SEGMENT_MAGIC + struct.pack("<I", SEGMENT_VERSION)
+SEGMENT_HEADER += struct.pack("<I", zlib.crc32(SEGMENT_HEADER))
+SEGMENT_HEADER_BYTES = len(SEGMENT_HEADER)  # 16
+# a snapshot sent to a follower: the dump, then this header and the live entries it names
+TRANSFER_MAGIC = b"QQXFER01"
+TRANSFER_HEADER = TRANSFER_MAGIC + struct.pack("<I", SEGMENT_VERSION)
+TRANSFER_HEADER += struct.pack("<I", zlib.crc32(TRANSFER_HEADER))
 _DUMP_HEAD = struct.Struct("<QQ")  # last index, body length
 _DUMP_PREFIX = len(DUMP_MAGIC) + _DUMP_HEAD.size  # 24
 
@@ -214,6 +233,38 @@ def _scan_v2(path: Path, data: bytes, node_id: str | None, keep_commands: bool) 
             str(path),
             0,
         )
+    return _scan_records(path, data, node_id, keep_commands, contiguous=True)
+
+
+def scan_segment(
+    path: Path, data: bytes, node_id: str | None = None, header: bytes = b""
+) -> JournalScan:
+    """Parse and verify a retained-entries segment (`raft.retention`; or, with `header` =
+    TRANSFER_HEADER, a snapshot transfer's trailer, commands kept): its header, then journal
+    records in any index order; commands left empty (read back when asked for). A torn tail is
+    reported as for a journal; other damage, or another format, raises StorageError."""
+    header = header or SEGMENT_HEADER
+    if len(data) < len(header) and header.startswith(data):
+        return JournalScan([], [], 0, 0 if data else None, "header cut short", SEGMENT_VERSION)
+    if data[: len(header)] != header:
+        what = "an unknown format" if not data.startswith(header[:8]) else "a damaged header"
+        raise StorageError(
+            f"{path}: retained-entries segment with {what} at offset 0 (this code reads "
+            f"segment format {SEGMENT_VERSION}); {recovery_hint(node_id)}",
+            str(path),
+            0,
+        )
+    keep = header == TRANSFER_HEADER
+    scan = _scan_records(path, data, node_id, keep_commands=keep, contiguous=False)
+    return JournalScan(
+        scan.entries, scan.offsets, scan.end, scan.torn_at, scan.torn_reason, SEGMENT_VERSION
+    )
+
+
+def _scan_records(
+    path: Path, data: bytes, node_id: str | None, keep_commands: bool, contiguous: bool
+) -> JournalScan:
+    """The records after a 16-byte header (a journal's: `contiguous` indexes; a segment's)."""
     entries: list[tuple[bytes, int, int]] = []
     offsets: list[int] = []
     offset, size = JOURNAL_HEADER_BYTES, len(data)
@@ -253,7 +304,7 @@ def _scan_v2(path: Path, data: bytes, node_id: str | None, keep_commands: bool) 
             if end == size or not any(data[end:]):
                 return torn("last record fails its checksum")
             raise damaged("journal record fails its checksum")
-        if entries and index != entries[-1][1] + 1:
+        if contiguous and entries and index != entries[-1][1] + 1:
             raise damaged(f"journal record has index {index}, expected {entries[-1][1] + 1}")
         entries.append((bytes(command) if keep_commands else b"", index, term))
         offsets.append(offset)
@@ -381,14 +432,17 @@ def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
             offset,
         )
 
-    if data.startswith(DUMP_MAGIC):
+    if data.startswith((DUMP_MAGIC, DUMP_MAGIC_V2)):
         if len(data) < _DUMP_PREFIX + 4:
             raise damaged("snapshot header cut short", len(data))
         index, length = _DUMP_HEAD.unpack_from(data, len(DUMP_MAGIC))
         (crc,) = struct.unpack_from("<I", data, _DUMP_PREFIX)
-        body = data[_DUMP_PREFIX + 4 :]
+        body = data[_DUMP_PREFIX + 4 : _DUMP_PREFIX + 4 + length]
         if len(body) != length:
             raise damaged(f"snapshot cut short ({len(body)} of {length} body bytes)", len(data))
+        trailer = data[_DUMP_PREFIX + 4 + length :]
+        if trailer and not (data.startswith(DUMP_MAGIC) and trailer.startswith(TRANSFER_MAGIC)):
+            raise damaged(f"{len(trailer)} bytes follow the snapshot", _DUMP_PREFIX + 4 + length)
         if _crc(data[:_DUMP_PREFIX], body) != crc:
             raise damaged("snapshot fails its checksum", _DUMP_PREFIX + 4)
     else:
@@ -401,6 +455,58 @@ def read_dump_body(path: Path, node_id: str | None = None) -> dict[str, Any]:
     if index is not None and last != index:
         raise damaged(f"snapshot covers index {last}, its header says {index}", 0)
     return dict(plain)
+
+
+def dump_length(path: Path, data: bytes) -> int:
+    """Where a format-3 dump file's snapshot ends (a transfer's trailer may follow)."""
+    if not data.startswith(DUMP_MAGIC) or len(data) < _DUMP_PREFIX + 4:
+        return len(data)
+    _index, length = _DUMP_HEAD.unpack_from(data, len(DUMP_MAGIC))
+    return min(len(data), _DUMP_PREFIX + 4 + int(length))
+
+
+def transfer_records(
+    path: Path, data: bytes, node_id: str | None = None
+) -> list[tuple[bytes, int, int]]:
+    """The live entries a snapshot transfer carried after its dump (none if none), verified;
+    StorageError if the trailer is damaged or cut (a transfer is only renamed when complete)."""
+    trailer = data[dump_length(path, data) :]
+    if not trailer:
+        return []
+    scan = scan_segment(path, trailer, node_id, header=TRANSFER_HEADER)
+    if scan.torn_at is not None:
+        raise StorageError(
+            f"{path}: the live entries after the snapshot are cut short ({scan.torn_reason}); "
+            f"{recovery_hint(node_id)}",
+            str(path),
+            scan.torn_at,
+        )
+    return scan.entries
+
+
+def encode_indexes(indexes: Iterable[int]) -> bytes:
+    """Sorted Raft indexes as the dump's `live` field: little-endian u64s, back to back."""
+    packed = array("Q", indexes)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def decode_indexes(path: Path, raw: Any, node_id: str | None = None) -> array[int]:
+    """The dump's `live` field back (absent in format 2: none); StorageError if malformed."""
+    packed = array("Q")
+    if raw is None:
+        return packed
+    if not isinstance(raw, bytes) or len(raw) % 8:
+        raise StorageError(
+            f"{path}: the snapshot's live entry list is malformed; {recovery_hint(node_id)}",
+            str(path),
+            0,
+        )
+    packed.frombytes(raw)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed
 
 
 def power_loss(journal: Path, seed: int, keep_prefix: bool = True) -> dict[str, int]:

@@ -234,7 +234,13 @@ def _wait_answering(data_dir: Path, node_id: str, timeout_s: float) -> dict[str,
 
 
 # `members` too: a damaged member set refuses the start; it is rebuilt with the rest
-STORAGE_FILES = ("raft.journal", "raft.journal.meta", "raft.dump", "members")
+STORAGE_FILES = (
+    "raft.journal",
+    "raft.journal.meta",
+    "raft.journal.retained",  # a directory: the entries kept after compaction (issue 32)
+    "raft.dump",
+    "members",
+)
 STORAGE_LEFTOVERS = (
     "raft.journal.tmp",
     "raft.journal.meta.tmp",

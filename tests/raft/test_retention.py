@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
+import cbor2
 import pysyncobj.pickle as pysyncobj_pickle
 import pytest
 
-from raft import durability
+from raft import durability, storage
 from raft.entry import Entry, encode_entry
-from raft.errors import EntryGoneError
+from raft.errors import EntryGoneError, StorageError
+from raft.retention import RetainedStore
 
 NO_OP = b"\x01"
 
@@ -56,3 +59,135 @@ def test_read_entry_of_an_index_not_held_or_not_a_blob_says_so(tmp_path: Path) -
         journal.read_entry(3)
     assert journal.read_entry(6) == _blob(6)
     journal._destroy()
+
+
+def _compact(journal: durability.DurableFileJournal, live: list[int], below: int) -> None:
+    """What a snapshot at `below` does: retain, (dump written), compact the log to `below`."""
+    journal.retain_live(live, below)
+    journal.note_snapshot_live(live, below)
+    journal.deleteEntriesTo(below - journal[0][1])
+
+
+def test_compaction_keeps_the_live_entries_below_the_snapshot_and_drops_the_rest(
+    tmp_path: Path,
+) -> None:
+    journal = _filled(tmp_path / "raft.journal", 40)
+    live = [3, 7, 20, 35]
+    _compact(journal, live, 30)
+    assert journal[0][1] == 30
+    assert [journal.read_entry(i) for i in live] == [_blob(i) for i in live]
+    for gone in (2, 4, 19, 29):
+        with pytest.raises(EntryGoneError, match="compacted and not retained"):
+            journal.read_entry(gone)
+    _compact(journal, [20, 35], 38)  # 3 and 7 were consumed meanwhile
+    assert journal.retained.indexes() == [20, 35]
+    with pytest.raises(EntryGoneError):
+        journal.read_entry(7)
+    journal._destroy()
+
+    again = _journal(tmp_path / "raft.journal")
+    again.load_live([20, 35], 38)
+    assert again.read_entry(20) == _blob(20)
+    assert again.read_entry(35) == _blob(35)
+    again._destroy()
+
+
+def test_a_live_entry_neither_retained_nor_in_the_log_refuses_the_load(tmp_path: Path) -> None:
+    journal = _filled(tmp_path / "raft.journal", 20)
+    _compact(journal, [5], 10)
+    with pytest.raises(StorageError, match=r"names 1 live entries .*index 6"):
+        journal.load_live([5, 6], 10)
+    journal.load_live([5, 12], 10)  # 12 is in the log
+    journal._destroy()
+
+
+def _segment(tmp_path: Path) -> Path:
+    return sorted((tmp_path / "raft.journal.retained").glob("*.seg"))[0]
+
+
+def test_a_damaged_retained_record_is_never_served(tmp_path: Path) -> None:
+    journal = _filled(tmp_path / "raft.journal", 20)
+    _compact(journal, [5, 6, 7], 10)
+    segment = _segment(tmp_path)
+    offsets = storage.scan_segment(segment, segment.read_bytes()).offsets
+    data = bytearray(segment.read_bytes())
+    data[offsets[1] + 40] ^= 0x40  # in entry 6's payload
+    segment.write_bytes(bytes(data))
+    assert journal.read_entry(5) == _blob(5)
+    with pytest.raises(StorageError, match="fails its checksum"):
+        journal.read_entry(6)
+    journal._destroy()
+    with pytest.raises(StorageError, match=r"retained.*fails its checksum|fails its checksum"):
+        _journal(tmp_path / "raft.journal")  # damage with a good record after it: refused
+
+
+def test_a_segment_of_an_unknown_format_is_refused(tmp_path: Path) -> None:
+    journal = _filled(tmp_path / "raft.journal", 20)
+    _compact(journal, [5], 10)
+    journal._destroy()
+    segment = _segment(tmp_path)
+    segment.write_bytes(b"QQRETN09" + segment.read_bytes()[8:])
+    with pytest.raises(StorageError, match="unknown format"):
+        _journal(tmp_path / "raft.journal")
+
+
+def test_disk_use_stays_within_twice_the_live_bytes_plus_one_segment(tmp_path: Path) -> None:
+    """Random consumption over many snapshots: dead bytes are reclaimed, segments rewritten."""
+    segment_max = 16 * 1024
+    store = RetainedStore(tmp_path / "retained", "never", "n1", segment_bytes_max=segment_max)
+    rng = random.Random(7)
+    live: list[int] = []
+    next_index = 1
+    record_max = 0
+    for _round in range(60):
+        fresh = [(b"\x00" + b"b" * rng.randrange(50, 900), i, 1)
+                 for i in range(next_index, next_index + rng.randrange(5, 40))]  # fmt: skip
+        next_index += len(fresh)
+        record_max = max(record_max, *(len(c) + 28 for c, _i, _t in fresh))
+        store.add(fresh)
+        live = sorted(i for i in live + [i for _c, i, _t in fresh] if rng.random() < 0.8)
+        store.keep_only(live, next_index)
+        stats = store.stats()
+        assert stats["entries"] == len(live)
+        assert stats["disk_bytes"] <= 2 * stats["live_bytes"] + segment_max + record_max + 16
+    assert store.stats()["segments"] > 2  # segments were rolled, and some rewritten
+    for index in live:
+        assert store.read(index) is not None
+    store.close()
+    reopened = RetainedStore(tmp_path / "retained", "never", "n1", segment_bytes_max=segment_max)
+    reopened.keep_only(live, next_index)
+    assert reopened.indexes() == live
+    reopened.keep_only([], next_index)  # drained: nothing is left on disk
+    assert reopened.stats() == {"entries": 0, "live_bytes": 0, "disk_bytes": 0, "segments": 0}
+    reopened.close()
+
+
+def _transfer(tmp_path: Path) -> tuple[Path, list[tuple[bytes, int, int]], int]:
+    body = cbor2.dumps({"raft": {"last": [b"", 9, 1]}, "live": storage.encode_indexes([3, 5])})
+    dump = storage.encode_dump(body, 9)
+    records = [(_command(_blob(3)), 3, 1), (_command(_blob(5)), 5, 1)]
+    trailer, offset = bytearray(storage.TRANSFER_HEADER), len(storage.TRANSFER_HEADER)
+    for record in records:
+        trailer += storage.encode_record(offset, *record)
+        offset = len(trailer)
+    path = tmp_path / "raft.dump"
+    path.write_bytes(dump + bytes(trailer))
+    return path, records, len(dump)
+
+
+def test_a_snapshot_transfer_carries_checksummed_live_entries_after_its_dump(
+    tmp_path: Path,
+) -> None:
+    path, records, dump_bytes = _transfer(tmp_path)
+    data = path.read_bytes()
+    assert storage.dump_length(path, data) == dump_bytes
+    assert storage.transfer_records(path, data) == records
+    assert storage.read_dump_body(path)["raft"]["last"][1] == 9  # the trailer is not the body
+    damaged = bytearray(data)
+    damaged[-10] ^= 0x40
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(StorageError, match="fails its checksum"):
+        storage.transfer_records(path, bytes(damaged))
+    path.write_bytes(data[:dump_bytes] + b"garbage")
+    with pytest.raises(StorageError, match="7 bytes follow the snapshot"):
+        storage.read_dump_body(path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -14,8 +16,9 @@ import fifo
 from cluster.launcher import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.state import State
+from raft import storage
 from raft.entry import Entry, encode_entry
-from raft.errors import EntryGoneError
+from raft.errors import EntryGoneError, StorageError
 from raft.node import RaftNode, RaftSettings
 from raft.replicated import Outcome
 
@@ -90,3 +93,143 @@ def test_read_entry_returns_the_blob_applied_at_an_index(node: Node) -> None:
         assert node.node.read_entry(index) == node.blobs[index]
     with pytest.raises(EntryGoneError):
         node.node.read_entry(indexes[-1] + 100)
+
+
+def test_a_restart_after_compaction_keeps_the_live_entries_and_the_digest(
+    tmp_path: Path, port: int
+) -> None:
+    """Dump + retained entries + journal tail give the same digest, and read_entry serves the
+    entries the snapshot named live (and only those) after compaction and after a restart."""
+    live: set[int] = set()
+    first = Node(tmp_path, port, live)
+    first.run(DeclareQueue("q"))
+    indexes = [first.run(Enqueue("q", b"body-%d" % i)) for i in range(30)]
+    live.update(indexes[::3])
+    first.compact()
+    for _ in range(5):
+        first.run(Enqueue("q", b"tail"))
+    log_start = first.node._journal()[0][1]
+    assert first.node._journal().retained.indexes() == sorted(i for i in live if i < log_start)
+    for index in indexes:
+        if index in live or index >= log_start:
+            assert first.node.read_entry(index) == first.blobs[index]
+        else:
+            with pytest.raises(EntryGoneError):
+                first.node.read_entry(index)
+    with first.node.lock:
+        digest, applied = first.node.replicated_state.digest(), first.node.raftLastApplied
+    first.close()
+
+    second = Node(tmp_path, port, live)
+    try:
+        wait_until(lambda: second.node.raftLastApplied >= applied, 10, "replay")
+        with second.node.lock:
+            assert second.node.replicated_state.digest() == digest
+        for index in sorted(live):
+            assert second.node.read_entry(index) == first.blobs[index]
+    finally:
+        second.close()
+
+
+def test_a_start_refuses_a_snapshot_naming_an_entry_that_is_gone(tmp_path: Path, port: int) -> None:
+    live: set[int] = set()
+    first = Node(tmp_path, port, live)
+    first.run(DeclareQueue("q"))
+    indexes = [first.run(Enqueue("q", b"body-%d" % i)) for i in range(10)]
+    live.add(indexes[2])
+    first.compact()
+    first.close()
+    for segment in (tmp_path / "raft.journal.retained").glob("*.seg"):
+        segment.unlink()
+    with pytest.raises(StorageError, match="names 1 live entries"):
+        Node(tmp_path, port, live)
+
+
+def test_a_snapshot_is_encoded_off_the_loop_while_entries_keep_applying(
+    tmp_path: Path, port: int
+) -> None:
+    """The snapshot is encoded in a forked child: a provider that takes 1.5 s there (a huge
+    state) does not hold up the node, which applies entries meanwhile; the compaction then
+    completes and the state it wrote is the one as of the fork."""
+    slow = Node(tmp_path, port, set())
+    parent = os.getpid()
+    seen_in: list[int] = []
+
+    def slow_live(_state: State) -> list[int]:
+        seen_in.append(os.getpid())  # appended in the child only if it runs there
+        if os.getpid() != parent:
+            time.sleep(1.5)
+        return []
+
+    slow.node.replicated_state.live_indexes_provider = slow_live
+    try:
+        slow.run(DeclareQueue("q"))
+        for i in range(20):
+            slow.run(Enqueue("q", b"body-%d" % i))
+        slow.node.forceLogCompaction()
+        started = time.monotonic()
+        while time.monotonic() - started < 1.0:  # the child is still encoding
+            took = time.monotonic()
+            slow.run(Enqueue("q", b"meanwhile"))
+            assert time.monotonic() - took < 0.5
+        assert slow.node._journal()[0][1] == 1  # not compacted yet
+        wait_until(lambda: slow.node._journal()[0][1] > 20, 10, "compaction")
+        assert seen_in == []  # never computed in this process
+    finally:
+        slow.close()
+
+
+def test_a_failed_snapshot_keeps_the_journal_and_the_next_one_succeeds(
+    tmp_path: Path, port: int
+) -> None:
+    one = Node(tmp_path, port, set())
+    fail = [True]
+
+    def flaky(_state: State) -> list[int]:
+        if fail[0]:
+            raise RuntimeError("planted")
+        return []
+
+    one.node.replicated_state.live_indexes_provider = flaky
+    try:
+        one.run(DeclareQueue("q"))
+        for i in range(20):
+            one.run(Enqueue("q", b"body-%d" % i))
+        one.node.forceLogCompaction()
+        wait_until(lambda: not one.node._snapshots.running, 10, "the failed child")
+        assert one.node.getStatus()["log_len"] > 20
+        fail[0] = False
+        one.node.forceLogCompaction()
+        wait_until(lambda: one.node.getStatus()["log_len"] < 10, 10, "compaction")
+    finally:
+        one.close()
+
+
+def test_a_start_installs_the_live_entries_a_transfer_left_after_the_dump(
+    tmp_path: Path, port: int
+) -> None:
+    """A crash after a snapshot transfer was renamed into place, before its live entries were
+    moved out of the dump file: the next start moves them, then serves them."""
+    live: set[int] = set()
+    first = Node(tmp_path, port, live)
+    first.run(DeclareQueue("q"))
+    indexes = [first.run(Enqueue("q", b"body-%d" % i)) for i in range(10)]
+    live.update(indexes[:3])
+    first.compact()
+    journal = first.node._journal()
+    records = [journal.read_record(i) for i in sorted(live)]
+    first.close()
+    shutil.rmtree(tmp_path / "raft.journal.retained")
+    trailer = bytearray(storage.TRANSFER_HEADER)
+    for record in records:
+        trailer += storage.encode_record(len(trailer), *record)
+    dump = tmp_path / "raft.dump"
+    dump.write_bytes(dump.read_bytes() + bytes(trailer))
+
+    second = Node(tmp_path, port, live)
+    try:
+        for index in sorted(live):
+            assert second.node.read_entry(index) == first.blobs[index]
+        assert storage.dump_length(dump, dump.read_bytes()) == dump.stat().st_size
+    finally:
+        second.close()

@@ -1,0 +1,348 @@
+"""Entries kept after log compaction because the state still refers to their bodies (issue 32).
+
+From machine v4 a message's body stays in the journal entry that enqueued it. A snapshot names
+the entries still live (`fifo.live_entry_indexes`); when the journal is compacted up to the
+snapshot, the live entries below it move here, and the rest are gone. Ra keeps the log segments
+that hold live entries the same way.
+
+Layout: `<journal>.retained/`, segment files `0000000001.seg`, `0000000002.seg`, ... (format in
+`raft.storage`: a header, then journal records with their checksums). New entries go to the
+newest segment until it holds `segment_bytes_max`, then a new one starts. A snapshot that no
+longer names an entry drops it (in memory: its bytes are dead); a segment whose entries are all
+dead is deleted, and one whose live share fell under `LIVE_SHARE_MIN_PERCENT` is rewritten (its
+live entries copied to the newest segment, synced, then the old file deleted). So every sealed
+segment is at least half live: the disk holds at most 2x the live bytes plus one segment.
+
+Crash safety (the order the callers keep): entries are copied here and synced before the dump
+naming them is renamed into place; entries are dropped and files deleted only after it is, so
+the dump on disk never names an entry that is not here or in the journal. A start keeps what
+the dump names (duplicates left by a crash during a rewrite are identical: any copy serves).
+
+Threads: one writer at a time (the loop, or the snapshot worker); `read` from any thread.
+Records are published (made readable) under the lock only once written; files are deleted under
+it. Memory: 28 bytes per retained entry (index, place, length, term in arrays).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import threading
+from array import array
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import structlog
+
+from raft import storage
+from raft.errors import StorageError
+
+__all__ = ["LIVE_SHARE_MIN_PERCENT", "SEGMENT_BYTES_MAX", "RetainedStore"]
+
+log = structlog.get_logger("raft.retention")
+
+SEGMENT_BYTES_MAX = 8 * 1024 * 1024
+LIVE_SHARE_MIN_PERCENT = 50
+SEGMENT_SUFFIX = ".seg"
+_OFFSET_BITS = 40  # a place is segment number << 40 | offset (segments are far below 1 TiB)
+_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
+Record = tuple[bytes, int, int]  # (command, raft index, term), as the journal holds them
+Placed = tuple[int, int, int, int]  # (raft index, place, record length, term)
+
+
+class RetainedStore:
+    """The retained entries of one node, in segment files under `directory`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        policy: str,
+        node_id: str | None = None,
+        segment_bytes_max: int = SEGMENT_BYTES_MAX,
+    ) -> None:
+        self.directory = directory
+        self.node_id = node_id
+        self._sync = policy != "never"
+        self._segment_bytes_max = segment_bytes_max
+        self._lock = threading.RLock()
+        self._indexes = array("Q")  # sorted raft indexes held
+        self._places = array("Q")
+        self._lengths = array("I")
+        self._terms = array("Q")
+        self._sizes: dict[int, int] = {}  # segment number -> its file's length
+        self._live: dict[int, int] = {}  # segment number -> bytes of the records it holds
+        self._fds: dict[int, int] = {}
+        self._active: int | None = None  # the segment appended to
+        if directory.exists():
+            self._load()
+
+    # --- loading -----------------------------------------------------------------------------
+
+    def _path(self, segment: int) -> Path:
+        return self.directory / f"{segment:010d}{SEGMENT_SUFFIX}"
+
+    def _load(self) -> None:
+        found: dict[int, Placed] = {}
+        for path in sorted(self.directory.glob("*" + SEGMENT_SUFFIX)):
+            segment = int(path.name[: -len(SEGMENT_SUFFIX)])
+            for placed in self._scan(segment, path):
+                found[placed[0]] = placed  # a later segment's copy wins (same bytes)
+        for index in sorted(found):
+            self._append_placed(found[index])
+        if self._sizes:
+            last = max(self._sizes)
+            self._active = last if self._sizes[last] < self._segment_bytes_max else None
+
+    def _scan(self, segment: int, path: Path) -> list[Placed]:
+        data = path.read_bytes()
+        scan = storage.scan_segment(path, data, self.node_id)
+        if scan.torn_at is not None:
+            log.warning(
+                "retained_torn_tail_truncated",
+                file=str(path),
+                offset=scan.torn_at,
+                reason=scan.torn_reason,
+            )
+            if scan.end < storage.SEGMENT_HEADER_BYTES:
+                path.unlink()
+                return []
+            os.truncate(path, scan.end)
+        self._sizes[segment] = scan.end
+        self._live[segment] = 0
+        ends = [*scan.offsets[1:], scan.end]
+        return [
+            (index, segment << _OFFSET_BITS | offset, end - offset, term)
+            for (_command, index, term), offset, end in zip(
+                scan.entries, scan.offsets, ends, strict=True
+            )
+        ]
+
+    def _append_placed(self, placed: Placed) -> None:
+        index, place, length, term = placed
+        self._indexes.append(index)
+        self._places.append(place)
+        self._lengths.append(length)
+        self._terms.append(term)
+        self._live[place >> _OFFSET_BITS] += length
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._indexes)
+
+    def __contains__(self, index: object) -> bool:
+        return isinstance(index, int) and self._position(index) is not None
+
+    def indexes(self) -> list[int]:
+        """The raft indexes held, sorted."""
+        with self._lock:
+            return list(self._indexes)
+
+    def _position(self, index: int) -> int | None:
+        at = bisect.bisect_left(self._indexes, index)
+        return at if at < len(self._indexes) and self._indexes[at] == index else None
+
+    def read(self, index: int) -> bytes | None:
+        """The command of the retained entry at `index` (checksums verified), or None if it is
+        not held; StorageError if its record no longer verifies (never served)."""
+        record = self.read_record(index)
+        return None if record is None else record[0]
+
+    def read_record(self, index: int) -> Record | None:
+        """(command, index, term) of the retained entry at `index`, as `read`."""
+        with self._lock:
+            at = self._position(index)
+            if at is None:
+                return None
+            place, length, term = self._places[at], self._lengths[at], self._terms[at]
+            segment, offset = place >> _OFFSET_BITS, place & _OFFSET_MASK
+            path = self._path(segment)
+            buf = os.pread(self._fd(segment), length, offset)
+        try:
+            command, found, found_term, size = storage.decode_record(
+                path, buf, 0, offset, self.node_id
+            )
+            if (found, found_term, size) != (index, term, length):
+                raise StorageError(
+                    f"{path}: retained record at offset {offset} holds index {found} term "
+                    f"{found_term} ({size} bytes), written as index {index} term {term} "
+                    f"({length} bytes); {storage.recovery_hint(self.node_id)}",
+                    str(path),
+                    offset,
+                )
+        except StorageError as err:
+            log.error("retained_entry_damaged", file=str(path), index=index, error=str(err))
+            raise
+        return command, index, term
+
+    def _fd(self, segment: int) -> int:
+        fd = self._fds.get(segment)
+        if fd is None:
+            fd = os.open(self._path(segment), os.O_RDWR)
+            self._fds[segment] = fd
+        return fd
+
+    def missing(self, live: Sequence[int], below: int) -> list[int]:
+        """The indexes of `live` below `below` that are not held."""
+        with self._lock:
+            return [index for index in live if index < below and self._position(index) is None]
+
+    def stats(self) -> dict[str, int]:
+        """entries, live_bytes (their records), disk_bytes (the segment files), segments."""
+        with self._lock:
+            return {
+                "entries": len(self._indexes),
+                "live_bytes": sum(self._live.values()),
+                "disk_bytes": sum(self._sizes.values()),
+                "segments": len(self._sizes),
+            }
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def add(self, records: Iterable[Record]) -> int:
+        """Write the entries not held yet, sync, then make them readable; the number added.
+        On an error (ENOSPC) nothing is published."""
+        placed = self._write(record for record in records if record[1] not in self)
+        placed.sort()
+        with self._lock:
+            if not placed or not self._indexes or placed[0][0] > self._indexes[-1]:
+                for item in placed:
+                    self._append_placed(item)
+                return len(placed)
+            held = [
+                (index, place, length, term)
+                for index, place, length, term in zip(
+                    self._indexes, self._places, self._lengths, self._terms, strict=True
+                )
+            ]
+            self._indexes, self._places = array("Q"), array("Q")
+            self._lengths, self._terms = array("I"), array("Q")
+            self._live = dict.fromkeys(self._sizes, 0)
+            for item in sorted(held + placed):
+                self._append_placed(item)
+        return len(placed)
+
+    def _write(self, records: Iterable[Record]) -> list[Placed]:
+        """Write records to the active segment (starting new ones as they fill); synced."""
+        placed: list[Placed] = []
+        touched: set[int] = set()
+        for command, index, term in records:
+            segment = self._writable_segment()
+            offset = self._sizes[segment]
+            record = storage.encode_record(offset, command, index, term)
+            with self._lock:
+                fd = self._fd(segment)
+            try:
+                _pwrite_all(fd, record, offset)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, offset)
+                raise
+            self._sizes[segment] = offset + len(record)
+            touched.add(segment)
+            placed.append((index, segment << _OFFSET_BITS | offset, len(record), term))
+        if self._sync:
+            for segment in sorted(touched):
+                with self._lock:
+                    fd = self._fd(segment)
+                os.fdatasync(fd)
+        return placed
+
+    def _writable_segment(self) -> int:
+        active = self._active
+        if active is not None and self._sizes[active] < self._segment_bytes_max:
+            return active
+        segment = max(self._sizes, default=0) + 1
+        storage.private_dir(self.directory)
+        fd = os.open(self._path(segment), os.O_RDWR | os.O_CREAT | os.O_EXCL, storage.FILE_MODE)
+        _pwrite_all(fd, storage.SEGMENT_HEADER, 0)
+        if self._sync:
+            os.fsync(fd)
+            storage.fsync_dir(self.directory)
+        with self._lock:
+            self._fds[segment] = fd
+            self._sizes[segment] = storage.SEGMENT_HEADER_BYTES
+            self._live[segment] = 0
+        self._active = segment
+        return segment
+
+    def keep_only(self, live: Sequence[int], below: int) -> None:
+        """Keep the entries whose index is in `live` (sorted) and below `below`; drop the rest,
+        then delete the segments left empty (the active one too) and rewrite the sealed ones
+        under the live share. Call only once the dump naming `live` is durable."""
+        wanted = set(live)
+        with self._lock:
+            kept = [
+                at for at, index in enumerate(self._indexes) if index < below and index in wanted
+            ]
+            if len(kept) != len(self._indexes):
+                self._keep_positions(kept)
+        self._reclaim()
+
+    def _keep_positions(self, kept: list[int]) -> None:
+        self._indexes = array("Q", (self._indexes[at] for at in kept))
+        self._places = array("Q", (self._places[at] for at in kept))
+        self._lengths = array("I", (self._lengths[at] for at in kept))
+        self._terms = array("Q", (self._terms[at] for at in kept))
+        self._live = dict.fromkeys(self._sizes, 0)
+        for place, length in zip(self._places, self._lengths, strict=True):
+            self._live[place >> _OFFSET_BITS] += length
+
+    def _reclaim(self) -> None:
+        """Delete empty sealed segments; rewrite sealed ones whose live share is too low."""
+        for segment in sorted(self._sizes):
+            live, size = self._live[segment], self._sizes[segment]
+            if live == 0:  # the active one too: a drained queue leaves no segment behind
+                self._delete(segment)
+                if segment == self._active:
+                    self._active = None
+            elif segment == self._active:
+                continue
+            elif live * 100 < size * LIVE_SHARE_MIN_PERCENT:
+                self._rewrite(segment)
+
+    def _rewrite(self, segment: int) -> None:
+        """Copy a segment's held entries to the active one (synced), then delete it."""
+        with self._lock:
+            positions = [
+                at for at, place in enumerate(self._places) if place >> _OFFSET_BITS == segment
+            ]
+            moving = [(self._indexes[at], self._terms[at]) for at in positions]
+        records: list[Record] = []
+        for index, term in moving:
+            command = self.read(index)
+            if command is not None:
+                records.append((command, index, term))
+        placed = self._write(records)
+        with self._lock:
+            for at, (_index, place, length, _term) in zip(positions, placed, strict=True):
+                self._places[at] = place
+                self._live[place >> _OFFSET_BITS] += length
+            self._live[segment] = 0
+        log.info("retained_segment_rewritten", segment=segment, entries=len(placed))
+        self._delete(segment)
+
+    def _delete(self, segment: int) -> None:
+        with self._lock:
+            fd = self._fds.pop(segment, None)
+            if fd is not None:
+                os.close(fd)
+            self._path(segment).unlink(missing_ok=True)
+            del self._sizes[segment], self._live[segment]
+        if self._sync:
+            storage.fsync_dir(self.directory)
+
+    def close(self) -> None:
+        """Close the segment files."""
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written

@@ -1,0 +1,69 @@
+"""A snapshot sent to a lagging follower carries the live entries it names (issue 32).
+
+pysyncobj streams the dump file to a follower in chunks (`logCompactionBatchSize` each, one per
+AppendEntries). When the dump names live entries below its first log entry, the stream goes on
+after the dump's last byte with `storage.TRANSFER_HEADER` and one checksummed journal record per
+live entry, read from the retained store or the journal chunk by chunk as it is sent (never
+gathered in memory). A dump naming none is sent byte for byte as before.
+
+The follower's pysyncobj writes the stream to its dump file and renames it into place when the
+last chunk arrived; its deserializer (`raft.node`) verifies the trailer's records, adds them to
+its retained store (synced), then cuts the trailer off the dump file. A crash in between leaves
+a dump with its trailer, which the next start installs the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from raft import storage
+from raft.durability import DurableFileJournal
+from raft.errors import EntryGoneError
+
+__all__ = ["TransferStream"]
+
+
+class TransferStream:
+    """File-like (`read(size)`): the dump, then the live entries it names below its log."""
+
+    def __init__(self, dump_path: Path, journal: DurableFileJournal | None) -> None:
+        self._file: IO[bytes] = open(dump_path, "rb")  # noqa: SIM115 (closed by read at the end)
+        live, below = journal.snapshot_live if journal is not None else ((), 0)
+        self._chunks = self._trailer(journal, [i for i in live if i < below])
+        self._pending = b""
+
+    def _trailer(self, journal: DurableFileJournal | None, indexes: list[int]) -> Iterator[bytes]:
+        if journal is None or not indexes:
+            return
+        yield storage.TRANSFER_HEADER
+        offset = len(storage.TRANSFER_HEADER)
+        for index in indexes:
+            record = journal.read_record(index)
+            if record is None:  # dropped by a newer snapshot: this transfer is abandoned
+                raise EntryGoneError(index, "a newer snapshot dropped it while it was sent")
+            data = storage.encode_record(offset, *record)
+            offset += len(data)
+            yield data
+
+    def read(self, size: int) -> bytes:
+        """Up to `size` bytes; b"" at the end (the file is then closed)."""
+        if not self._file.closed:
+            data = self._file.read(size)
+            if data:
+                return data
+            self._file.close()
+        parts, got = [self._pending], len(self._pending)
+        for chunk in self._chunks:
+            parts.append(chunk)
+            got += len(chunk)
+            if got >= size:
+                break
+        joined = b"".join(parts)
+        self._pending = joined[size:]
+        return joined[:size]
+
+    def close(self) -> None:
+        """Close the dump file (an abandoned transfer)."""
+        self._file.close()
