@@ -69,7 +69,8 @@ def test_a_restarted_node_sends_the_exact_bodies_in_order(
                    >= published_up_to - 40, 30, "a snapshot past most publishes")  # fmt: skip
         cluster.restart(restarted, max_machine_version=4)
         node_log = tmp_path / "D" / restarted / "node.log"
-        assert "snapshot_loaded" in node_log.read_text()  # compacted: bodies from retention
+        wait_until(lambda: "snapshot_loaded" in node_log.read_text(), 30,
+                   "the restarted node to load its snapshot")  # fmt: skip
         with cluster.client(restarted, only=True) as client:
             wait_until(lambda: _ready(client) == MESSAGES, 30, "the restarted node to catch up")
             peeked = [info.body for info in client.messages(QUEUE, limit=3)]
