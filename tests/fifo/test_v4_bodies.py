@@ -315,3 +315,21 @@ def test_the_fuzzer_reports_a_reference_to_no_publish() -> None:
     found = runner.run(1, 400, 4, apply_fn=shifted).violations
     assert found and found[0].invariant == "apply_raised"
     assert "is missing" in found[0].detail
+
+
+def test_a_ready_message_is_two_slots_until_a_field_leaves_its_default() -> None:
+    """The memory the issue asks for: an untouched ready message has no fields object (48 bytes
+    with its GC header); a checkout (its lock) gives it one, defaults written change nothing."""
+    log = Log()
+    declare(log)
+    log.apply(c.Enqueue("q", b"x" * 1024))
+    message = log.state.queues["q"].ready[0]
+    assert type(message) is RefMessage and message.fields is None
+    assert sys.getsizeof(message) <= 48
+    message.delivery_count = 0
+    message.annotations = ()
+    assert message.fields is None and message.expiry is None and message.lock == 0
+    checkout(log)
+    held = next(iter(log.state.queues["q"].consumers.values())).checked_out[0]
+    assert held is message and held.lock > 0
+    assert getattr(held, "fields", None) is not None
