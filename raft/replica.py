@@ -364,7 +364,12 @@ class Replica:
         self._reading = True
         entries = list(wanted)[:READ_ENTRIES_PER_TASK]
         future = self._reader.submit(read_entries_bodies, self._node.read_entry, entries)
-        future.add_done_callback(lambda done: self._loop.call_soon_threadsafe(self._read, done))
+        future.add_done_callback(self._read_done)
+
+    def _read_done(self, done: Future[tuple[dict[int, bytes], dict[int, str]]]) -> None:
+        """On the worker: hand the result to the loop (gone when shutting down)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            self._loop.call_soon_threadsafe(self._read, done)
 
     def _read(self, done: Future[tuple[dict[int, bytes], dict[int, str]]]) -> None:
         """On the loop: a read finished; keep its bodies and hand over what they allow."""
