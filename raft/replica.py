@@ -353,7 +353,7 @@ class Replica:
         wanted: dict[int, None] = {}
         for refs, _hand_over in self._waiting:
             for ref in refs:
-                if not (ref in self._fresh or self.bodies.has(ref)):
+                if not self._ready([ref]):  # (an entry found unreadable is not read again)
                     wanted[entry_index(ref)] = None
             if len(wanted) >= READ_ENTRIES_PER_TASK:
                 break
