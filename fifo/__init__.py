@@ -6,6 +6,7 @@ functions, persist it with `snapshot` / `restore`, compare replicas with `digest
 
 from __future__ import annotations
 
+from fifo.bodies import live_entry_indexes, referenced_bodies
 from fifo.codec import decode, digest, encode, restore, snapshot
 from fifo.effects import Effect
 from fifo.errors import CodecError, FifoError, UnsupportedVersionError
@@ -94,11 +95,13 @@ __all__ = [
     "groups",
     "init_state",
     "list_queues",
+    "live_entry_indexes",
     "machine_for",
     "messages",
     "next_deadline_ms",
     "overview",
     "partition_count",
+    "referenced_bodies",
     "restore",
     "snapshot",
     "state_version",

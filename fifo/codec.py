@@ -35,6 +35,7 @@ from fifo.state import (
     Membership,
     Message,
     Queue,
+    RefMessage,
     Routing,
     State,
 )
@@ -54,6 +55,7 @@ CLASSES: tuple[type, ...] = (
     c.GroupConfig, c.DeclareGroupedQueue, c.AnnotatedEnqueue, c.PurgeGroup,
     c.DeclarePartitionedQueue, c.JoinGroup, c.LeaveGroup, r.JoinGroupOk, e.GroupAssigned,
     e.GroupRevoked,
+    e.RefDelivery, e.RefDeliver, r.RefDequeuedMessage, r.RefDequeueOk,
 )  # fmt: skip
 SNAPSHOT_FORMAT = 1
 _NO_DEFAULT = object()
@@ -460,15 +462,17 @@ def _record(v: Any, kind: str) -> list[Any]:
 
 
 def _msg_out(m: Message) -> list[Any]:
+    # v4: a body kept in the log is written as [ref, size] in the body's place
+    body: Any = [m.ref, m.size] if type(m) is RefMessage else m.body
     if m.pos:
-        return [m.body, m.expiry, m.delivery_count, m.acquired_count, list(m.annotations), m.lock,
+        return [body, m.expiry, m.delivery_count, m.acquired_count, list(m.annotations), m.lock,
                 m.pos, m.group, m.enqueued_at]  # fmt: skip
-    return [m.body, m.expiry, m.delivery_count, m.acquired_count, list(m.annotations), m.lock]
+    return [body, m.expiry, m.delivery_count, m.acquired_count, list(m.annotations), m.lock]
 
 
 def _msg_in(v: Any) -> Message:
     v = _record(v, "message")
-    m = Message(v[0], v[1])
+    m = RefMessage(v[0][0], v[0][1], v[1]) if type(v[0]) is list else Message(v[0], v[1])
     m.delivery_count, m.acquired_count, m.annotations, m.lock = v[2], v[3], _tuples(v[4]), v[5]
     m.pos, m.group, m.enqueued_at = v[6], v[7], v[8]
     return m

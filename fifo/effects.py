@@ -36,6 +36,32 @@ class Deliver:
 
 
 @dataclass(frozen=True, slots=True)
+class RefDelivery:
+    """One delivered message whose body stays in the log (machine v4): `ref` is the meta index
+    of its enqueuing command; the node reads the body back (fifo.bodies) before sending."""
+
+    msg_id: int
+    ref: int
+    size: int
+    redelivered: bool
+    delivery_count: int
+    annotations: tuple[tuple[str, str | int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RefDeliver:
+    """`Deliver` as machine v4 gives it: some messages by reference (a body already in hand,
+    a fresh publish or an inline body from before v4, as a plain Delivery). Resolved into a
+    `Deliver` by `fifo.bodies.resolve_deliver` before anything is sent."""
+
+    connection: ConnectionId
+    queue: str
+    tag: str
+    consumer_key: ConsumerKey
+    messages: tuple[Delivery | RefDelivery, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class CreditReply:
     """AMQP 1.0 flow back to a credited consumer, after the deliveries of the same command."""
 
@@ -129,6 +155,6 @@ class GroupRevoked(ConsumerUpdate):
 
 
 Effect = (
-    Deliver | CreditReply | QueueStatus | Released
+    Deliver | RefDeliver | CreditReply | QueueStatus | Released
     | ConsumerUpdate | ConsumerCancelled | DeadLettered | GroupAssigned | GroupRevoked
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fifo.commands import ConnectionId, ConsumerKey
-from fifo.effects import Deliver, Delivery
+from fifo.effects import Deliver, Delivery, RefDeliver, RefDelivery
 from fifo.state import Annotations
 from fifo.wire import constructor
 
@@ -18,6 +18,15 @@ delivery: Callable[[int, bytes, bool, int, Annotations], Delivery] = constructor
 deliver: Callable[[ConnectionId, str, str, ConsumerKey, tuple[Delivery, ...]], Deliver] = (
     constructor(Deliver)
 )
+
+
+# machine v4: deliveries by body reference (fifo.bodies)
+ref_delivery: Callable[[int, int, int, bool, int, Annotations], RefDelivery] = constructor(
+    RefDelivery
+)
+ref_deliver: Callable[
+    [ConnectionId, str, str, ConsumerKey, tuple[Delivery | RefDelivery, ...]], RefDeliver
+] = constructor(RefDeliver)
 
 
 def fresh_delivery(msg_id: int, body: bytes) -> Delivery:

@@ -28,3 +28,6 @@ partitions_max = 256  # v3: partitions of one partitioned queue
 consumer_groups_max = 1_000  # v3: consumer groups
 group_members_max = 1_000  # v3: members of one consumer group
 group_name_bytes_max = 255  # v3: consumer group and member names
+# v4: a message's body reference is the meta index of its enqueuing command, which raft gives as
+# raft index * commands_per_entry_max + position (raft.entry.SUB_INDEX_SPAN, tested equal)
+commands_per_entry_max = 1024

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fifo.commands import ConnectionId, ConsumerKey, GroupConfig, QueueConfig
-from fifo.state import Consumer, ConsumerGroup, GroupId, Message, Queue, State
+from fifo.state import Consumer, ConsumerGroup, GroupId, Message, Queue, RefMessage, State
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +45,16 @@ class ConsumerInfo:
 
 @dataclass(frozen=True, slots=True)
 class MessageInfo:
-    """A peeked message (ready or returned)."""
+    """A peeked message (ready or returned). Machine v4: a body that stays in the log comes
+    as `body_ref` (the meta index of its enqueuing command, else None) with `body` empty here; the
+    node resolves it before answering (fifo.bodies)."""
 
     position: int
     body: bytes
     returned: bool
     delivery_count: int
     expiry_ms: int | None
+    body_ref: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,14 +159,20 @@ def messages(state: State, queue: str, limit: int = 100) -> list[MessageInfo]:
         waiting += [(m.pos, True, m) for g in q.grouping.groups.values() for m in g.returns]
         waiting.sort(key=lambda item: item[0])
         for _, returned, m in waiting[:limit]:
-            out.append(MessageInfo(len(out), m.body, returned, m.delivery_count, m.expiry))
+            out.append(_message_info(len(out), m, returned))
         return out
     for returned, src in ((False, q.ready), (True, q.returns)):
         for m in src:
             if len(out) >= limit:
                 return out
-            out.append(MessageInfo(len(out), m.body, returned, m.delivery_count, m.expiry))
+            out.append(_message_info(len(out), m, returned))
     return out
+
+
+def _message_info(position: int, m: Message, returned: bool) -> MessageInfo:
+    if type(m) is RefMessage:  # v4: the body stays in the log
+        return MessageInfo(position, b"", returned, m.delivery_count, m.expiry, m.ref)
+    return MessageInfo(position, m.body, returned, m.delivery_count, m.expiry)
 
 
 def group_config(state: State, queue: str) -> GroupConfig | None:

@@ -100,6 +100,28 @@ class DequeueOk:
 
 
 @dataclass(frozen=True, slots=True)
+class RefDequeuedMessage:
+    """One message taken by a Dequeue whose body stays in the log (machine v4): `ref` is the
+    meta index of its enqueuing command."""
+
+    msg_id: int
+    ref: int
+    size: int
+    delivery_count: int
+    redelivered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RefDequeueOk:
+    """`DequeueOk` for a message by reference (machine v4); the node resolves it into a
+    `DequeueOk` (fifo.bodies.resolve_reply) before replying."""
+
+    message: RefDequeuedMessage
+    ready: int
+    consumer_key: ConsumerKey | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PurgeOk:
     """Purge dropped `count` messages."""
 
@@ -124,6 +146,7 @@ Reply = (
     | CheckoutOk
     | CancelOk
     | DequeueOk
+    | RefDequeueOk
     | PurgeOk
     | JoinGroupOk
 )

@@ -14,28 +14,46 @@ A `Replica` owns the pysyncobj node, the group committer and the apply lock; the
 Ordering obligations (see raft/node.py for the journal's): a reply never reaches `on_reply`
 before its entry is durable on this node; the effects of an entry are handed over after its
 replies; `on_reset` comes in order with `on_applied`.
+
+Bodies by reference (machine v4, issue 32): replies and effects reach the node with their bodies
+(`RefDeliver` -> `Deliver`, `RefDequeueOk` -> `DequeueOk`), resolved here from `bodies` (a
+bounded cache of recent bodies, `raft.bodies`) or read back from the journal on a worker thread:
+an entry whose bodies are not all cached waits, and every hand-over after it waits behind it, so
+replies, effects and resets keep log order while the loop goes on serving. A body that cannot be
+read is logged (`body_missing`, with its index) and its message is not sent (a dequeue gets an
+`InternalFailure`): never an empty body.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import structlog
+
+from fifo.bodies import BodyMissingError, entry_index, refs_in, resolve_deliver, resolve_reply
 from fifo.commands import Command, ConnectionId
-from fifo.effects import Effect
+from fifo.effects import Deliver, Delivery, Effect, RefDeliver
 from fifo.state import State
 from raft.batcher import GroupCommitter, Reply, Sink
+from raft.bodies import BodyCache, read_entries_bodies, read_entry_bodies
 from raft.entry import Entry, Origin
 from raft.errors import StorageError, SubmitError
 from raft.fastcodec import encode_command
 from raft.membership import MemberChange, Refusal
 from raft.node import DIGEST_MESSAGES_MAX, RaftNode, RaftSettings
-from raft.replicated import Metadata, Outcome, ReplicatedState
+from raft.replicated import InternalFailure, Metadata, Outcome, ReplicatedState
 
 T = TypeVar("T")
+log = structlog.get_logger("raft.replica")
+# entries read back per worker task: their bodies (at most 1024 each) fit the body cache
+READ_ENTRIES_PER_TASK = 4
+Lookup = Callable[[int], bytes]
 
 __all__ = ["Applied", "Replica", "ReplicaView", "Reply", "Sink"]
 
@@ -102,6 +120,14 @@ class Replica:
         self._observe = observe
         self._node = RaftNode(settings, self._outcome_tick, self._snapshot_tick, loop)
         self._committer = GroupCommitter(self._node, loop)
+        self.bodies = BodyCache()
+        self.bodies_missing = 0  # messages not sent: their body could not be read back
+        # hand-overs waiting for bodies read off the loop, in log order: (refs, hand over)
+        self._waiting: deque[tuple[list[int], Callable[[Lookup], None]]] = deque()
+        self._reading = False
+        self._fresh: dict[int, bytes] = {}  # the last read's bodies (the cache may drop some)
+        self._unreadable: dict[int, str] = {}  # raft index -> why, while hand-overs wait
+        self._reader: ThreadPoolExecutor | None = None
 
     # --- proposing (loop thread) ---------------------------------------------------------------
 
@@ -172,6 +198,8 @@ class Replica:
         """Flush the journal and stop replication (after `fail_pending`)."""
         self._node.sync_journal()
         self._node.destroy_synchronous()
+        if self._reader is not None:
+            self._reader.shutdown(wait=False, cancel_futures=True)
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -245,12 +273,154 @@ class Replica:
             if getattr(getattr(e, "connection", None), "node", None) == settings.node_id
         ]
         if mine or effects:
-            self._deliver(outcome, effects)
+            self._deliver(outcome, effects, mine)
 
-    def _deliver(self, outcome: Outcome, effects: list[Effect]) -> None:
-        self._committer.resolve(outcome)  # replies first, then the effects of the same entry
-        self._on_applied(Applied(outcome.index, effects))
+    def _deliver(self, outcome: Outcome, effects: list[Effect], mine: bool) -> None:
+        refs = refs_in(effects)
+        if mine:
+            refs += refs_in(outcome.replies)
+
+        def hand_over(lookup: Lookup) -> None:
+            effects[:] = self._resolved_effects(effects, lookup)  # (v4 emits RefDeliver only)
+            if mine and refs:
+                outcome.replies = [self._resolved_reply(r, lookup) for r in outcome.replies]
+            self._committer.resolve(outcome)  # replies first, then the effects of the same entry
+            self._on_applied(Applied(outcome.index, effects))
+
+        self._in_order(refs, hand_over)
 
     def _snapshot_tick(self, index: int) -> None:
         """Inside the tick: the state jumped to a snapshot; tell the node, in order."""
-        self._on_reset(index)
+        self._in_order([], lambda _lookup: self._on_reset(index))
+
+    # --- bodies by reference (machine v4) ---------------------------------------------------
+
+    def read_body(self, ref: int) -> bytes:
+        """The body at meta index `ref`, from the cache or read back now (blocking: for bounded
+        admin reads, never deliveries); BodyMissingError if the log no longer holds it."""
+        body = self.bodies.get(ref)
+        if body is None:
+            bodies = read_entry_bodies(self._node.read_entry, entry_index(ref))
+            self.bodies.put_all(bodies)
+            body = bodies.get(ref)
+            if body is None:
+                raise BodyMissingError(ref, "the command at that index carries no body")
+        return body
+
+    def resolve_now(self, effect: RefDeliver) -> Deliver | None:
+        """`effect` with its bodies (cache, else read now: for the rare reconciliation of held
+        deliveries); None when none of its messages could be resolved."""
+        resolved = self._resolved_deliver(effect, self.read_body)
+        return resolved if resolved.messages else None
+
+    def _in_order(self, refs: list[int], hand_over: Callable[[Lookup], None]) -> None:
+        """Run `hand_over` now if nothing waits and every body is cached, else behind the
+        hand-overs already waiting, once its bodies were read off the loop."""
+        if not self._waiting and all(self.bodies.has(ref) for ref in refs):
+            hand_over(self._lookup)
+            return
+        self._waiting.append((refs, hand_over))
+        self._read_next()
+
+    def _lookup(self, ref: int) -> bytes:
+        body = self._fresh.get(ref)
+        if body is None:
+            body = self.bodies.get(ref)
+        if body is None:
+            why = self._unreadable.get(entry_index(ref), "not read back")
+            raise BodyMissingError(ref, why)
+        return body
+
+    def _ready(self, refs: list[int]) -> bool:
+        return all(
+            ref in self._fresh or self.bodies.has(ref) or entry_index(ref) in self._unreadable
+            for ref in refs
+        )
+
+    def _flush(self) -> None:
+        """Hand over, in order, every waiting entry whose bodies are at hand."""
+        while self._waiting and self._ready(self._waiting[0][0]):
+            _refs, hand_over = self._waiting.popleft()
+            hand_over(self._lookup)
+        if not self._waiting:
+            self._fresh, self._unreadable = {}, {}
+
+    def _read_next(self) -> None:
+        """Start reading the entries the waiting hand-overs need (the first ones first)."""
+        if self._reading:
+            return
+        self._flush()
+        wanted: dict[int, None] = {}
+        for refs, _hand_over in self._waiting:
+            for ref in refs:
+                if not self._ready([ref]):  # (an entry found unreadable is not read again)
+                    wanted[entry_index(ref)] = None
+            if len(wanted) >= READ_ENTRIES_PER_TASK:
+                break
+        if not wanted:
+            return
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="quorumq-bodies")
+        self._reading = True
+        entries = list(wanted)[:READ_ENTRIES_PER_TASK]
+        future = self._reader.submit(read_entries_bodies, self._node.read_entry, entries)
+        future.add_done_callback(self._read_done)
+
+    def _read_done(self, done: Future[tuple[dict[int, bytes], dict[int, str]]]) -> None:
+        """On the worker: hand the result to the loop (gone when shutting down)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            self._loop.call_soon_threadsafe(self._read, done)
+
+    def _read(self, done: Future[tuple[dict[int, bytes], dict[int, str]]]) -> None:
+        """On the loop: a read finished; keep its bodies and hand over what they allow."""
+        self._reading = False
+        try:
+            bodies, unreadable = done.result()
+        except Exception as err:  # a bug in the reader: every wanted body counts as unreadable
+            log.error("body_read_failed", error=repr(err))
+            bodies, unreadable = {}, {}
+            for refs, _hand_over in self._waiting:
+                self._unreadable.update((entry_index(ref), repr(err)) for ref in refs)
+        self.bodies.put_all(bodies)
+        self._fresh = bodies
+        self._unreadable.update(unreadable)
+        self._flush()
+        self._read_next()
+
+    def _resolved_effects(self, effects: list[Effect], lookup: Lookup) -> list[Effect]:
+        out: list[Effect] = []
+        for effect in effects:
+            if type(effect) is RefDeliver:
+                effect = self._resolved_deliver(effect, lookup)
+                if not effect.messages:
+                    continue
+            out.append(effect)
+        return out
+
+    def _resolved_deliver(self, effect: RefDeliver, lookup: Lookup) -> Deliver:
+        """`effect` with its bodies; a message whose body is missing is logged and left out."""
+        try:
+            return resolve_deliver(effect, lookup)
+        except BodyMissingError:
+            pass
+        kept: list[Delivery] = []
+        for item in effect.messages:
+            single = RefDeliver(effect.connection, effect.queue, effect.tag, effect.consumer_key,
+                                (item,))  # fmt: skip
+            try:
+                kept.extend(resolve_deliver(single, lookup).messages)
+            except BodyMissingError as err:
+                self.bodies_missing += 1
+                log.error("body_missing", ref=err.ref, raft_index=entry_index(err.ref),
+                          queue=effect.queue, msg_id=item.msg_id, error=str(err))  # fmt: skip
+        return Deliver(effect.connection, effect.queue, effect.tag, effect.consumer_key,
+                       tuple(kept))  # fmt: skip
+
+    def _resolved_reply(self, reply: Any, lookup: Lookup) -> Any:
+        try:
+            return resolve_reply(reply, lookup)
+        except BodyMissingError as err:
+            self.bodies_missing += 1
+            log.error("body_missing", ref=err.ref, raft_index=entry_index(err.ref),
+                      error=str(err))  # fmt: skip
+            return InternalFailure(str(err))

@@ -15,7 +15,7 @@ from cluster.management.jsonable import to_json
 from cluster.management.node import ManagedNode
 from cluster.management.peers import PeerStatuses
 from cluster.management.samples import SAMPLES_KEPT, TOTALS, Sampler, queue_counters
-from cluster.node.queries import GROUPS_LIMIT_MAX, MESSAGES_LIMIT_MAX, machine_status
+from cluster.node.queries import GROUPS_LIMIT_MAX, MESSAGES_LIMIT_MAX, machine_status, with_bodies
 from raft.replica import ReplicaView
 
 PEEK_DEFAULT = 20
@@ -127,6 +127,7 @@ class Reads:
         found = self._read(lambda view: _peek(view, name, limit))
         if isinstance(found, str):
             return web.json_response({"error": found}, status=409)
+        found = with_bodies(self.node.replica, found)  # machine v4: bodies kept in the log
         return web.json_response({"messages": to_json(found), "stale": self._stale()})
 
     async def groups(self, request: web.Request) -> web.Response:
@@ -204,7 +205,7 @@ def _queue_detail(view: ReplicaView, name: str) -> dict[str, Any] | None:
     return row
 
 
-def _peek(view: ReplicaView, name: str, limit: int) -> list[Any] | str:
+def _peek(view: ReplicaView, name: str, limit: int) -> list[fifo.MessageInfo] | str:
     """The first `limit` waiting messages, or why a peek is refused."""
     grouped = fifo.state_version(view.state) >= 3 and fifo.group_config(view.state, name)
     o = fifo.overview(view.state, name)

@@ -22,8 +22,8 @@ import structlog
 
 from cluster import protocol
 from fifo.commands import ConnectionId, ConsumerKey
-from fifo.effects import Deliver, Delivery
-from fifo.state import Consumer
+from fifo.effects import Deliver, Delivery, RefDeliver, RefDelivery
+from fifo.state import Consumer, RefMessage
 from raft.fastcodec import encode_effect
 from raft.replica import Replica, ReplicaView
 
@@ -163,7 +163,7 @@ class EffectRouter:
         assert self._replica is not None  # only a replica-backed router holds
         deliveries = self._replica.read(lambda view: _still_held(view, held, self))
         sent: dict[tuple[int, Slot], int] = {}
-        for delivery in deliveries:
+        for delivery in self._with_bodies(deliveries):
             sink = self._sink(delivery.connection)
             if sink is None:
                 continue
@@ -175,6 +175,22 @@ class EffectRouter:
             )
         log.info("deliveries_reconciled", consumers=len(deliveries), messages=self.reconciled)
         return sent
+
+    def _with_bodies(self, deliveries: list[RefDeliver]) -> list[Deliver]:
+        """The reconciled deliveries with their bodies: machine v4's references are read now
+        (reconciliation is rare, once after catching up, bounded by the held prefetch)."""
+        assert self._replica is not None
+        out: list[Deliver] = []
+        for delivery in deliveries:
+            if any(type(m) is RefDelivery for m in delivery.messages):
+                resolved = self._replica.resolve_now(delivery)
+                if resolved is not None:
+                    out.append(resolved)
+            else:  # bodies held inline (v1-v3, or converted from v3)
+                inline = tuple(m for m in delivery.messages if type(m) is Delivery)
+                out.append(Deliver(delivery.connection, delivery.queue, delivery.tag,
+                                   delivery.consumer_key, inline))  # fmt: skip
+        return out
 
     @staticmethod
     def _send_native(effect: Any, send: Send) -> None:
@@ -188,9 +204,9 @@ class EffectRouter:
 
 def _still_held(
     view: ReplicaView, held: dict[int, dict[Slot, int]], router: EffectRouter
-) -> list[Deliver]:
+) -> list[RefDeliver]:
     """Deliveries of what each held consumer still holds in the state, from its first held id."""
-    out: list[Deliver] = []
+    out: list[RefDeliver] = []
     for number, slots in held.items():
         if not router.is_live(number):
             continue
@@ -203,23 +219,26 @@ def _still_held(
                 continue
             messages = _held_messages(consumer, first)
             if messages:
-                out.append(Deliver(consumer.connection, queue_name, consumer.tag, key, messages))
+                out.append(
+                    RefDeliver(consumer.connection, queue_name, consumer.tag, key, messages)
+                )
     return out
 
 
-def _held_messages(consumer: Consumer, first: int) -> tuple[Delivery, ...]:
-    """The consumer's checked-out messages from id `first` on, as the machine delivers them."""
-    return tuple(
-        Delivery(
-            mid,
-            m.body,
-            m.acquired_count > 0 or m.delivery_count > 0,
-            m.delivery_count,
-            m.annotations,
-        )
-        for mid, m in sorted(consumer.checked_out.items())
-        if mid >= first
-    )
+def _held_messages(consumer: Consumer, first: int) -> tuple[Delivery | RefDelivery, ...]:
+    """The consumer's checked-out messages from id `first` on, as the machine delivers them
+    (machine v4: by body reference, resolved before sending)."""
+    out: list[Delivery | RefDelivery] = []
+    for mid, m in sorted(consumer.checked_out.items()):
+        if mid < first:
+            continue
+        redelivered = m.acquired_count > 0 or m.delivery_count > 0
+        if type(m) is RefMessage:
+            out.append(RefDelivery(mid, m.ref, m.size, redelivered, m.delivery_count,
+                                   m.annotations))  # fmt: skip
+        else:
+            out.append(Delivery(mid, m.body, redelivered, m.delivery_count, m.annotations))
+    return tuple(out)
 
 
 def _unsent_part(effect: Deliver, sent: dict[tuple[int, Slot], int]) -> Deliver | None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import fifo
 from fifo.commands import Checkout, Discard, Enqueue, Modify, Return, Settle
-from fifo.effects import DeadLettered, Deliver
+from fifo.effects import DeadLettered, Deliver, RefDeliver
 from fifo.replies import DequeueOk, Ok
 from raft.replica import Replica, ReplicaView
 from raft.replicated import Outcome
@@ -239,7 +239,7 @@ class NodeMetrics(NoMetrics):
 
     def on_outcome(self, outcome: Outcome, mine: bool) -> None:
         for effect in outcome.effects:
-            if type(effect) is Deliver:
+            if type(effect) is Deliver or type(effect) is RefDeliver:  # v4: by reference
                 if effect.connection.node == self.node_id:
                     self.delivered.labels(self.label(effect.queue)).inc(len(effect.messages))
             elif type(effect) is DeadLettered:

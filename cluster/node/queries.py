@@ -7,6 +7,8 @@ import os
 from typing import Any
 
 import fifo
+from fifo.bodies import BodyMissingError
+from fifo.queries import MessageInfo
 from raft.replica import Replica, ReplicaView
 
 # a query runs on the node's event loop: its size bounds how long it holds every client
@@ -52,7 +54,27 @@ def run_query(replica: Replica, name: str, args: dict[str, Any], extra: dict[str
         bounded = args.get("digest") is not True
         return {**extra, **replica.status(bounded=bounded), "pid": os.getpid()}
     supported = replica.settings.supported_version
+    if name == "messages":  # bodies are read back after the read, outside the replica's lock
+        limit = _limit_arg(args, 100, MESSAGES_LIMIT_MAX)
+        queue = _queue_arg(args)
+        found = replica.read(lambda view: fifo.messages(view.state, queue, limit))
+        try:
+            return plain(with_bodies(replica, found))
+        except BodyMissingError as err:
+            raise QueryError(str(err)) from err
     return replica.read(lambda view: _answer(view, name, args, supported))
+
+
+def with_bodies(replica: Replica, found: list[MessageInfo]) -> list[MessageInfo]:
+    """Peeked messages with the bodies machine v4 keeps in the log read back (cache, else the
+    journal, on the loop: a peek is an admin read bounded by MESSAGES_LIMIT_MAX, never a
+    delivery); BodyMissingError names a body the log no longer holds."""
+    out: list[MessageInfo] = []
+    for info in found:
+        if info.body_ref is not None:
+            info = dataclasses.replace(info, body=replica.read_body(info.body_ref))
+        out.append(info)
+    return out
 
 
 def _answer(view: ReplicaView, name: str, args: dict[str, Any], supported: int) -> Any:
@@ -66,9 +88,6 @@ def _answer(view: ReplicaView, name: str, args: dict[str, Any], supported: int) 
     if name == "consumers":
         queues = [_queue_arg(args)] if "queue" in args else list(fifo.list_queues(state))
         return {queue: plain(fifo.consumers(state, queue)) for queue in queues}
-    if name == "messages":
-        limit = _limit_arg(args, 100, MESSAGES_LIMIT_MAX)
-        return plain(fifo.messages(state, _queue_arg(args), limit))
     if name == "groups":  # machine v3 message groups
         limit = _limit_arg(args, 1000, GROUPS_LIMIT_MAX)
         return plain(fifo.groups(state, _queue_arg(args), limit))

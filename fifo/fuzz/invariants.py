@@ -42,7 +42,7 @@ from fifo.replies import (
     RejectPublish,
     Reply,
 )
-from fifo.state import GroupId, State
+from fifo.state import GroupId, Message, RefMessage, State
 from fifo.v3.sticky import moves, moves_lower_bound
 
 Found = tuple[str, str]  # (invariant, detail)
@@ -485,6 +485,11 @@ def check_consumer_group(state: State, group: probe.ConsumerGroup) -> list[Found
     return found
 
 
+def _label(message: Message) -> str:
+    """How a violation names a message: its body, or (v4) the index its body stays at."""
+    return f"ref {message.ref}" if type(message) is RefMessage else repr(message.body)
+
+
 def check_state(state: State, ledgers: dict[str, Ledger]) -> list[Found]:
     """The structural invariants over every queue of the state."""
     found: list[Found] = []
@@ -507,7 +512,7 @@ def _check_queue(
             found.append(
                 (
                     "double_checkout",
-                    f"message {message.body!r} at {where} and {owners[id(message)]}",
+                    f"message {_label(message)} at {where} and {owners[id(message)]}",
                 )
             )
         owners[id(message)] = where
@@ -516,7 +521,7 @@ def _check_queue(
         waiting += 1
         if id(message) in owners:
             where = owners[id(message)]
-            found.append(("double_checkout", f"{message.body!r} ready and at {where}"))
+            found.append(("double_checkout", f"{_label(message)} ready and at {where}"))
     total = queue.messages_total
     if total != waiting + held:
         found.append(
@@ -652,8 +657,8 @@ def _check_recipient(state: State, effect: Deliver) -> list[Found]:
 def _check_bytes(queue: probe.Queue) -> list[Found]:
     """Byte counters match the bodies, and drop_head keeps ready bytes within max_bytes."""
     found: list[Found] = []
-    ready = sum(len(m.body) for m in probe.waiting(queue))
-    held = sum(len(m.body) for _, _, m in probe.checked_out(queue))
+    ready = sum(m.size for m in probe.waiting(queue))
+    held = sum(m.size for _, _, m in probe.checked_out(queue))
     if (queue.bytes_ready, queue.bytes_checkout) != (ready, held):
         found.append(
             (

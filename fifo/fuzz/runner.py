@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import fifo
+from fifo.bodies import BodyMissingError, body_of_command, resolve_effects, resolve_reply
 from fifo.commands import Command
 from fifo.effects import Effect
 from fifo.fuzz import probe
@@ -293,6 +294,28 @@ def replay(state: State, entries: list[LogEntry], apply_fn: ApplyFn) -> State:
     return state
 
 
+def resolving(apply_fn: ApplyFn) -> ApplyFn:
+    """`apply_fn` whose body references (machine v4) come back resolved from the bodies of the
+    commands it applied, as a node resolves them from its journal; an unknown reference raises
+    BodyMissingError (reported as `apply_raised`). Other versions' results pass unchanged."""
+    bodies: dict[int, bytes] = {}
+
+    def body_of(ref: int) -> bytes:
+        body = bodies.get(ref)
+        if body is None:
+            raise BodyMissingError(ref, "no publish the fuzzer applied has that index")
+        return body
+
+    def apply(meta: Meta, command: Command, state: State) -> tuple[Reply, list[Effect]]:
+        body = body_of_command(command)
+        if body is not None and type(meta.index) is int:
+            bodies[meta.index] = body
+        reply, effects = apply_fn(meta, command, state)
+        return resolve_reply(reply, body_of), resolve_effects(effects, body_of)
+
+    return apply
+
+
 def new_run(seed: int, machine_version: int, apply_fn: ApplyFn | None) -> tuple[Run, Generator]:
     """A fresh run and its generator, all choices derived from `seed`."""
     rng = SplitMix64(seed)
@@ -302,7 +325,7 @@ def new_run(seed: int, machine_version: int, apply_fn: ApplyFn | None) -> tuple[
         fifo.init_state(machine_version),
         world,
         machine_version,
-        apply_fn or fifo.apply,
+        resolving(apply_fn or fifo.apply),
         rng.fork(1),
     )
     return run, Generator(rng.fork(2), world)

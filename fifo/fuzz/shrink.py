@@ -20,6 +20,7 @@ from fifo.fuzz.runner import (
     check_queries,
     check_timers_at,
     crashed,
+    resolving,
     run_with_log,
 )
 from fifo.replies import Error
@@ -57,6 +58,7 @@ class ShrinkResult:
 def breaks(entries: list[LogEntry], version: int, apply_fn: ApplyFn, invariant: str) -> bool:
     """Replay `entries` from an empty state of `version`; True when `invariant` fails."""
     state, checker = fifo.init_state(version), Checker()
+    apply_fn = resolving(apply_fn)
     for entry in entries:
         if isinstance(entry, Upgrade):
             target = entry.meta.machine_version

@@ -177,7 +177,7 @@ class QueueBasics:
         if grouping is None:
             queue.ready.append(message)
             queue.messages_total += 1
-            queue.bytes_ready += len(message.body)
+            queue.bytes_ready += message.size
             return
         group_id = group_index.group_of(grouping.config, message.annotations)
         if not group_index.has_room(grouping, group_id, limits.groups_per_queue_max):
@@ -195,12 +195,12 @@ class QueueBasics:
         message.enqueued_at = ctx.now
         group_index.add_ready(grouping, group_index.group_for(grouping, group_id), message)
         queue.messages_total += 1
-        queue.bytes_ready += len(message.body)
+        queue.bytes_ready += message.size
 
     def take_from(self, queue: Queue, grouping: Grouping, group: Group) -> Message:
         """Remove the head of a group from the waiting messages."""
         message = group_index.take_head(grouping, group)
-        queue.bytes_ready -= len(message.body)
+        queue.bytes_ready -= message.size
         return message
 
     def pop_head(self, queue: Queue) -> Message | None:
@@ -214,7 +214,7 @@ class QueueBasics:
         if not source:
             return None
         message = source.popleft()
-        queue.bytes_ready -= len(message.body)
+        queue.bytes_ready -= message.size
         return message
 
     # --- message-group ownership ---------------------------------------------------------------

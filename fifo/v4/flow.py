@@ -9,14 +9,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from fifo import limits
-from fifo.effects import DeadLettered, Delivery, QueueStatus
-from fifo.fastbuild import deliver as fast_deliver
-from fifo.fastbuild import delivery as fast_delivery
+from fifo.effects import DeadLettered, Delivery, QueueStatus, RefDelivery
+from fifo.fastbuild import ref_deliver
 from fifo.shared import DEATH_KEYS, SERIAL, Annotations, Ctx, merge_annotations
 from fifo.state import Consumer, Group, Grouping, Message, Queue
 from fifo.v4 import deadlines, routing
 from fifo.v4 import groups as group_index
 from fifo.v4.basics import QueueBasics
+from fifo.v4.refs import copy_message, delivery_of
 
 
 class MessageFlow(QueueBasics):
@@ -50,7 +50,7 @@ class MessageFlow(QueueBasics):
     ) -> Message:
         """The copy a target receives: it keeps how often the message failed (rabbit_fifo's
         annotate_msg) and says why and from where it came."""
-        copy = Message(message.body, self.expiry(ctx, target, None))
+        copy = copy_message(message, self.expiry(ctx, target, None))
         copy.delivery_count, copy.acquired_count = message.delivery_count, message.acquired_count
         kept = tuple(a for a in message.annotations if a[0] not in DEATH_KEYS)
         annotations = (*kept, ("x-death-reason", reason), ("x-death-queue", queue.name))
@@ -141,7 +141,7 @@ class MessageFlow(QueueBasics):
             for source in (queue.returns, queue.ready):
                 while source and source[0].expiry is not None and source[0].expiry <= now:
                     message = source.popleft()
-                    queue.bytes_ready -= len(message.body)
+                    queue.bytes_ready -= message.size
                     expired.append(message)
         self.dead_letter(ctx, queue, expired, "expired")
 
@@ -157,7 +157,7 @@ class MessageFlow(QueueBasics):
             if not source:
                 return None
         message = source.popleft()
-        queue.bytes_ready -= len(message.body)
+        queue.bytes_ready -= message.size
         return message
 
     def grouped_take(
@@ -188,7 +188,7 @@ class MessageFlow(QueueBasics):
         deadlines.track(ctx.state, queue, consumer, msg_id, message)
         consumer.credit -= 1
         consumer.delivery_count = (consumer.delivery_count + 1) % SERIAL
-        queue.bytes_checkout += len(message.body)
+        queue.bytes_checkout += message.size
         return msg_id
 
     def deliver(self, ctx: Ctx, queue: Queue) -> None:
@@ -196,7 +196,7 @@ class MessageFlow(QueueBasics):
         if queue.grouping is not None:
             self.deliver_grouped(ctx, queue, queue.grouping)
             return
-        batches: dict[Any, list[Delivery]] = {}
+        batches: dict[Any, list[Delivery | RefDelivery]] = {}
         owners: list[Consumer] = []
         while queue.returns or queue.ready:
             consumer = self.next_consumer(queue)
@@ -219,16 +219,14 @@ class MessageFlow(QueueBasics):
 
     def batch(
         self,
-        batches: dict[Any, list[Delivery]],
+        batches: dict[Any, list[Delivery | RefDelivery]],
         owners: list[Consumer],
         consumer: Consumer,
         msg_id: int,
         message: Message,
     ) -> None:
         """Add one delivery to its consumer's batch (consumers in first-served order)."""
-        delivery = fast_delivery(msg_id, message.body,
-                                 message.acquired_count > 0 or message.delivery_count > 0,
-                                 message.delivery_count, message.annotations)  # fmt: skip
+        delivery = delivery_of(msg_id, message)
         found = batches.get(consumer.key)
         if found is None:
             batches[consumer.key] = [delivery]
@@ -237,19 +235,23 @@ class MessageFlow(QueueBasics):
             found.append(delivery)
 
     def send(
-        self, ctx: Ctx, queue: Queue, batches: dict[Any, list[Delivery]], owners: list[Consumer]
+        self,
+        ctx: Ctx,
+        queue: Queue,
+        batches: dict[Any, list[Delivery | RefDelivery]],
+        owners: list[Consumer],
     ) -> None:
         """One Deliver effect per consumer served, in first-served order."""
         for consumer in owners:
             batch = tuple(batches[consumer.key])
             ctx.effects.append(
-                fast_deliver(consumer.connection, queue.name, consumer.tag, consumer.key, batch)
+                ref_deliver(consumer.connection, queue.name, consumer.tag, consumer.key, batch)
             )
 
     def deliver_grouped(self, ctx: Ctx, queue: Queue, grouping: Grouping) -> None:
         """By priority, round robin, each consumer takes the oldest head among groups free or
         owned by it, skipping a consumer nothing is available for."""
-        batches: dict[Any, list[Delivery]] = {}
+        batches: dict[Any, list[Delivery | RefDelivery]] = {}
         owners: list[Consumer] = []
         service = queue.service
         for priority in sorted(service, reverse=True):
@@ -303,7 +305,7 @@ class MessageFlow(QueueBasics):
             if message is None:
                 continue
             count += 1
-            size = len(message.body)
+            size = message.size
             queue.bytes_checkout -= size
             message.lock = 0
             message.acquired_count += 1
@@ -345,7 +347,7 @@ class MessageFlow(QueueBasics):
             message = consumer.checked_out.pop(msg_id, None)
             if message is None:
                 continue
-            queue.bytes_checkout -= len(message.body)
+            queue.bytes_checkout -= message.size
             message.acquired_count += 1
             if delivery_failed:
                 message.delivery_count += 1

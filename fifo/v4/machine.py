@@ -40,12 +40,13 @@ from fifo.commands import (
     SimplePrefetch,
 )
 from fifo.effects import ConsumerCancelled, ConsumerUpdate, Released
-from fifo.replies import CancelOk, CheckoutOk, DequeuedMessage, DequeueOk, Error, Reply
+from fifo.replies import CancelOk, CheckoutOk, DequeueOk, Error, Reply
 from fifo.shared import OK, SERIAL, Ctx, invalid, unknown_consumer
 from fifo.state import Consumer, Grouping, Message, Queue
 from fifo.v4 import deadlines
 from fifo.v4 import groups as group_index
 from fifo.v4.messages import MessageHandlers
+from fifo.v4.refs import dequeued
 from fifo.v4.routing import partitioned_of
 
 Handler = Callable[[Ctx, Queue, Any], Reply]
@@ -251,24 +252,22 @@ class QueueMachine(MessageHandlers):
             if queue.grouping is not None:
                 self.after_change(ctx, queue)  # expired heads may have been dead-lettered
             return DequeueOk(None, 0)
-        got = DequeuedMessage(0, message.body, message.delivery_count,
-                              message.acquired_count > 0 or message.delivery_count > 0)  # fmt: skip
         if cmd.spec.settled:
             queue.messages_total -= 1
             self.after_change(ctx, queue)
-            return DequeueOk(got, self.waiting_count(queue))
+            return dequeued(message, self.waiting_count(queue), None)
         consumer = Consumer(key, cmd.consumer.tag, cmd.consumer.connection, ctx.index)
         consumer.once, consumer.prefetch, consumer.next_msg_id = True, 1, 1
         consumer.timeout_ms = cmd.timeout_ms or queue.config.consumer_timeout_ms
         consumer.checked_out[0] = message
         message.lock = ctx.now + consumer.timeout_ms
         consumer.delivery_count = 1
-        queue.bytes_checkout += len(message.body)
+        queue.bytes_checkout += message.size
         queue.consumers[key] = consumer
         queue.key_by_id[cmd.consumer] = key
         deadlines.track(ctx.state, queue, consumer, 0, message)
         self.after_change(ctx, queue)
-        return DequeueOk(got, self.waiting_count(queue), key)
+        return dequeued(message, self.waiting_count(queue), key)
 
     def dequeue_take(self, ctx: Ctx, queue: Queue, key: ConsumerKey, settled: bool) -> (
             Message | None):  # fmt: skip

@@ -24,12 +24,11 @@ from fifo.commands import (
     Settle,
 )
 from fifo.effects import CreditReply
-from fifo.fastbuild import deliver as fast_deliver
 from fifo.fastbuild import delivery as fast_delivery
-from fifo.fastbuild import fresh_delivery
+from fifo.fastbuild import fresh_delivery, ref_deliver
 from fifo.replies import Error, NotEnqueued, PurgeOk, RejectPublish, Reply
 from fifo.shared import OK, SERIAL, Annotations, Ctx, invalid, unknown_consumer
-from fifo.state import Consumer, Enqueuer, Group, GroupId, Grouping, Message, Queue
+from fifo.state import Consumer, Enqueuer, Group, GroupId, Grouping, Message, Queue, RefMessage
 from fifo.v4 import deadlines
 from fifo.v4 import groups as group_index
 from fifo.v4.consumers import ConsumerLife
@@ -83,7 +82,7 @@ class MessageHandlers(ConsumerLife):
             if reply is not None:
                 return reply
         config = queue.config
-        message = Message(cmd.body, None)
+        message = RefMessage(ctx.index, len(cmd.body), None)
         if cmd.ttl_ms is not None or config.message_ttl_ms is not None:
             message.expiry = self.expiry(ctx, queue, cmd.ttl_ms)
         queue.messages_total += 1
@@ -91,7 +90,7 @@ class MessageHandlers(ConsumerLife):
         if queue.service and not queue.ready and not queue.returns:
             consumer = self.next_consumer(queue)
             if consumer is not None:  # fast path: hand the new message straight to a consumer
-                self.assign_one(ctx, queue, consumer, message)
+                self.assign_one(ctx, queue, consumer, message, cmd.body)
                 if queue.blocked_count or limited:
                     self.evaluate_limit(ctx, queue)
                 return OK
@@ -103,8 +102,11 @@ class MessageHandlers(ConsumerLife):
             self.evaluate_limit(ctx, queue)
         return OK
 
-    def assign_one(self, ctx: Ctx, queue: Queue, consumer: Consumer, message: Message) -> None:
-        """Deliver one never-delivered message to `consumer`, at the front of its service ring."""
+    def assign_one(
+        self, ctx: Ctx, queue: Queue, consumer: Consumer, message: Message, body: bytes
+    ) -> None:
+        """Deliver one never-delivered message to `consumer`, at the front of its service ring;
+        its `body` is in hand (the publish being applied): the delivery carries it."""
         msg_id = self.check_out(ctx, queue, consumer, message)
         ring = queue.service[consumer.priority]
         if consumer.credit > 0:
@@ -114,9 +116,9 @@ class MessageHandlers(ConsumerLife):
             consumer.in_service = False
             if not ring:
                 del queue.service[consumer.priority]
-        delivery = fresh_delivery(msg_id, message.body)
+        delivery = fresh_delivery(msg_id, body)
         ctx.effects.append(
-            fast_deliver(consumer.connection, queue.name, consumer.tag, consumer.key, (delivery,))
+            ref_deliver(consumer.connection, queue.name, consumer.tag, consumer.key, (delivery,))
         )
 
     def enqueue_annotated(self, ctx: Ctx, queue: Queue, cmd: AnnotatedEnqueue) -> Reply:
@@ -159,7 +161,7 @@ class MessageHandlers(ConsumerLife):
             if reply is not None:
                 return reply
         config = queue.config
-        message = Message(cmd.body, None)
+        message = RefMessage(ctx.index, len(cmd.body), None)
         message.annotations = annotations
         if cmd.ttl_ms is not None or config.message_ttl_ms is not None:
             message.expiry = self.expiry(ctx, queue, cmd.ttl_ms)
@@ -168,7 +170,8 @@ class MessageHandlers(ConsumerLife):
             queue.ready.append(message)
             queue.messages_total += 1
             queue.bytes_ready += len(cmd.body)
-        elif queue.service and self.hand_over(ctx, queue, grouping, message, group_id):
+        elif queue.service and self.hand_over(ctx, queue, grouping, message, group_id,
+                                              cmd.body):  # fmt: skip
             if queue.blocked_count or limited:
                 self.evaluate_limit(ctx, queue)
             return OK
@@ -191,11 +194,17 @@ class MessageHandlers(ConsumerLife):
         return self.next_consumer(queue)
 
     def hand_over(
-        self, ctx: Ctx, queue: Queue, grouping: Grouping, message: Message, group_id: GroupId
+        self,
+        ctx: Ctx,
+        queue: Queue,
+        grouping: Grouping,
+        message: Message,
+        group_id: GroupId,
+        body: bytes,
     ) -> bool:
         """Fast path of a grouped publish: when its group has nothing waiting, the message is the
         only new thing any consumer can take, so it goes straight to the consumer `deliver`
-        would pick. False: store it and let `deliver` run."""
+        would pick (the delivery carries `body`, in hand). False: store it, let `deliver` run."""
         group = grouping.groups.get(group_id)
         if group is not None and (group.returns or group.ready):
             return False
@@ -225,8 +234,8 @@ class MessageHandlers(ConsumerLife):
             consumer.in_service = False
             if not ring:
                 del queue.service[consumer.priority]
-        delivery = fast_delivery(msg_id, message.body, False, 0, message.annotations)
-        ctx.effects.append(fast_deliver(consumer.connection, queue.name, consumer.tag, key,
+        delivery = fast_delivery(msg_id, body, False, 0, message.annotations)
+        ctx.effects.append(ref_deliver(consumer.connection, queue.name, consumer.tag, key,
                                         (delivery,)))  # fmt: skip
         return True
 
@@ -346,7 +355,7 @@ class MessageHandlers(ConsumerLife):
             message = checked_out.pop(msg_id, None)
             if message is not None:
                 count += 1
-                queue.bytes_checkout -= len(message.body)
+                queue.bytes_checkout -= message.size
         return count
 
     def settle_grouped(
@@ -361,7 +370,7 @@ class MessageHandlers(ConsumerLife):
             if message is None:
                 continue
             count += 1
-            queue.bytes_checkout -= len(message.body)
+            queue.bytes_checkout -= message.size
             group = groups[message.group]
             if (plain and group.checked_out == 1 and group.owner == owner and not group.returns
                     and not group.ready):  # fmt: skip
@@ -492,7 +501,7 @@ class MessageHandlers(ConsumerLife):
     def clear_group(self, queue: Queue, grouping: Grouping, group: Group) -> int:
         """Drop a group's waiting messages (counters fixed); returns how many."""
         count = len(group.returns) + len(group.ready)
-        size = sum(len(message.body) for message in (*group.returns, *group.ready))
+        size = sum(message.size for message in (*group.returns, *group.ready))
         group.returns.clear()
         group.ready.clear()
         grouping.waiting -= count

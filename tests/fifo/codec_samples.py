@@ -75,4 +75,9 @@ SAMPLES: tuple[object, ...] = (
     r.JoinGroupOk(3, 8),
     e.GroupAssigned(CONN, "orders.1", "tag-1", 5, True, "single_active", "billing", "m1", 3),
     e.GroupRevoked(CONN, "orders.1", "tag-1", 5, False, "waiting", "billing", "m1", 4),
+    # machine v4: bodies kept in the log, by reference (issue 32)
+    e.RefDelivery(8, 5 * 1024 + 3, 2048, True, 1, (("k", "v"),)),
+    e.RefDeliver(CONN, "q", "tag-1", 5, (DELIVERY, e.RefDelivery(8, 5 * 1024 + 3, 2048, False, 0))),
+    r.RefDequeuedMessage(0, 6 * 1024, 10, 1, True),
+    r.RefDequeueOk(r.RefDequeuedMessage(0, 6 * 1024, 10, 0, False), 4, 77),
 )

@@ -45,6 +45,11 @@ SAMPLES: list[object] = [
     c.LeaveGroup("p", CID, c.Cancel(), group="g", member="m", epoch=2), r.JoinGroupOk(1, 4),
     e.GroupAssigned(CONN, "p.0", "t", 5, True, "single_active", "g", "m", 1),
     e.GroupRevoked(CONN, "p.0", "t", 5, False, "waiting", "g", "m", 2),
+    e.RefDelivery(1, 3 * 1024, 5, False, 0),
+    e.RefDeliver(CONN, "q", "t", 5,
+                 (e.Delivery(0, b"a", False, 0), e.RefDelivery(1, 1025, 2, True, 1))),
+    r.RefDequeuedMessage(0, 2048, 9, 0, False),
+    r.RefDequeueOk(r.RefDequeuedMessage(0, 2049, 1, 1, True), 0, None),
 ]  # fmt: skip
 
 
