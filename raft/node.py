@@ -46,7 +46,7 @@ import ssl
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,6 +287,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._address_to_id.update({addr: nid for nid, addr in peers.items()})
         self._address_to_id[settings.address] = settings.node_id
         self._snapshots = SnapshotJob(None, Path(settings.dump_file), settings.fsync != "never")
+        # entries whose bodies the node is reading back off the loop (raft.replica): a message
+        # delivered and settled in one entry is not live, but its body must stay readable
+        self.pinned_indexes: Callable[[], Iterable[int]] = tuple
         conf = _syncobj_conf(settings, self._serialize_snapshot, self._deserialize_snapshot)
         conf.serializeChecker = self._snapshots.poll
         self._pre_vote = PreVote(conf.raftMinTimeout)
@@ -561,7 +564,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
         def encode() -> tuple[bytes, list[int]]:  # in the forked child: no lock, no I/O
             body = self.replicated_state.snapshot()
-            live = self.replicated_state.live_indexes()
+            live = sorted({*self.replicated_state.live_indexes(), *self.pinned_indexes()})
             body["live"] = storage.encode_indexes(live)
             body["raft"] = raft
             return storage.encode_dump(cbor2.dumps(body), int(last[1])), live

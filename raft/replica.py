@@ -124,6 +124,7 @@ class Replica:
         self.bodies_missing = 0  # messages not sent: their body could not be read back
         # hand-overs waiting for bodies read off the loop, in log order: (refs, hand over)
         self._waiting: deque[tuple[list[int], Callable[[Lookup], None]]] = deque()
+        self._node.pinned_indexes = self._pinned_entries  # snapshots retain what is being read
         self._reading = False
         self._fresh: dict[int, bytes] = {}  # the last read's bodies (the cache may drop some)
         self._unreadable: dict[int, str] = {}  # raft index -> why, while hand-overs wait
@@ -321,6 +322,11 @@ class Replica:
             return
         self._waiting.append((refs, hand_over))
         self._read_next()
+
+    def _pinned_entries(self) -> set[int]:
+        """The raft indexes of the entries the waiting hand-overs read bodies from (a message
+        delivered and settled at once is no longer live, yet its body is still to be read)."""
+        return {entry_index(ref) for refs, _hand_over in self._waiting for ref in refs}
 
     def _lookup(self, ref: int) -> bytes:
         body = self._fresh.get(ref)

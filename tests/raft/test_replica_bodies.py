@@ -115,6 +115,8 @@ async def _cold_delivery_scenario(data_dir: Path) -> None:
         replica.propose(Checkout("q", ConsumerId("c", MINE), SimplePrefetch(10)),
                         recorder.reply_sink("checkout"))  # fmt: skip
         await _until(lambda: len(readers) > 0, "a read off the loop")
+        # the three publish entries are pinned while read: a snapshot now retains them
+        assert len(set(replica._node.pinned_indexes())) == 3
         replica.propose(Enqueue("q", b"d" * 400), recorder.reply_sink("publish d"))
         await asyncio.sleep(0.3)  # the loop runs while the read is held
         assert recorder.delivered() == []
@@ -122,6 +124,7 @@ async def _cold_delivery_scenario(data_dir: Path) -> None:
         gate.set()
         await _until(lambda: len(recorder.delivered()) == 4, "the deliveries")
         assert recorder.delivered() == [b"a" * 100, b"b" * 200, b"c" * 300, b"d" * 400]
+        assert not set(replica._node.pinned_indexes())
         kinds = [kind for kind, _ in recorder.events if kind in ("checkout", "publish d", "effect")]
         assert kinds[:2] == ["checkout", "effect"] and "publish d" in kinds[2:]  # log order
         assert isinstance(dict(recorder.events)["checkout"], CheckoutOk)
