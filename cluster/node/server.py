@@ -36,6 +36,7 @@ from cluster.node.limits import (
     raise_open_files_limit,
     source_address,
 )
+from cluster.node.listening import log_address, log_sockets
 from cluster.node.logs import setup_logging
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
@@ -263,6 +264,8 @@ class NodeServer:
         self.timers = LeaderTimers(self.replica)
         try:
             server = await self._listen()
+            peer_tls = self.settings.tls_server_context is not None
+            log_address("peer", f"{self.settings.bind_host}:{self.node.raft_port}", peer_tls)
             if self.amqp is not None:
                 await self.amqp.start(self.cluster.bind)
             self.metrics.start()
@@ -310,13 +313,16 @@ class NodeServer:
     async def _listen(self) -> asyncio.Server | TlsClientListener:
         """Serve the client port: plaintext, or TLS when the cluster has `tls = true`."""
         if self.client_tls is None:
-            return await asyncio.start_server(
+            server = await asyncio.start_server(
                 self._on_client, host=self.cluster.bind, port=self.node.client_port
             )
+            log_sockets("client", server.sockets, tls=False)
+            return server
         listener = TlsClientListener(
             self.client_tls, self.node_id, self.node.client_address, self._on_client
         )
         await listener.start(self.cluster.bind, self.node.client_port)
+        log_sockets("client", listener.sockets, tls=True)
         return listener
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
