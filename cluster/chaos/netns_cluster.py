@@ -11,6 +11,7 @@ from there (`with cluster.client_side(): ...`). It offers the chaos nemeses' ver
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from cluster.chaos.netns import NetnsLab, log_file
 from cluster.client import Client
 from cluster.client.errors import ClusterError
 from cluster.client.tls import client_context
-from cluster.config import NodeConfig
+from cluster.config import ClusterConfig, NodeConfig
 from cluster.launcher import node_status
 
 log = structlog.get_logger(__name__)
@@ -74,9 +75,18 @@ class NetnsCluster:
         """Every member's id, sorted."""
         return sorted(self.members)
 
-    def endpoints(self) -> list[str]:
-        """Every member's client address."""
-        return [self.members[n].client_address for n in self.node_ids()]
+    def endpoints(self) -> dict[str, str]:
+        """Every member's client address, by node id."""
+        return {n: self.members[n].client_address for n in self.node_ids()}
+
+    @property
+    def config(self) -> ClusterConfig:
+        """The members as a cluster config (data dirs: each machine's node dir)."""
+        nodes = tuple(
+            dataclasses.replace(self.members[n], data_dir=self.machine(n) / n)
+            for n in self.node_ids()
+        )
+        return ClusterConfig(name="netns", created_ms=0, nodes=nodes, tls=True)
 
     @contextlib.contextmanager
     def client_side(self) -> Iterator[None]:
@@ -86,7 +96,7 @@ class NetnsCluster:
 
     def client(self, **kwargs: Any) -> Client:
         """A TLS client of every member (call it inside `client_side`)."""
-        return Client(self.endpoints(), self.key, tls=self.tls, **kwargs)
+        return Client(list(self.endpoints().values()), self.key, tls=self.tls, **kwargs)
 
     # --- processes ---------------------------------------------------------------------------
 
@@ -144,6 +154,10 @@ class NetnsCluster:
         """Stop every node this cluster started."""
         for node in list(self.processes):
             self.stop(node)
+
+    def shutdown(self) -> None:
+        """Stop every node for good (paused ones are resumed first)."""
+        self.stop_all()
 
     def lose_power(self, node: str, seed: int) -> str:
         """Not on namespaces (the page cache is the machine's): refused."""
