@@ -80,6 +80,7 @@ class NetnsLab:
     """Namespaces for hosts on one bridge; see the module docstring."""
 
     prefix: str = field(default_factory=lambda: f"qq{os.getpid()}{secrets.token_hex(2)}")
+    subnet: str = SUBNET  # the first three octets of the hosts' /24
     hosts: dict[str, Host] = field(default_factory=dict)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _switch: str | None = None
@@ -94,13 +95,17 @@ class NetnsLab:
             _ip("-n", name, "link", "set", BRIDGE, "up")
         return self._switch
 
-    def add_host(self, label: str) -> Host:
-        """A new namespace `PREFIX-label` with address SUBNET.N on a veth to the bridge."""
+    def add_host(self, label: str, last_octet: int | None = None) -> Host:
+        """A new namespace `PREFIX-label` with address `subnet.N` (N: `last_octet`, or the
+        number of hosts so far + 1) on a veth to the bridge."""
         if label in self.hosts or len(self.hosts) >= HOSTS_MAX:
             raise NetnsError(f"host {label!r} exists, or the lab has {HOSTS_MAX} hosts already")
+        address = f"{self.subnet}.{last_octet or len(self.hosts) + 1}"
+        if any(known.address == address for known in self.hosts.values()):
+            raise NetnsError(f"address {address} is taken in the lab")
         switch = self.switch()
         namespace = f"{self.prefix}-{label}"
-        host = Host(label, namespace, f"{SUBNET}.{len(self.hosts) + 1}", f"v{len(self.hosts)}")
+        host = Host(label, namespace, address, f"v{len(self.hosts)}")
         _ip("netns", "add", namespace)
         self.hosts[label] = host
         _ip("-n", namespace, "link", "set", "lo", "up")
@@ -210,10 +215,10 @@ def _setns(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def netns_lab(labels: Sequence[str]) -> Iterator[NetnsLab]:
+def netns_lab(labels: Sequence[str], subnet: str = SUBNET) -> Iterator[NetnsLab]:
     """A lab with a host per label, closed (processes, namespaces, links) however the block
     ends, half-made labs included."""
-    lab = NetnsLab()
+    lab = NetnsLab(subnet=subnet)
     try:
         for label in labels:
             lab.add_host(label)

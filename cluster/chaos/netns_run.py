@@ -61,13 +61,13 @@ class LinkFaults:
 
 def run(params: chaos_run.RunParams) -> dict[str, Any]:
     """Run the whole experiment on namespaces; the report (also written to out_dir)."""
-    for why in (unavailable(), plotting_missing()):
-        if why is not None:
-            raise NetnsRefused(why)
     kinds = expand_faults(params.faults)
     refused = [k for k in kinds if k.startswith(UNSUPPORTED_PREFIXES)]
     if refused:
         raise NetnsRefused(f"--netns cannot inject {', '.join(refused)} (the page cache is shared)")
+    for why in (unavailable(), plotting_missing()):
+        if why is not None:
+            raise NetnsRefused(why)
     params.out_dir.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="quorumq-chaos-netns-", dir="/tmp"))
     stage = chaos_run._Stage()
