@@ -63,21 +63,17 @@ class HostSpec:
 
 
 def parse_host(item: str) -> HostSpec:
-    """`HOST`, `HOST:PORT`, `[IPv6]` or `[IPv6]:PORT`; HostListError says what is wrong."""
+    """`HOST` or `HOST:PORT` (a name or an IPv4 address); HostListError says what is wrong."""
     text = item.strip()
     if not text:
         raise HostListError("an empty item in the host list (two commas, or one at an end?)")
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or (rest and not rest.startswith(":")):
-            raise HostListError(f"{item!r}: write an IPv6 address as [ADDRESS] or [ADDRESS]:PORT")
-        port_text: str | None = rest[1:] if rest else None
-    elif text.count(":") > 1:
-        raise HostListError(f"{item!r}: put an IPv6 address in brackets: [{text}]:PORT")
-    else:
-        host, sep, after = text.partition(":")
-        port_text = after if sep else None
-    return HostSpec(_valid_host(host, item), _valid_port(port_text, item))
+    if text.startswith("[") or text.count(":") > 1:
+        raise HostListError(
+            f"{item!r}: IPv6 addresses are not supported yet (peer and client addresses are "
+            "written host:port, unbracketed): use an IPv4 address or a host name"
+        )
+    host, sep, after = text.partition(":")
+    return HostSpec(_valid_host(host, item), _valid_port(after if sep else None, item))
 
 
 def _valid_port(port_text: str | None, item: str) -> int:
@@ -193,8 +189,7 @@ def _write_client_bundle(out: Path, config: ClusterConfig, ca: cluster_tls.Autho
 
 
 def _endpoint(node: NodeConfig) -> str:
-    host = f"[{node.host}]" if ":" in node.host else node.host
-    return f"{host}:{node.client_port}"
+    return f"{node.host}:{node.client_port}"
 
 
 def add_node_bundle(out: Path, spec: HostSpec, bind: str | None = None) -> NodeConfig:

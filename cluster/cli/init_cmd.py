@@ -30,8 +30,9 @@ _OUT_HELP = "The directory to write (new or empty for init; the init one for add
     "--hosts",
     required=True,
     metavar="H1,H2,H3",
-    help=f"One node per item: HOST, HOST:PORT or [IPv6]:PORT (1 to {HOSTS_MAX}; 3 or 5 to "
-    f"survive a failure). PORT is the client port (default {CLIENT_PORT_DEFAULT}); the peer "
+    help="One node per item: HOST or HOST:PORT, a name or an IPv4 address "
+    f"(1 to {HOSTS_MAX}; 3 or 5 to survive a failure). PORT is the client port "
+    f"(default {CLIENT_PORT_DEFAULT}); the peer "
     "(Raft) port is PORT+1. The names or addresses are the ones clients and peers dial and "
     "what the TLS certificates name.",
 )
@@ -49,7 +50,13 @@ _OUT_HELP = "The directory to write (new or empty for init; the init one for add
     help="The address every node listens on (default: each node's own host; 0.0.0.0 when a "
     "host's name or address is not on one of its interfaces, behind NAT).",
 )
-@click.option("--fsync", type=click.Choice(FSYNC_POLICIES), default="batch", show_default=True)
+@click.option(
+    "--fsync",
+    type=click.Choice(FSYNC_POLICIES),
+    default="batch",
+    show_default=True,
+    help="When nodes fsync their journal (docs/cluster.md; batch: once per batch of entries).",
+)
 @output_option
 @click.pass_context
 @translate_errors

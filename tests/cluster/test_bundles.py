@@ -51,7 +51,8 @@ def _private_keys(directory: Path) -> dict[Path, bytes]:
         ("a,,b", "empty item"),
         ("a:0", "from 1 to 65534"),
         ("a:http", "from 1 to 65534"),
-        ("fe80::1", "in brackets"),
+        ("fe80::1", "IPv6 addresses are not supported"),
+        ("[fd00::3]:7000", "IPv6 addresses are not supported"),
         ("a:5701,a:5702", "ports at least 2 apart"),
         ("under_score", "neither an IP address nor a host name"),
         ("300.1.1.1", "not a valid IPv4 address"),
@@ -65,13 +66,12 @@ def test_bad_host_lists_are_refused_with_the_reason(hosts: str, says: str) -> No
 
 
 def test_host_forms_parse_to_client_and_peer_ports() -> None:
-    """Names, IPv4 and bracketed IPv6, with and without ports; the peer port is port + 1."""
-    specs = parse_hosts("db1.example.com, 10.0.0.2:6000,[fd00::3]:7000,[fd00::4]")
+    """Names and IPv4 addresses, with and without ports; the peer port is port + 1."""
+    specs = parse_hosts("DB1.example.com, 10.0.0.2:6000,10.0.0.3")
     assert specs == [
         HostSpec("db1.example.com", 5701),
         HostSpec("10.0.0.2", 6000),
-        HostSpec("fd00::3", 7000),
-        HostSpec("fd00::4", 5701),
+        HostSpec("10.0.0.3", 5701),
     ]
     assert specs[1].raft_port == 6001
 
