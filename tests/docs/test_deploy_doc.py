@@ -66,8 +66,8 @@ def _copy_and_start(lab: NetnsLab, script: str, admin: Path, machines: Path) -> 
         source, octet, target = found.groups()
         machine = machines / octet
         shutil.copytree(admin / source, machine / target.lstrip("/"), symlinks=True)
-        log = (machine / "node.out").open("wb")
-        lab.popen(f"m{octet}", unit_command(machine), stdout=log, stderr=subprocess.STDOUT)
+        with (machine / "node.out").open("wb") as log:
+            lab.popen(f"m{octet}", unit_command(machine), stdout=log, stderr=subprocess.STDOUT)
 
 
 @pytest.mark.cluster
