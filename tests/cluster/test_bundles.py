@@ -21,7 +21,8 @@ from cluster.bundles import HostListError, HostSpec, add_node_bundle, parse_host
 from cluster.launcher import wait_until
 
 QUORUMQ = [sys.executable, "-m", "cluster.cli"]
-HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")  # three addresses, one port: like 3 machines
+# three addresses and one port, like 3 machines; the first by name (its certificate names it)
+HOSTS = ("localhost", "127.0.0.2", "127.0.0.3")
 
 
 def _cli(
@@ -186,9 +187,9 @@ def bundle_nodes(tmp_path: Path) -> Iterator[Path]:
 def test_a_client_with_only_the_client_bundle_uses_the_cluster_over_tls(
     bundle_nodes: Path, tmp_path: Path
 ) -> None:
-    """Three bundle nodes on three addresses elect a leader; from a copy of the client bundle
-    alone (its client.env), the CLI declares, publishes, consumes and sees equal digests; the
-    same without the CA is refused (78), so the connection was TLS."""
+    """Three bundle nodes (localhost, 127.0.0.2, 127.0.0.3) elect a leader; from a copy of the
+    client bundle alone (its client.env), the CLI declares, publishes, consumes and sees equal
+    digests; the same without the CA is refused (78), so the connection was TLS."""
     client_dir = tmp_path / "client-host"
     shutil.copytree(bundle_nodes / "client", client_dir)
     env = dict(line.split("=", 1) for line in (client_dir / "client.env").read_text().splitlines())
