@@ -36,7 +36,7 @@ from cluster.node.limits import (
     raise_open_files_limit,
     source_address,
 )
-from cluster.node.listening import log_address, log_sockets
+from cluster.node.listening import log_sockets, log_when_listening
 from cluster.node.logs import setup_logging
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.session import ClientSession
@@ -264,8 +264,6 @@ class NodeServer:
         self.timers = LeaderTimers(self.replica)
         try:
             server = await self._listen()
-            peer_tls = self.settings.tls_server_context is not None
-            log_address("peer", f"{self.settings.bind_host}:{self.node.raft_port}", peer_tls)
             if self.amqp is not None:
                 await self.amqp.start(self.cluster.bind)
             self.metrics.start()
@@ -284,7 +282,11 @@ class NodeServer:
             open_files=self.open_files[0],
             connections_max=self.connection_caps.total_max,
         )
+        peer_tls = self.settings.tls_server_context is not None
         tasks = [
+            asyncio.create_task(
+                log_when_listening("peer", self.cluster.bind, self.node.raft_port, peer_tls)
+            ),
             asyncio.create_task(self._periodic(stop)),
             asyncio.create_task(self._hello()),
         ]

@@ -11,8 +11,7 @@ import pytest
 
 from cluster import config as cluster_config
 from cluster.launcher import free_ports, init_cluster, local_cluster, wait_until
-
-pytestmark = pytest.mark.cluster
+from cluster.node.listening import listening_on
 
 HOST = "127.0.0.2"  # a loopback address that is not 127.0.0.1 (Linux routes all of 127/8)
 
@@ -29,6 +28,23 @@ def _refused(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) != 0
 
 
+def test_listening_on_reads_the_kernel_table_for_the_address_asked() -> None:
+    """A socket listening on 127.0.0.2:P is found for 127.0.0.2, not for 127.0.0.1; a closed
+    one is not found (how the peer port's line is checked, raft owning that socket); also
+    once pysyncobj is imported (it replaces socket.inet_ntop by a Windows-only one)."""
+    import pysyncobj.win_inet_pton  # noqa: F401  (what every node process imports)
+
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port = sock.getsockname()[1]
+        assert listening_on(port, HOST) == []  # bound, not listening
+        sock.listen()
+        assert listening_on(port, HOST) == [f"{HOST}:{port}"]
+        assert listening_on(port, "127.0.0.1") == []
+    assert listening_on(port, HOST) == []
+
+
+@pytest.mark.cluster
 def test_every_listener_binds_the_configured_address_and_says_so(tmp_path: Path) -> None:
     """A one-node TLS cluster on 127.0.0.2 with metrics and the HTTP API on: node.log has one
     `listening` line each for client, peer, AMQP, metrics and HTTP, all at 127.0.0.2, and the
