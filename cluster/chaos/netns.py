@@ -36,6 +36,7 @@ SUBNET_BITS = 24
 HOSTS_MAX = 200
 IP_TIMEOUT_S = 10.0
 STOP_GRACE_S = 5.0
+LINK_UP_WAIT_S = 5.0  # a link set up is usable once the kernel says so (carrier), not at once
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
 BRIDGE = "br0"
@@ -125,8 +126,17 @@ class NetnsLab:
         log.info("netns_link_down", host=label)
 
     def link_up(self, label: str) -> None:
-        """Heal `label`'s link."""
-        _ip("-n", self.switch(), "link", "set", self.hosts[label].switch_port, "up")
+        """Heal `label`'s link; returns once the kernel reports both ends up (bounded)."""
+        host = self.hosts[label]
+        _ip("-n", self.switch(), "link", "set", host.switch_port, "up")
+        deadline = time.monotonic() + LINK_UP_WAIT_S
+        while time.monotonic() < deadline:
+            ends = [(self.switch(), host.switch_port), (host.namespace, HOST_INTERFACE)]
+            if all(
+                " state UP " in _ip("-n", ns, "-o", "link", "show", "dev", dev) for ns, dev in ends
+            ):
+                break
+            time.sleep(0.02)
         log.info("netns_link_up", host=label)
 
     def popen(self, label: str, args: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:

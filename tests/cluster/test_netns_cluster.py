@@ -14,6 +14,7 @@ import pytest
 from cluster.chaos.netns import NETNS_DIR, netns_lab, unavailable
 from cluster.chaos.netns_cluster import NetnsCluster
 from cluster.client import Client
+from cluster.launcher import wait_until
 
 pytestmark = [
     pytest.mark.cluster,
@@ -99,7 +100,7 @@ def test_a_cut_link_is_a_real_network_failure() -> None:
         lab.link_down("a")
         assert not reachable()
         lab.link_up("a")
-        assert reachable()
+        wait_until(reachable, 10.0, "the listener reachable again")  # ARP resolves anew
     assert listener.poll() is not None
     leftover = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert lab.prefix not in leftover
