@@ -215,3 +215,25 @@ def test_a_client_with_only_the_client_bundle_uses_the_cluster_over_tls(
     assert all(row["role"] in ("leader", "follower") for row in rows)
     plain = _cli("queue", "list", cwd=client_dir, env={**env, "QUORUMQ_TLS_CA": ""})
     assert plain.returncode == 78 and "speaks TLS" in plain.stderr
+
+
+def test_add_host_refuses_a_clash_and_a_dir_init_did_not_write(tmp_path: Path) -> None:
+    """`cluster add-host`: 64 for ports a member holds on that host, 78 for an --out without
+    an authority; a good one prints the `member add` to run next."""
+    out = tmp_path / "out"
+    assert (
+        _cli(
+            "cluster", "init", "--hosts", "10.0.0.1,10.0.0.2,10.0.0.3", "--out", str(out)
+        ).returncode
+        == 0
+    )
+    clash = _cli("cluster", "add-host", "10.0.0.2:5702", "--out", str(out))
+    assert clash.returncode == 64 and "clashes with n2" in clash.stderr
+    (tmp_path / "other").mkdir()
+    stray = _cli("cluster", "add-host", "10.0.0.4", "--out", str(tmp_path / "other"))
+    assert stray.returncode == 78 and "cluster init" in stray.stderr
+    added = _cli("cluster", "add-host", "10.0.0.4", "--out", str(out))
+    assert added.returncode == 0, added.stderr
+    assert (
+        "member add n4 --raft-address 10.0.0.4:5702 --client-address 10.0.0.4:5701" in added.stdout
+    )
