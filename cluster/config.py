@@ -327,7 +327,7 @@ def _parse_node(item: Any, path: Path) -> NodeConfig:
         host=_typed(item, "host", str, path, "127.0.0.1"),
         raft_port=_port(item, "raft_port", path),
         client_port=_port(item, "client_port", path),
-        data_dir=Path(data_dir) if data_dir else path.parent / node_id,
+        data_dir=path.parent / (data_dir or node_id),  # a relative dir: beside cluster.toml
         max_machine_version=cap,
         peer_addresses=dict(peers),
         metrics_port=_port(item, "metrics_port", path) if "metrics_port" in item else None,

@@ -98,7 +98,7 @@ def init_cluster(
         raise LaunchRefused("a cluster needs at least one node")
     # raft and client ports in pairs, then one AMQP port per node
     ports = (
-        free_ports(3 * nodes)
+        free_ports(3 * nodes, host)
         if base_port is None
         else list(range(base_port, base_port + 3 * nodes))
     )

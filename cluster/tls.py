@@ -411,3 +411,47 @@ def node_client_port_context(
     if not config.tls:
         return None
     return client_port_context(check_node_files(data_dir, config.node(node_id)))
+
+
+# --- an authority for hosts of their own (`quorumq cluster init --hosts`) ---------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Authority:
+    """A cluster CA kept apart from the nodes (`DIR/authority`): it issues their pairs."""
+
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+
+def create_authority(directory: Path, cluster_name: str) -> Authority:
+    """A new CA written as `ca.crt` (0644) and `ca.key` (0600) into `directory` (which must
+    not hold them already: the files are created exclusively)."""
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _ca_certificate(cluster_name, key, now)
+    _write(directory / CA_CERT_FILE, cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(directory / CA_KEY_FILE, _key_pem(key), KEY_MODE)
+    return Authority(cert, key)
+
+
+def load_authority(directory: Path) -> Authority:
+    """The CA in `directory` (`ca.crt` and `ca.key`, checked to belong together)."""
+    _none_missing([directory / CA_CERT_FILE, directory / CA_KEY_FILE], directory.parent)
+    cert = _load_cert(directory / CA_CERT_FILE)
+    key = _load_key(directory / CA_KEY_FILE)
+    _same_key(cert, key, directory / CA_KEY_FILE)
+    return Authority(cert, key)
+
+
+def issue_node_pair(directory: Path, cluster_name: str, node: NodeConfig, ca: Authority) -> None:
+    """Write `node`'s key and certificate (SAN: its host) into `directory`, plus `ca.crt`:
+    the TLS dir of that node's bundle, nothing of any other node and not the CA key."""
+    now = datetime.datetime.now(datetime.UTC)
+    _write(directory / CA_CERT_FILE, ca.cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _issue(directory, cluster_name, node, ca.cert, ca.key, now)
+
+
+def write_ca_cert(path: Path, ca: Authority) -> None:
+    """The CA certificate alone (public): what a client needs to verify the nodes."""
+    _write(path, ca.cert.public_bytes(serialization.Encoding.PEM), 0o644)

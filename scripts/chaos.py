@@ -112,6 +112,12 @@ def _quiet_logs(verbose: bool) -> None:
     is_flag=True,
     help="tls = true: peer and client traffic over TLS (the certificates made in the data dir).",
 )
+@click.option(
+    "--netns",
+    is_flag=True,
+    help="Nodes in network namespaces of their own (TLS bundles), clients in another; a "
+    "partition takes a node's link down. Needs root and iproute2 (cluster/chaos/netns_run.py).",
+)
 @click.option("--verbose", is_flag=True, help="Log fault and client events to stderr.")
 def main(
     duration_s: float,
@@ -131,6 +137,7 @@ def main(
     queue_disconnected_timeout_ms: int | None,
     keep_data: bool,
     tls: bool,
+    netns: bool,
     verbose: bool,
 ) -> None:
     """Run one chaos experiment and check it.
@@ -138,6 +145,7 @@ def main(
     \b
     Example:
       python scripts/chaos.py --duration 60 --faults kill,pause --seed 7 --json
+      python scripts/chaos.py --netns --faults kill,partition,membership --duration 120
     """
     tokens = [] if faults.strip() in ("", "none") else [t.strip() for t in faults.split(",")]
     try:
@@ -171,9 +179,20 @@ def main(
         groups=groups,
         queue_disconnected_timeout_ms=queue_disconnected_timeout_ms,
     )
-    report = run(params)
+    report = _run_netns(params) if netns else run(params)
     click.echo(json.dumps(report, indent=2, default=str) if as_json else _summary(report))
     sys.exit(0 if report["valid"] else 1)
+
+
+def _run_netns(params: RunParams) -> dict[str, Any]:
+    """The run on namespaces (--netns): refused with its reason (69) where it cannot be."""
+    from cluster.chaos import netns_run
+
+    try:
+        return netns_run.run(params)
+    except netns_run.NetnsRefused as err:
+        click.echo(f"--netns: {err}", err=True)
+        sys.exit(69)  # EX_UNAVAILABLE
 
 
 def _summary(report: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from pamqp import commands
 from cluster.amqp import frames, limits
 from cluster.amqp.connection import AmqpConnection
 from cluster.amqp.errors import NOT_ALLOWED, reply_text
+from cluster.node.listening import log_sockets
 
 if TYPE_CHECKING:
     from cluster.node.server import NodeServer
@@ -35,7 +36,7 @@ class AmqpListener:
         self._server = await asyncio.start_server(
             self._accepted, host=host, port=self.port, ssl=self.server.client_tls
         )
-        log.info("amqp_listening", port=self.port, tls=self.server.client_tls is not None)
+        log_sockets("amqp", self._server.sockets, tls=self.server.client_tls is not None)
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self.connections) >= limits.connections_per_node_max:

@@ -339,3 +339,9 @@ def _status_by_endpoints(ctx: click.Context, digest: bool) -> list[dict[str, Any
 def _short_digest(row: dict[str, Any]) -> dict[str, Any]:
     digest = row.get("digest")
     return {**row, "digest": digest[:12]} if isinstance(digest, str) else row
+
+
+from cluster.cli.init_cmd import add_host, init  # noqa: E402  (bundles for separate hosts)
+
+cluster_group.add_command(init)
+cluster_group.add_command(add_host)

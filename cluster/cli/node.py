@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from cluster.bundles import bundle_node_id
 from cluster.cli.common import (
     data_dir_option,
     emit,
@@ -87,6 +88,12 @@ def node_group() -> None:
     default=None,
     help="Address the metrics endpoint listens on (default: [cluster] metrics_bind, 127.0.0.1).",
 )
+@click.option(
+    "--bundle",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="A node bundle of `quorumq cluster init --hosts` (its data dir; names the node).",
+)
 @output_option
 @click.pass_context
 @translate_errors
@@ -98,6 +105,7 @@ def start(
     max_machine_version: int | None,
     metrics_port: int | None,
     metrics_bind: str | None,
+    bundle: Path | None,
 ) -> None:
     """Run one node in the foreground (what `cluster start` runs for each node).
 
@@ -106,15 +114,32 @@ def start(
       quorumq node start n1 --data-dir /tmp/qq
       quorumq node start n1 --data-dir /tmp/qq --metrics-port 9419
       curl -s 127.0.0.1:9419/metrics | grep quorumq_queue_messages_ready
+      quorumq node start --bundle /var/lib/quorumq     # a host of its own (docs/deploy.md)
     """
-    node_id = chosen_node_id(node_id_arg, node_id_option)
-    data_dir = resolve_data_dir(ctx, local_data_dir)
+    if bundle is not None:
+        node_id, data_dir = _bundle_node(bundle, node_id_arg, node_id_option, local_data_dir)
+    else:
+        node_id = chosen_node_id(node_id_arg, node_id_option)
+        data_dir = resolve_data_dir(ctx, local_data_dir)
     config = load_config(data_dir)
     if node_id not in config.node_ids():
         raise CliError(f"no node {node_id!r} in {data_dir} (have {config.node_ids()})", USAGE)
     from cluster.node.server import run_node  # the node server is heavy; import it only here
 
     sys.exit(run_node(data_dir.resolve(), node_id, max_machine_version, metrics_port, metrics_bind))
+
+
+def _bundle_node(
+    bundle: Path, argument: str | None, option: str | None, data_dir: Path | None
+) -> tuple[str, Path]:
+    """The node id a bundle is for (an id given too must be the same) and its data dir."""
+    if data_dir is not None:
+        raise CliError("give --bundle or --data-dir, not both (a bundle is the data dir)", USAGE)
+    node_id = bundle_node_id(bundle)
+    given = argument or option
+    if given is not None and given != node_id:
+        raise CliError(f"{bundle} is {node_id}'s bundle, not {given}'s", USAGE)
+    return node_id, bundle
 
 
 @node_group.command("stop")

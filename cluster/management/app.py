@@ -33,6 +33,7 @@ from cluster.management.node import ManagedNode
 from cluster.management.peers import PeerStatuses
 from cluster.management.reads import Reads
 from cluster.management.samples import Sampler
+from cluster.node.listening import log_address, socket_address
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ class ManagementServer:
             ) from err
         self._task = asyncio.create_task(self._sample_forever())
         log.info("management_started", url=f"http://{self.bind}:{self.port}/")
+        for address in self._runner.addresses:
+            log_address("http", socket_address(address), tls=False)
 
     async def stop(self) -> None:
         """Stop sampling and serving."""

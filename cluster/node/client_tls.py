@@ -88,6 +88,11 @@ class TlsClientListener:
         for sock in self._listeners:
             self._spawn(self._accept_loop(sock))
 
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        """The listening sockets (one per address of the host it was started on)."""
+        return tuple(self._listeners)
+
     def close(self) -> None:
         """Stop listening and drop the connections still before or in their TLS handshake
         (sessions already handed to `on_client` go on until the node closes them)."""

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import fifo
+from cluster.node.listening import log_address, socket_address
 from fifo.commands import Checkout, Discard, Enqueue, Modify, Return, Settle
 from fifo.effects import DeadLettered, Deliver, RefDeliver
 from fifo.replies import DequeueOk, Ok
@@ -275,6 +276,7 @@ class NodeMetrics(NoMetrics):
             raise MetricsUnavailable(
                 f"cannot serve metrics on {self.bind}:{self.port}: {err}"
             ) from err
+        log_address("metrics", socket_address(self._server.server_address), tls=False)
 
     def stop(self) -> None:
         server, self._server = self._server, None

@@ -37,6 +37,7 @@ from cluster.node.limits import (
     raise_open_files_limit,
     source_address,
 )
+from cluster.node.listening import log_sockets, log_when_listening
 from cluster.node.logs import setup_logging
 from cluster.node.memory import LoopStalls, MemoryMonitor, total_memory_bytes
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
@@ -298,7 +299,11 @@ class NodeServer:
             open_files=self.open_files[0],
             connections_max=self.connection_caps.total_max,
         )
+        peer_tls = self.settings.tls_server_context is not None
         tasks = [
+            asyncio.create_task(
+                log_when_listening("peer", self.cluster.bind, self.node.raft_port, peer_tls)
+            ),
             asyncio.create_task(self._periodic(stop)),
             asyncio.create_task(self._hello()),
         ]
@@ -327,13 +332,16 @@ class NodeServer:
     async def _listen(self) -> asyncio.Server | TlsClientListener:
         """Serve the client port: plaintext, or TLS when the cluster has `tls = true`."""
         if self.client_tls is None:
-            return await asyncio.start_server(
+            server = await asyncio.start_server(
                 self._on_client, host=self.cluster.bind, port=self.node.client_port
             )
+            log_sockets("client", server.sockets, tls=False)
+            return server
         listener = TlsClientListener(
             self.client_tls, self.node_id, self.node.client_address, self._on_client
         )
         await listener.start(self.cluster.bind, self.node.client_port)
+        log_sockets("client", listener.sockets, tls=True)
         return listener
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
