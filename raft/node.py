@@ -1126,7 +1126,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """leader | follower | candidate | stopped (stopped applying)."""
         if self.stopped_reason is not None:
             return "stopped"
-        return ROLES.get(int(self._raw_status()["state"]), "follower")
+        # the state alone, not pysyncobj's whole status map (the node's timers ask every 100 ms)
+        return ROLES.get(int(self._SyncObj__raftState), "follower")
 
     def bound(self) -> bool:
         """Whether the raft port is bound (pysyncobj retries a failed bind forever)."""
