@@ -89,8 +89,9 @@ APPEND_ENTRIES_BYTES_MAX = 64 * 1024 * 1024
 # how long the leader may hold back an AppendEntries that would only carry a new commit index:
 # the next entry's AppendEntries (usually sooner, under load) carries it for free
 COMMIT_SEND_DELAY_S = 0.002
-# Raft's timers (heartbeats, elections, connection retries) are looked at this often
-TICK_PERIOD_S = 0.02
+# a tick runs when the next heartbeat or election deadline falls due (`_next_timer_due`), and at
+# least this often for the other timers (connection retries, handshake deadlines, the disk probe)
+TICK_PERIOD_S = 0.1
 # where pysyncobj's own election deadline is parked while pre-vote (raft.prevote) owns it
 PRE_VOTE_PARK_S = 3600.0
 # the status digest encodes the whole state on the loop (about 1.8 us per message held: 200k
@@ -300,7 +301,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # after socket events, after proposals and on a timer (raft/ticker.py)
         self._loop_thread = LoopThread(f"raft-{settings.node_id}") if loop is None else None
         self.loop = loop if loop is not None else self._loop_thread.loop  # type: ignore[union-attr]
-        self._ticker = LoopTicker(self.loop, self._tick, TICK_PERIOD_S)
+        self._ticker = LoopTicker(self.loop, self._tick, TICK_PERIOD_S, self._next_timer_due)
         self._loop_poller = LoopPoller(self.loop, self._ticker.tick_now)
         self._loop_poller.on_tick_end = self._end_of_tick
         self._loop_poller.on_failure = self._ticker.on_failure = self._stop_if_damaged
@@ -377,6 +378,17 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             return
         self._flush_acks()
         self.doTick(0.0)
+
+    def _next_timer_due(self) -> float | None:
+        """Seconds until pysyncobj's next heartbeat (leader with peers) or election / pre-vote
+        deadline (follower, candidate) falls due; None when neither applies."""
+        if self._SyncObj__raftState == _RAFT_STATE.LEADER:
+            if not self._SyncObj__otherNodes:
+                return None
+            due = self._SyncObj__newAppendEntriesTime
+        else:
+            due = min(self._pre_vote.deadline, self._SyncObj__raftElectionDeadline)
+        return float(due) - float(monotonic_time())
 
     def _end_of_tick(self) -> None:
         """The end of every pysyncobj tick: the AppendEntries collected during the tick (one
@@ -1236,7 +1248,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """leader | follower | candidate | stopped (stopped applying)."""
         if self.stopped_reason is not None:
             return "stopped"
-        return ROLES.get(int(self._raw_status()["state"]), "follower")
+        # the state alone, not pysyncobj's whole status map (the node's timers ask every 100 ms)
+        return ROLES.get(int(self._SyncObj__raftState), "follower")
 
     def bound(self) -> bool:
         """Whether the raft port is bound (pysyncobj retries a failed bind forever)."""

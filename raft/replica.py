@@ -214,6 +214,11 @@ class Replica:
         digest is left out above `raft.node.DIGEST_MESSAGES_MAX` messages unless not `bounded`."""
         return self._node.status(with_digest, DIGEST_MESSAGES_MAX if bounded else None)
 
+    def has_quorum(self) -> bool:
+        """Whether this node is connected to a majority of the cluster (the status map's
+        `has_quorum`, without building the map)."""
+        return bool(self._node.hasQuorum)
+
     @property
     def stopped_reason(self) -> str | None:
         """Why this node stopped applying (older code than the log needs), or None."""

@@ -10,8 +10,14 @@ Here the node's loop is the poller (`LoopPoller`: pysyncobj's sockets are `add_r
 - right after each peer socket event (one event reads every frame the socket holds, up to a
   bound: a follower fsyncs once for all the AppendEntries in it, and answers them together),
 - right after a proposal is queued (instead of pysyncobj's pipe notifier),
-- on a timer for Raft's timers (heartbeats, elections, connection retries: every `period`, or
-  sooner when the node asks, e.g. for the held-back commit index).
+- on a timer for Raft's timers, when the next one falls due: the node's `next_due()` names the
+  earliest it knows (the leader's next heartbeat, a follower's election or pre-vote deadline),
+  and a tick runs at least every `period` for the ones it does not (connection retries and
+  handshake deadlines, the disk probe, the journal's one-second timer); sooner when the node
+  asks (`wake_within`, e.g. for the held-back commit index). An idle node so ticks at its
+  heartbeat period (leader) or every `period` (follower), not on a fixed short grid: a timer
+  that fires before anything is due (a follower's election deadline, pushed back by each
+  heartbeat since it was armed) re-arms itself without a tick.
 
 A tick is never re-entered: a tick requested during one runs after it.
 """
@@ -108,26 +114,44 @@ class LoopPoller:
             self.on_tick_end()
 
 
+# a deadline still past after a tick ran (pysyncobj did not act on it: a follower connected to
+# nobody does not stand) is looked at again this often, as every tick was before
+PAST_DUE_RETRY_S = 0.02
+# a timer this close to the earliest deadline ticks (asyncio runs a timer up to its clock
+# resolution early, and pysyncobj compares its deadlines with `>`)
+DUE_SLACK_S = 0.001
+
+
 class LoopTicker:
-    """Runs `tick()` on the loop when asked (coalesced) and every `period` seconds."""
+    """Runs `tick()` on the loop when asked (coalesced), when the node's next timer falls due
+    (`next_due()`: seconds from now, None when it knows of none) and at least every `period`
+    seconds (for the timers `next_due` does not know)."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, tick: Callable[[], None], period: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        tick: Callable[[], None],
+        period: float,
+        next_due: Callable[[], float | None] | None = None,
     ) -> None:
         self.loop = loop
         self._tick = tick
         self.period = period
+        self._next_due = next_due
         self._scheduled = False
         self._ticking = False
         self._stopped = False
         self._timer: asyncio.TimerHandle | None = None
+        self._last_tick_at = loop.time()
+        self._wake_at = float("inf")  # asked for by `wake_within`, until the next tick
         self.ticks = 0
+        self.timer_wakeups = 0  # the timer fired (a tick followed only if something was due)
         self.on_failure: Callable[[], None] | None = None  # after a tick raised (logged)
 
     def start(self) -> None:
-        """Tick once soon, then every period (call before the loop runs, or on it)."""
+        """Tick once soon, then when due (call before the loop runs, or on it)."""
         self.request()
-        self._timer = self.loop.call_later(self.period, self._on_timer)
+        self._arm(self.period)
 
     def stop(self) -> None:
         """No more ticks (on the loop thread, or before/after it runs)."""
@@ -174,6 +198,11 @@ class LoopTicker:
         """Make sure a tick runs within `seconds` (e.g. a held-back message falls due)."""
         if self._stopped or seconds >= self.period:
             return
+        self._wake_at = min(self._wake_at, self.loop.time() + max(0.0, seconds))
+        self._arm(seconds)
+
+    def _arm(self, seconds: float) -> None:
+        """Have the timer fire within `seconds` (an earlier timer stays: it re-arms itself)."""
         when = self.loop.time() + max(0.0, seconds)
         if self._timer is not None:
             if self._timer.when() <= when:
@@ -181,8 +210,29 @@ class LoopTicker:
             self._timer.cancel()
         self._timer = self.loop.call_at(when, self._on_timer)
 
+    def _wait(self, past_due_floor: float) -> float:
+        """Seconds until a tick is due: the node's next timer (no sooner than
+        `past_due_floor`), a `wake_within`, or `period` after the last tick."""
+        wait = min(self._last_tick_at + self.period, self._wake_at) - self.loop.time()
+        due = None
+        if self._next_due is not None:
+            try:
+                due = self._next_due()
+            except Exception:  # never stop ticking over it: `period` still holds
+                log.exception("raft_next_due_failed")
+        if due is not None:
+            wait = min(wait, max(due, past_due_floor))
+        return wait
+
     def _on_timer(self) -> None:
-        self._timer = self.loop.call_later(self.period, self._on_timer)
+        self._timer = None
+        if self._stopped:
+            return
+        self.timer_wakeups += 1
+        wait = self._wait(0.0)
+        if wait > DUE_SLACK_S:  # nothing due yet: the deadline moved since the timer was armed
+            self._arm(wait)
+            return
         self._run_now()
 
     def _run(self) -> None:
@@ -196,6 +246,8 @@ class LoopTicker:
             self.request()
             return
         self._ticking = True
+        self._last_tick_at = self.loop.time()
+        self._wake_at = float("inf")
         try:
             self.ticks += 1
             self._tick()
@@ -204,6 +256,8 @@ class LoopTicker:
             self._failed()
         finally:
             self._ticking = False
+        if not self._stopped:
+            self._arm(self._wait(PAST_DUE_RETRY_S))
 
     def _failed(self) -> None:
         if self.on_failure is not None:

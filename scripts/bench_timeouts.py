@@ -7,15 +7,22 @@ asks its deadline index) and each consumer count, 100,000 messages are checked o
 - `tick_ms`: the machine's part of one leader timer tick (`cluster.node.timers.due_now`: the
   next deadline, and the due commands only once it passed) on a state built in this process
   with the same commands, averaged over --ticks ticks;
-- `idle_leader_cores`: a real local cluster (--nodes, fsync batch) whose leader holds the same
-  load through real clients; the leader's CPU (utime + stime from /proc/PID/stat, every thread)
-  over --window seconds of idleness, divided by the window. `idle_leader_cores_empty` is the
-  same leader with nothing held (its floor: heartbeats, timers, status).
+- `idle_leader_cores` / `idle_follower_cores`: a real local cluster (--nodes, fsync batch) whose
+  leader holds the same load through real clients; the leader's and one follower's CPU (utime +
+  stime from /proc/PID/stat, every thread) over the same --window seconds of idleness, divided
+  by the window, after --settle seconds (the followers finish applying what was published; a
+  snapshot may be taken). `empty` is the same cluster with nothing held (its floor: heartbeats,
+  timers, status). `load` is the load average when each window ended.
+
+With `--baseline-tree DIR` (a checkout of other code, e.g. `git archive main | tar -x -C DIR`)
+every cluster runs twice, first with its nodes importing DIR (PYTHONPATH), then this code, and
+`ratio` is this code's cores over the baseline's in the same run.
 
 v4 is unreleased: the nodes run it with --max-machine-version 4 and
 QUORUMQ_ALLOW_UNRELEASED_MACHINE=1 (set here for the nodes this script starts). Linux only.
 
     python scripts/bench_timeouts.py --consumers 2,20,100 --window 10 -o results.json
+    python scripts/bench_timeouts.py --versions 4 --baseline-tree /tmp/base -o results.json
 """
 
 from __future__ import annotations
@@ -82,11 +89,23 @@ def tick_ms(version: int, consumers: int, messages: int, ticks: int) -> float:
     return (time.perf_counter() - started) * 1000 / ticks
 
 
-def idle_cores(cluster: LocalCluster, pid: int, window_s: float) -> float:
-    """The leader's CPU over `window_s` seconds, in cores."""
-    before, started = cpu_seconds(pid), time.monotonic()
+def idle_cores(pids: dict[str, int], window_s: float) -> dict[str, float]:
+    """Each process's CPU over the same `window_s` seconds, in cores (and the load after)."""
+    before, started = {role: cpu_seconds(pid) for role, pid in pids.items()}, time.monotonic()
     time.sleep(window_s)
-    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
+    elapsed = time.monotonic() - started
+    cores = {f"idle_{role}_cores": round((cpu_seconds(pid) - before[role]) / elapsed, 4)
+             for role, pid in pids.items()}  # fmt: skip
+    return {**cores, "load": round(os.getloadavg()[0], 2)}
+
+
+def node_pids(cluster: LocalCluster, leader: str) -> dict[str, int]:
+    """The leader's pid and one follower's (if the cluster has one)."""
+    pids = {"leader": cluster.procs[leader].pid}
+    followers = sorted(node for node in cluster.procs if node != leader)
+    if followers:
+        pids["follower"] = cluster.procs[followers[0]].pid
+    return pids
 
 
 def hold(cluster: LocalCluster, leader: str, queue: str, consumers: int, messages: int) -> Any:
@@ -112,7 +131,7 @@ def hold(cluster: LocalCluster, leader: str, queue: str, consumers: int, message
 def run_version(
     version: int, consumer_counts: list[int], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """One cluster of `version`: idle leader CPU empty, then with each consumer count."""
+    """One cluster of `version`: idle CPU empty, then with each consumer count."""
     out: dict[str, Any] = {}
     with (
         tempfile.TemporaryDirectory(prefix="qq-timeouts-") as tmp,
@@ -123,18 +142,40 @@ def run_version(
         with cluster.client(leader) as probe:
             wait_until(lambda: probe.status().get("effective_machine_version") == version, 60,
                        f"machine v{version}")  # fmt: skip
-        pid = cluster.procs[leader].pid
-        out["idle_leader_cores_empty"] = round(idle_cores(cluster, pid, args.window), 4)
+        pids = node_pids(cluster, leader)
+        out["empty"] = idle_cores(pids, args.window)
         for consumers in consumer_counts:
             client = hold(cluster, leader, f"hold{consumers}", consumers, args.messages)
             try:
-                cores = idle_cores(cluster, pid, args.window)
+                time.sleep(args.settle)
+                out[str(consumers)] = idle_cores(pids, args.window)
             finally:
                 client.close()
-            out[str(consumers)] = {"idle_leader_cores": round(cores, 4)}
             with cluster.client(leader) as admin:  # the held messages came back: drop them
                 admin.delete_queue(f"hold{consumers}")
     return out
+
+
+def with_baseline(
+    version: int, consumer_counts: list[int], args: argparse.Namespace
+) -> dict[str, Any]:
+    """`run_version` with the nodes on the baseline tree, then on this code; the ratios."""
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(args.baseline_tree.resolve())
+    try:
+        baseline = run_version(version, consumer_counts, args)
+    finally:
+        if previous is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = previous
+    current = run_version(version, consumer_counts, args)
+    ratio = {
+        case: {key: round(value / baseline[case][key], 3) if baseline[case][key] else None
+               for key, value in figures.items() if key.endswith("_cores")}
+        for case, figures in current.items()
+    }  # fmt: skip
+    return {"baseline": baseline, "this": current, "ratio": ratio}
 
 
 def main() -> None:
@@ -144,7 +185,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=MESSAGES)
     parser.add_argument("--ticks", type=int, default=20, help="Timer ticks timed per case.")
     parser.add_argument("--window", type=float, default=10.0, help="Idle seconds measured.")
-    parser.add_argument("--nodes", type=int, default=1, help="Cluster size (CPU is the leader's).")
+    parser.add_argument("--nodes", type=int, default=3, help="Cluster size.")
+    parser.add_argument("--settle", type=float, default=5.0, help="Seconds before a window.")
+    parser.add_argument("--baseline-tree", type=Path, help="Also run the nodes on this code.")
     parser.add_argument("--versions", default="3,4")
     parser.add_argument("--no-cluster", action="store_true", help="Only the in-process ticks.")
     parser.add_argument("-o", "--output", type=Path, help="Also write the JSON here.")
@@ -159,7 +202,8 @@ def main() -> None:
         ticks = {str(n): round(tick_ms(version, n, args.messages, args.ticks), 3) for n in counts}
         entry: dict[str, Any] = {"tick_ms": ticks}
         if not args.no_cluster:
-            entry["cluster"] = run_version(version, counts, args)
+            run = with_baseline if args.baseline_tree is not None else run_version
+            entry["cluster"] = run(version, counts, args)
         result["versions"][str(version)] = entry
     result["load_after"] = os.getloadavg()
     text = json.dumps(result, indent=2)

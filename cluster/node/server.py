@@ -207,7 +207,7 @@ class NodeServer:
         if leader is None:
             return "an election is under way or this node is cut off from the majority"
         if leader == self.node_id:
-            if not self.replica.status(with_digest=False).get("has_quorum", False):
+            if not self.replica.has_quorum():
                 return "this leader is connected to fewer than a majority of the cluster"
         elif not self.replica.peer_connected(leader):
             return f"this node lost its connection to the leader {leader}"
