@@ -260,6 +260,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # heard, for `applied_state_current` (raft/contact.py)
         self._leader_contact = Contact()
         self._follower_contacts: dict[str, Contact] = {}
+        self._elected_at: float | None = None  # when this node last became leader (monotonic)
         # optional observers (the node's metrics): seconds per journal fsync, per entry applied
         self.observe_fsync: Callable[[float], None] | None = None
         self.observe_apply: Callable[[float], None] | None = None
@@ -668,7 +669,27 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         pre_vote.parked = now + PRE_VOTE_PARK_S
         self._SyncObj__raftElectionDeadline = pre_vote.parked
 
+    def _heard_follower(self, peer: str | None, message: dict[str, Any]) -> None:
+        """A follower answered our AppendEntries (raft.contact): heard; and, when it holds the
+        first entry of this leadership (the no-op appended when elected), acknowledged."""
+        if peer is None:
+            return
+        now = monotonic_time()
+        contact = self._follower_contacts.setdefault(peer, Contact())
+        contact.heard(peer, now)
+        first = int(self._SyncObj__noopIDx or 0)
+        if (
+            self._elected_at is not None
+            and self._SyncObj__raftState == _RAFT_STATE.LEADER
+            and message.get("success") is True
+            and first > 0
+            and _int_or(message.get("next_node_idx"), 0) > first
+        ):
+            contact.acknowledged(now, self._elected_at)
+
     def _on_role_changed(self, old: int, new: int) -> None:
+        if new == _RAFT_STATE.LEADER:
+            self._elected_at = monotonic_time()
         silent = monotonic_time() - self._pre_vote.last_leader_contact
         self.roles.changed(old, new, self._SyncObj__raftCurrentTerm, silent)
 
@@ -743,9 +764,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self._pre_vote.heard_from_leader(monotonic_time())
             self._leader_contact.heard(self.node_id_of(node), monotonic_time())
         elif kind == "next_node_idx":  # a follower's answer to our AppendEntries
-            peer = self.node_id_of(node)
-            if peer is not None:
-                self._follower_contacts.setdefault(peer, Contact()).heard(peer, monotonic_time())
+            self._heard_follower(self.node_id_of(node), message)
         snapshot_chunk = (
             isinstance(message, dict)
             and message.get("type") == "append_entries"
@@ -1101,7 +1120,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if self._SyncObj__raftState == _RAFT_STATE.LEADER:
             others = self._SyncObj__otherNodes
             peers = [peer for node in others if (peer := self.node_id_of(node)) is not None]
-            return majority_steady(self._follower_contacts, peers, now)
+            return majority_steady(self._follower_contacts, peers, now, self._elected_at)
         leader = self.leader_id()
         if leader is None or not self.peer_connected(leader):
             return False
