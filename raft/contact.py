@@ -5,8 +5,12 @@ send deliveries that later committed entries have already taken back (a node-dow
 disconnected or consumer timeout, a partition handed to another member). Its applied state is
 current when:
 - it is the leader and a majority (itself included) has been answering it steadily, or
-- it follows a leader it is connected to, has heard from it steadily, and holds every entry
-  that leader said was committed (so this tick applies up to the leader's commit index).
+- it follows a leader it is connected to, has heard from it steadily, and its state has
+  applied every entry that leader said was committed. Applied, not only held: a follower
+  catching up applies many committed entries in one tick, and a delivery of an early one may
+  be taken back by a later one (a NodeDown of this node, a timeout) and acked elsewhere before
+  this node applies it; only the state through the leader's commit index says what is still
+  this node's consumers' to get.
 
 "Steadily" is what makes buffered or delayed bytes harmless: a peer counts only after it was
 heard at least every LEADER_SILENCE_S_MAX for STEADY_S. After a pause (SIGSTOP) or a blackholed
@@ -96,3 +100,19 @@ def majority_steady(
         )
     )
     return 2 * (counted + 1) > len(peers) + 1
+
+
+def follower_current(
+    contact: Contact,
+    leader: str | None,
+    connected: bool,
+    now: float,
+    applied: int,
+    leader_commit: int | None,
+) -> bool:
+    """Whether a follower's applied state is current: `leader` known, `connected` to it, heard
+    steadily (`contact`), and the state applied through `leader_commit` (the commit index the
+    leader last announced; None before it announced one) as of the entry being applied."""
+    if leader is None or not connected or not contact.steady(leader, now):
+        return False
+    return leader_commit is None or applied >= leader_commit

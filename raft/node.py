@@ -61,7 +61,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
 from raft import durability, membership, safe_pickle, storage
-from raft.contact import Contact, majority_steady
+from raft.contact import Contact, follower_current, majority_steady
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, decode_entry, encode_entry
 from raft.errors import DiskFullError, EntryError, StorageError, VersionTooOldError
@@ -261,6 +261,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._leader_contact = Contact()
         self._follower_contacts: dict[str, Contact] = {}
         self._elected_at: float | None = None  # when this node last became leader (monotonic)
+        self._applied_through = 0  # the last entry applied through apply_entry (raft.contact)
         # optional observers (the node's metrics): seconds per journal fsync, per entry applied
         self.observe_fsync: Callable[[float], None] | None = None
         self.observe_apply: Callable[[float], None] | None = None
@@ -401,6 +402,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 raise SyncObjExceptionWrongVer(self.replicated_state.meta.effective_version)
             started = time.perf_counter()
             outcome = self._apply_locked(index, blob)
+            self._applied_through = index  # pysyncobj counts it applied only after we return
             if self.observe_apply is not None:
                 self.observe_apply(time.perf_counter() - started)
         self.sync_journal()  # the reply must not leave before the entry is durable here
@@ -1113,7 +1115,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def applied_state_current(self) -> bool:
         """Whether what this node applied is current, so its deliveries may go out (issue 24,
         the rule in raft/contact.py): leading with a majority heard steadily, or following a
-        connected leader heard steadily and holding everything it said was committed."""
+        connected leader heard steadily, its state applied through what that leader said was
+        committed."""
         if self.stopped_reason is not None or self._destroyed:
             return False
         now = monotonic_time()
@@ -1122,12 +1125,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             peers = [peer for node in others if (peer := self.node_id_of(node)) is not None]
             return majority_steady(self._follower_contacts, peers, now, self._elected_at)
         leader = self.leader_id()
-        if leader is None or not self.peer_connected(leader):
-            return False
-        if not self._leader_contact.steady(leader, now):
-            return False
+        connected = leader is not None and self.peer_connected(leader)
         leader_commit = self._SyncObj__leaderCommitIndex
-        return leader_commit is None or int(self._SyncObj__raftCommitIndex) >= int(leader_commit)
+        commit = None if leader_commit is None else int(leader_commit)
+        applied = max(self._applied_through, int(self.raftLastApplied))
+        return follower_current(self._leader_contact, leader, connected, now, applied, commit)
 
     def role(self) -> str:
         """leader | follower | candidate | stopped (stopped applying)."""

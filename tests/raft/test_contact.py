@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from raft.contact import LEADER_SILENCE_S_MAX, STEADY_S, Contact, majority_steady
+from raft.contact import (
+    LEADER_SILENCE_S_MAX,
+    STEADY_S,
+    Contact,
+    follower_current,
+    majority_steady,
+)
 
 BEAT_S = 0.05  # the leader's heartbeat period
 
@@ -98,3 +104,18 @@ def test_an_acknowledgement_of_an_earlier_leadership_does_not_count() -> None:
     assert not contact.fresh("n2", 20.02, elected_at=20.0)
     contact.acknowledged(20.04, elected_at=20.0)
     assert contact.fresh("n2", 20.05, elected_at=20.0)
+
+
+def test_a_follower_is_current_only_once_its_state_applied_the_leaders_commit_index() -> None:
+    """Steady, connected, the leader announced commit index 120: while the node applies a
+    catch-up batch, the entries before 120 are not current (a later entry of the batch may take
+    their deliveries back), entry 120 and after are."""
+    contact = Contact()
+    heard_every_beat(contact, "n1", 0.0, 2.0)
+    assert not follower_current(contact, "n1", True, 2.0, applied=100, leader_commit=120)
+    assert not follower_current(contact, "n1", True, 2.0, applied=119, leader_commit=120)
+    assert follower_current(contact, "n1", True, 2.0, applied=120, leader_commit=120)
+    assert follower_current(contact, "n1", True, 2.0, applied=3, leader_commit=None)
+    assert not follower_current(contact, "n1", False, 2.0, applied=120, leader_commit=120)
+    assert not follower_current(contact, None, True, 2.0, applied=120, leader_commit=120)
+    assert not follower_current(contact, "n2", True, 2.0, applied=120, leader_commit=120)
