@@ -75,6 +75,7 @@ class EffectRouter:
         # connection number -> consumer -> the lowest message id held (never sent)
         self._held: dict[int, dict[Slot, int]] = {}
         self._held_since = 0.0  # monotonic time of the first hold since the last reconciliation
+        self._soon = False  # a reconciliation is asked for right after the current tick
         self.sent = 0
         self.dropped = 0
         self.held = 0  # deliveries held because the state was not current
@@ -159,6 +160,7 @@ class EffectRouter:
     def _hold(self, effect: Deliver) -> None:
         if not self._held:
             self._held_since = time.monotonic()
+        if not self._soon:
             self._reconcile_soon()
         slots = self._held.setdefault(effect.connection.number, {})
         slot = (effect.queue, effect.consumer_key)
@@ -172,7 +174,12 @@ class EffectRouter:
         """Reconcile right after the current tick (its batch of entries applied), if on a loop;
         the node's periodic `reconcile` covers the rest."""
         with contextlib.suppress(RuntimeError):  # no loop: unit tests drive the router
-            asyncio.get_running_loop().call_soon(self.reconcile)
+            asyncio.get_running_loop().call_soon(self._reconcile_now)
+            self._soon = True
+
+    def _reconcile_now(self) -> None:
+        self._soon = False
+        self.reconcile()
 
     def _reconcile(self) -> dict[tuple[int, Slot], int]:
         """Send, per held consumer, the messages the state says it holds from the first held
