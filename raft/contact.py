@@ -5,8 +5,12 @@ send deliveries that later committed entries have already taken back (a node-dow
 disconnected or consumer timeout, a partition handed to another member). Its applied state is
 current when:
 - it is the leader and a majority (itself included) has been answering it steadily, or
-- it follows a leader it is connected to, has heard from it steadily, and holds every entry
-  that leader said was committed (so this tick applies up to the leader's commit index).
+- it follows a leader it is connected to, has heard from it steadily, and its state has
+  applied every entry that leader said was committed. Applied, not only held: a follower
+  catching up applies many committed entries in one tick, and a delivery of an early one may
+  be taken back by a later one (a NodeDown of this node, a timeout) and acked elsewhere before
+  this node applies it; only the state through the leader's commit index says what is still
+  this node's consumers' to get.
 
 "Steadily" is what makes buffered or delayed bytes harmless: a peer counts only after it was
 heard at least every LEADER_SILENCE_S_MAX for STEADY_S. After a pause (SIGSTOP) or a blackholed
@@ -14,6 +18,14 @@ link, what arrives first is a burst of old frames after a silence: the clock of 
 restarts there, and within STEADY_S the burst is over and, if the peer had given up on this
 connection (it closes one that stays silent for its connection timeout, and only then can the
 leader commit this node's NodeDown), the close has arrived behind it.
+
+A new leader need not wait STEADY_S (the read-index check of Raft's section 6.4): a follower
+that acknowledged the first entry of this leadership (the no-op a leader appends when elected)
+had accepted this node as leader after the election, so that acknowledgement is no old frame.
+Such a follower counts at once if the acknowledgement came within LEADER_SILENCE_S_MAX of the
+election (no pause of this node in between) and it has been heard without a long silence since
+(no pause after). A silence later restarts its contact as before: the exemption is only for the
+stretch that began with the election.
 """
 
 from __future__ import annotations
@@ -29,11 +41,13 @@ STEADY_S = 1.0
 
 @dataclass(slots=True)
 class Contact:
-    """Since when one peer has been heard from without a silence over LEADER_SILENCE_S_MAX."""
+    """Since when one peer has been heard from without a silence over LEADER_SILENCE_S_MAX, and
+    when it first acknowledged an entry of this node's latest leadership."""
 
     peer: str | None = None
     since: float = 0.0
     last: float | None = None
+    acked_at: float | None = None
 
     def heard(self, peer: str | None, now: float) -> None:
         """A frame from `peer` was handled at `now` (monotonic seconds)."""
@@ -41,18 +55,64 @@ class Contact:
             self.peer, self.since = peer, now
         self.last = now
 
+    def acknowledged(self, now: float, elected_at: float) -> None:
+        """The peer acknowledged, at `now`, an entry of the leadership this node won at
+        `elected_at` (call after `heard` for the same frame); the first such time counts."""
+        if self.acked_at is None or self.acked_at < elected_at:
+            self.acked_at = now
+
     def steady(self, peer: str | None, now: float) -> bool:
         """Whether `peer` is heard now and has been, without a long silence, for STEADY_S."""
+        return self._heard_now(peer, now) and now - self.since >= STEADY_S
+
+    def fresh(self, peer: str | None, now: float, elected_at: float) -> bool:
+        """Whether `peer` acknowledged the leadership won at `elected_at` within
+        LEADER_SILENCE_S_MAX of it and has been heard without a long silence since."""
+        acked = self.acked_at
+        return (
+            self._heard_now(peer, now)
+            and acked is not None
+            and elected_at <= acked <= elected_at + LEADER_SILENCE_S_MAX
+            and self.since <= acked
+        )
+
+    def _heard_now(self, peer: str | None, now: float) -> bool:
         return (
             peer is not None
             and peer == self.peer
             and self.last is not None
             and now - self.last <= LEADER_SILENCE_S_MAX
-            and now - self.since >= STEADY_S
         )
 
 
-def majority_steady(contacts: dict[str, Contact], peers: list[str], now: float) -> bool:
-    """Whether the node and the steady ones among `peers` make a majority of the members."""
-    steady = sum(1 for peer in peers if peer in contacts and contacts[peer].steady(peer, now))
-    return 2 * (steady + 1) > len(peers) + 1
+def majority_steady(
+    contacts: dict[str, Contact], peers: list[str], now: float, elected_at: float | None = None
+) -> bool:
+    """Whether the node and the peers among `peers` that count (steady, or fresh since the
+    election at `elected_at` when this node leads) make a majority of the members."""
+    counted = sum(
+        1
+        for peer in peers
+        if peer in contacts
+        and (
+            contacts[peer].steady(peer, now)
+            or (elected_at is not None and contacts[peer].fresh(peer, now, elected_at))
+        )
+    )
+    return 2 * (counted + 1) > len(peers) + 1
+
+
+def follower_current(
+    contact: Contact,
+    leader: str | None,
+    connected: bool,
+    now: float,
+    applied: int,
+    leader_commit: int | None,
+) -> bool:
+    """Whether a follower's applied state is current: `leader` known, `connected` to it, heard
+    steadily (`contact`), and the state applied through `leader_commit` (the commit index the
+    leader last announced; None before it announced one) as of the entry being applied."""
+    if leader is None or not connected or not contact.steady(leader, now):
+        return False
+    return leader_commit is None or applied >= leader_commit

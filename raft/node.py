@@ -61,7 +61,7 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 from pysyncobj.transport import TCPTransport, TransportNotReadyError
 
 from raft import durability, membership, safe_pickle, storage
-from raft.contact import Contact, majority_steady
+from raft.contact import Contact, follower_current, majority_steady
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, decode_entry, encode_entry
 from raft.errors import (
@@ -281,6 +281,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # heard, for `applied_state_current` (raft/contact.py)
         self._leader_contact = Contact()
         self._follower_contacts: dict[str, Contact] = {}
+        self._elected_at: float | None = None  # when this node last became leader (monotonic)
+        self._applied_through = 0  # the last entry applied through apply_entry (raft.contact)
         # optional observers (the node's metrics): seconds per journal fsync, per entry applied
         self.observe_fsync: Callable[[float], None] | None = None
         self.observe_apply: Callable[[float], None] | None = None
@@ -456,6 +458,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 raise SyncObjExceptionWrongVer(self.replicated_state.meta.effective_version)
             started = time.perf_counter()
             outcome = self._apply_locked(index, blob)
+            self._applied_through = index  # pysyncobj counts it applied only after we return
             if self.observe_apply is not None:
                 self.observe_apply(time.perf_counter() - started)
         self.sync_journal()  # the reply must not leave before the entry is durable here
@@ -791,7 +794,27 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         pre_vote.parked = now + PRE_VOTE_PARK_S
         self._SyncObj__raftElectionDeadline = pre_vote.parked
 
+    def _heard_follower(self, peer: str | None, message: dict[str, Any]) -> None:
+        """A follower answered our AppendEntries (raft.contact): heard; and, when it holds the
+        first entry of this leadership (the no-op appended when elected), acknowledged."""
+        if peer is None:
+            return
+        now = monotonic_time()
+        contact = self._follower_contacts.setdefault(peer, Contact())
+        contact.heard(peer, now)
+        first = int(self._SyncObj__noopIDx or 0)
+        if (
+            self._elected_at is not None
+            and self._SyncObj__raftState == _RAFT_STATE.LEADER
+            and message.get("success") is True
+            and first > 0
+            and _int_or(message.get("next_node_idx"), 0) > first
+        ):
+            contact.acknowledged(now, self._elected_at)
+
     def _on_role_changed(self, old: int, new: int) -> None:
+        if new == _RAFT_STATE.LEADER:
+            self._elected_at = monotonic_time()
         silent = monotonic_time() - self._pre_vote.last_leader_contact
         self.roles.changed(old, new, self._SyncObj__raftCurrentTerm, silent)
 
@@ -866,9 +889,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self._pre_vote.heard_from_leader(monotonic_time())
             self._leader_contact.heard(self.node_id_of(node), monotonic_time())
         elif kind == "next_node_idx":  # a follower's answer to our AppendEntries
-            peer = self.node_id_of(node)
-            if peer is not None:
-                self._follower_contacts.setdefault(peer, Contact()).heard(peer, monotonic_time())
+            self._heard_follower(self.node_id_of(node), message)
         snapshot_chunk = (
             isinstance(message, dict)
             and message.get("type") == "append_entries"
@@ -1228,21 +1249,21 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def applied_state_current(self) -> bool:
         """Whether what this node applied is current, so its deliveries may go out (issue 24,
         the rule in raft/contact.py): leading with a majority heard steadily, or following a
-        connected leader heard steadily and holding everything it said was committed."""
+        connected leader heard steadily, its state applied through what that leader said was
+        committed."""
         if self.stopped_reason is not None or self._destroyed:
             return False
         now = monotonic_time()
         if self._SyncObj__raftState == _RAFT_STATE.LEADER:
             others = self._SyncObj__otherNodes
             peers = [peer for node in others if (peer := self.node_id_of(node)) is not None]
-            return majority_steady(self._follower_contacts, peers, now)
+            return majority_steady(self._follower_contacts, peers, now, self._elected_at)
         leader = self.leader_id()
-        if leader is None or not self.peer_connected(leader):
-            return False
-        if not self._leader_contact.steady(leader, now):
-            return False
+        connected = leader is not None and self.peer_connected(leader)
         leader_commit = self._SyncObj__leaderCommitIndex
-        return leader_commit is None or int(self._SyncObj__raftCommitIndex) >= int(leader_commit)
+        commit = None if leader_commit is None else int(leader_commit)
+        applied = max(self._applied_through, int(self.raftLastApplied))
+        return follower_current(self._leader_contact, leader, connected, now, applied, commit)
 
     def role(self) -> str:
         """leader | follower | candidate | stopped (stopped applying)."""

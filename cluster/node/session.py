@@ -78,6 +78,12 @@ WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 # that no longer holds (issue 24), so the session is closed instead (its consumers' messages
 # come back through the log, as after a snapshot)
 EFFECTS_STALE_S = 1.0
+# a settle answered Ok by the machine after the state was replaced while it was in flight
+STATE_REPLACED_MESSAGE = (
+    "the node's state was replaced (a machine upgrade) while this settle was in flight: "
+    "whether its consumer still held the messages when it applied is unknown; outcome unknown, "
+    "retry"
+)
 READ_BYTES = 256 * 1024
 OK_BYTES = fifo.encode(Ok())  # the most frequent reply, encoded once
 CLIENT_COMMANDS = (
@@ -147,6 +153,11 @@ def _held_now(
         elif mid not in consumer.timed_out:
             missing.append(mid)
     return held, missing
+
+
+def _state_of(view: ReplicaView) -> Any:
+    """The state object itself (replaced whole by an upgrade's conversion or a snapshot)."""
+    return view.state
 
 
 def _not_held_message(settle: Settle, lost: list[int]) -> str:
@@ -433,8 +444,13 @@ class ClientSession:
         held now, or taken back by the time the settle applied, means not settled. Ids the
         consumer lost to its own consumer timeout are exempt: naming them is how a client
         clears the timeout (it was told with a Released notice). A resent settle whose first
-        attempt applied gets the refusal too: the client flags an error to a resend uncertain."""
-        held, missing = self.server.replica.read(lambda view: _held_now(view, settle))
+        attempt applied gets the refusal too: the client flags an error to a resend uncertain.
+        A state replaced meanwhile (a machine upgrade converts it into new objects) hides what
+        happened to the noted objects since: that Ok becomes `unavailable`, outcome unknown
+        (the client retries; its answer is flagged uncertain)."""
+        held, missing, noted = self.server.replica.read(
+            lambda view: (*_held_now(view, settle), view.state)
+        )
 
         def checked(reply: Reply) -> None:
             if type(reply) is Ok:
@@ -442,6 +458,8 @@ class ClientSession:
                                   if message.acquired_count != taken]  # fmt: skip
                 if lost:
                     reply = Error("fenced", _not_held_message(settle, sorted(lost)))
+                elif held and self.server.replica.read(_state_of) is not noted:
+                    reply = SubmitError(protocol.UNAVAILABLE, STATE_REPLACED_MESSAGE)
             sink(reply)
 
         return checked

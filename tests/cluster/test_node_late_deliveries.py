@@ -53,6 +53,10 @@ class Acker:
         with self.lock:
             return values <= self.acked
 
+    def acked_now(self) -> set[str]:
+        with self.lock:
+            return set(self.acked)
+
 
 @dataclass
 class Recorder:
@@ -78,6 +82,15 @@ def publish_all(client: Client, queue: str, values: list[str], group: str | None
         publisher.wait_for_confirms(WAIT_S)
 
 
+def marker_barrier(lagging_client: Client, publisher: Client) -> None:
+    """A marker reaches `lagging_client`: its node is current and every frame it sent the
+    client before has arrived."""
+    marker = lagging_client.consume("marker", prefetch=1)
+    publish_all(publisher, "marker", ["marker"])
+    message = marker.get(timeout_s=WAIT_S)
+    assert message is not None and message.body == b"marker"
+
+
 def assert_nothing_late(
     lagging_client: Client,
     publisher: Client,
@@ -85,13 +98,10 @@ def assert_nothing_late(
     before: int,
     acked: set[str],
 ) -> None:
-    """The barrier: a marker reaches `lagging_client` (so its node is current and every frame
-    sent before has arrived); by then the lagging consumer got nothing new (`delivered()` still
-    `before`): everything it held was taken back and acked by another consumer."""
-    marker = lagging_client.consume("marker", prefetch=1)
-    publish_all(publisher, "marker", ["marker"])
-    message = marker.get(timeout_s=WAIT_S)
-    assert message is not None and message.body == b"marker"
+    """The barrier (`marker_barrier`); by then the lagging consumer got nothing new
+    (`delivered()` still `before`): everything it held was taken back and acked by another
+    consumer."""
+    marker_barrier(lagging_client, publisher)
     late = delivered() - before
     assert late == 0, f"{late} deliveries of messages another consumer acked ({len(acked)})"
 
@@ -159,7 +169,13 @@ def test_a_former_leader_cut_off_then_healed_delivers_nothing_stale(tmp_path: Pa
     """The leader appends publishes its followers hold, but their acks never reach it (link
     proxies), then it is cut off: the majority commits them, marks the old leader's node down,
     hands its consumer's share to another consumer which acks it. Healed, the former leader
-    learns they were committed and applies them: its consumer must get none of them."""
+    learns they were committed and applies them: its consumer must get none of them.
+
+    How many of the publishes reach the followers before the cut is not the test's to choose
+    (the old leader appends at most a few entries without a commit, and a loaded host may see
+    an election before the last): what is checked is that none the majority committed and the
+    other consumer acked reaches the former leader's consumer (any the old leader still held
+    are published after the heal, new messages anyone may get)."""
     with cluster_behind_proxies(tmp_path / "D") as (cluster, mesh):
         old = cluster.leader()
         others = [n for n in cluster.config.node_ids() if n != old]
@@ -168,7 +184,8 @@ def test_a_former_leader_cut_off_then_healed_delivers_nothing_stale(tmp_path: Pa
             admin.declare_queue("marker")
         with client_on(cluster, old, "lagging") as lagging, \
                 client_on(cluster, others[0], "current") as current:  # fmt: skip
-            lagging_consumer = lagging.consume("late", prefetch=MESSAGES)
+            recorder = Recorder()
+            lagging_consumer = lagging.consume("late", prefetch=MESSAGES, on_message=recorder)
             acker = Acker(current.consume("late", prefetch=MESSAGES * 2))
             acker.start()
             for other in others:
@@ -182,11 +199,22 @@ def test_a_former_leader_cut_off_then_healed_delivers_nothing_stale(tmp_path: Pa
             wait_until(lambda: _followers_hold_leader_log(cluster, old, others, start), WAIT_S,
                        "the publishes in the followers' logs")  # fmt: skip
             mesh.isolate(old)
-            wait_until(lambda: acker.has_acked(set(values)), WAIT_S, "every message acked")
+            wait_until(lambda: acker.acked_now() and _drained(current, "late"), WAIT_S,
+                       "every message the majority committed acked")  # fmt: skip
+            acked = acker.acked_now()
             mesh.heal()
-            delivered = lambda: lagging_consumer.delivered  # noqa: E731
-            assert_nothing_late(lagging, current, delivered, 0, set(values))
+            marker_barrier(lagging, current)
+            wait_until(lambda: len(recorder.got) == lagging_consumer.delivered, WAIT_S,
+                       "every delivery handed to the recorder")  # fmt: skip
+            late = sorted(set(recorder.got) & acked)
+            assert late == [], f"{len(late)} deliveries of messages another consumer acked"
             publishing.join(WAIT_S)
+
+
+def _drained(client: Client, queue: str) -> bool:
+    """Whether `queue` holds no message (ready, returned or checked out) on `client`'s node."""
+    overview = client.overview(queue)
+    return overview is not None and overview.total == 0
 
 
 def _publish_quietly(client: Client, values: list[str]) -> None:

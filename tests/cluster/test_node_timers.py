@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 
 import pytest
 
@@ -15,15 +16,24 @@ from fifo.replies import CheckoutOk, Ok
 
 pytestmark = pytest.mark.cluster
 
+LOCK_MS = 1500  # room for a delivery held a while (issue 24) before it is settled
+CLOCK_SLACK_S = 0.05  # log timestamps and this process read the same clock, rounded
+
 
 def timer_commands(cluster: LocalCluster, node_id: str, name: str) -> int:
     """How many timer commands called `name` the node submitted (from its node.log)."""
-    count = 0
+    return len(timer_times(cluster, node_id, name))
+
+
+def timer_times(cluster: LocalCluster, node_id: str, name: str) -> list[float]:
+    """When (epoch seconds) the node submitted each timer command called `name`."""
+    times: list[float] = []
     for line in (cluster.data_dir / node_id / "node.log").read_text().splitlines():
         event = json.loads(line)
         if event.get("event") == "timer_command" and event.get("command") == name:
-            count += 1
-    return count
+            stamp = str(event["timestamp"]).replace("Z", "+00:00")
+            times.append(datetime.fromisoformat(stamp).timestamp())
+    return times
 
 
 def await_deliveries(client: RawClient) -> None:
@@ -40,30 +50,39 @@ def await_deliveries(client: RawClient) -> None:
 
 
 def test_consumer_timeouts_are_submitted_only_when_a_lock_expired(cluster3: LocalCluster) -> None:
-    """A settled delivery causes no EvalConsumerTimeouts; an unsettled one does, once expired."""
+    """A settled delivery causes no EvalConsumerTimeouts; an unsettled one does, once expired,
+    and never before its lock could have expired (read from the leader's log: a delivery the
+    node held a while, or a slow client, must not make the test read too late)."""
     leader = cluster3.leader()
     client = cluster3.raw_client(leader)
     wait_until(lambda: client.query("machine")["effective_version"] >= 2, 10, "machine v2")
     await_deliveries(client)
     client.command(DeclareQueue("locks"))
     consumer = ConsumerId("c", client.connection)
-    reply = client.command(Checkout("locks", consumer, SimplePrefetch(5), timeout_ms=800))
+    reply = client.command(Checkout("locks", consumer, SimplePrefetch(5), timeout_ms=LOCK_MS))
     assert isinstance(reply, CheckoutOk)
     key = reply.consumer_key
+    enqueued_at = time.time()
     client.command(Enqueue("locks", b"settled-in-time"))
     [delivery] = [e for e in client.read_effects(1) if isinstance(e, Deliver)]
     assert client.command(Settle("locks", key, (delivery.messages[0].msg_id,))) == Ok()
-    time.sleep(1.5)  # well past the lock's expiry had it not been settled
-    assert timer_commands(cluster3, leader, "EvalConsumerTimeouts") == 0
+    settled_at = time.time()
+    time.sleep(LOCK_MS / 1000 + 0.7)  # well past the lock's expiry had it not been settled
+    # none, unless the lock expired before the settle came (a host too slow to answer within
+    # LOCK_MS): then only before the settle, and only after the lock could expire
+    for at in timer_times(cluster3, leader, "EvalConsumerTimeouts"):
+        assert enqueued_at + LOCK_MS / 1000 - CLOCK_SLACK_S <= at < settled_at + CLOCK_SLACK_S
 
+    before = len(timer_times(cluster3, leader, "EvalConsumerTimeouts"))
+    enqueued_at = time.time()  # the lock of the next message starts after this
     client.command(Enqueue("locks", b"left-unsettled"))
     wait_until(lambda: len(client.read_effects(2, 0.2)) >= 2, 5, "the second delivery")
-    assert timer_commands(cluster3, leader, "EvalConsumerTimeouts") == 0  # lock not expired yet
     released = wait_until(
         lambda: [e for e in client.read_effects(3, 0.2) if isinstance(e, Released)], 10, "Released"
     )
     assert released[0].reason == "timeout" and released[0].consumer_key == key
-    assert timer_commands(cluster3, leader, "EvalConsumerTimeouts") >= 1
+    submitted = timer_times(cluster3, leader, "EvalConsumerTimeouts")[before:]
+    assert submitted and min(submitted) >= enqueued_at + LOCK_MS / 1000 - CLOCK_SLACK_S
     client.close()
 
 

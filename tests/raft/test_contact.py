@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from raft.contact import LEADER_SILENCE_S_MAX, STEADY_S, Contact, majority_steady
+from raft.contact import (
+    LEADER_SILENCE_S_MAX,
+    STEADY_S,
+    Contact,
+    follower_current,
+    majority_steady,
+)
 
 BEAT_S = 0.05  # the leader's heartbeat period
 
@@ -47,3 +53,69 @@ def test_the_leader_needs_a_majority_with_itself() -> None:
     assert not majority_steady({"n3": silent}, ["n2", "n3"], 2.0)
     assert not majority_steady(contacts, ["n2", "n3", "n4", "n5"], 2.0)
     assert majority_steady({}, [], 2.0)
+
+
+def test_a_new_leader_counts_a_follower_that_acknowledged_its_first_entry_at_once() -> None:
+    """Elected at t=10, the follower acks the leadership's first entry 30 ms later: it counts
+    at once (no STEADY_S wait); one of four such followers is no majority of five."""
+    contact = Contact()
+    contact.heard("n2", 10.03)
+    contact.acknowledged(10.03, elected_at=10.0)
+    assert not contact.steady("n2", 10.05)
+    assert contact.fresh("n2", 10.05, elected_at=10.0)
+    assert majority_steady({"n2": contact}, ["n2", "n3"], 10.05, elected_at=10.0)
+    assert not majority_steady({"n2": contact}, ["n2", "n3"], 10.05)  # no election given
+    assert not majority_steady({"n2": contact}, ["n2", "n3", "n4", "n5"], 10.05, elected_at=10.0)
+
+
+def test_an_acknowledgement_after_a_pause_of_the_new_leader_does_not_count() -> None:
+    """The leader is paused right after its election; the buffered acknowledgement is handled
+    on the resume, more than LEADER_SILENCE_S_MAX later: meanwhile another leader may have
+    taken over, so only the STEADY_S rule applies from there."""
+    contact = Contact()
+    contact.heard("n2", 15.0)
+    contact.acknowledged(15.0, elected_at=10.0)
+    assert not contact.fresh("n2", 15.01, elected_at=10.0)
+    heard_every_beat(contact, "n2", 15.05, 15.0 + STEADY_S)
+    assert contact.steady("n2", 15.0 + STEADY_S)
+
+
+def test_a_silence_after_the_acknowledgement_ends_the_exemption() -> None:
+    """Acknowledged promptly, then silent (a pause, a cut link): once heard again the follower
+    counts only after STEADY_S, like any contact that restarted."""
+    contact = Contact()
+    contact.heard("n2", 10.03)
+    contact.acknowledged(10.03, elected_at=10.0)
+    heard_every_beat(contact, "n2", 10.08, 10.3)
+    assert contact.fresh("n2", 10.3, elected_at=10.0)
+    assert not contact.fresh("n2", 10.3 + LEADER_SILENCE_S_MAX + 0.01, elected_at=10.0)
+    contact.heard("n2", 13.0)  # a burst after the silence
+    assert not contact.fresh("n2", 13.0, elected_at=10.0)
+    assert not contact.steady("n2", 13.0)
+
+
+def test_an_acknowledgement_of_an_earlier_leadership_does_not_count() -> None:
+    """Acknowledged when this node led before (t=10); it leads again from t=20: that old
+    acknowledgement says nothing of the new term, a new one does."""
+    contact = Contact()
+    contact.heard("n2", 10.03)
+    contact.acknowledged(10.03, elected_at=10.0)
+    heard_every_beat(contact, "n2", 10.08, 20.02)
+    assert not contact.fresh("n2", 20.02, elected_at=20.0)
+    contact.acknowledged(20.04, elected_at=20.0)
+    assert contact.fresh("n2", 20.05, elected_at=20.0)
+
+
+def test_a_follower_is_current_only_once_its_state_applied_the_leaders_commit_index() -> None:
+    """Steady, connected, the leader announced commit index 120: while the node applies a
+    catch-up batch, the entries before 120 are not current (a later entry of the batch may take
+    their deliveries back), entry 120 and after are."""
+    contact = Contact()
+    heard_every_beat(contact, "n1", 0.0, 2.0)
+    assert not follower_current(contact, "n1", True, 2.0, applied=100, leader_commit=120)
+    assert not follower_current(contact, "n1", True, 2.0, applied=119, leader_commit=120)
+    assert follower_current(contact, "n1", True, 2.0, applied=120, leader_commit=120)
+    assert follower_current(contact, "n1", True, 2.0, applied=3, leader_commit=None)
+    assert not follower_current(contact, "n1", False, 2.0, applied=120, leader_commit=120)
+    assert not follower_current(contact, None, True, 2.0, applied=120, leader_commit=120)
+    assert not follower_current(contact, "n2", True, 2.0, applied=120, leader_commit=120)
