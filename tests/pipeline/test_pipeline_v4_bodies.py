@@ -14,7 +14,9 @@ from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 import fifo
+from cluster.cli.exits import USAGE, CliError
 from cluster.cli.main import cli
+from cluster.node.server import UNRELEASED_FLAG
 from pipeline.logscan import Groups, parse_chunk, scan_log
 from pipeline.replay import GroupReplay, merged_digest
 from pipeline.workload import write_log
@@ -153,3 +155,23 @@ def test_the_upgrade_dry_run_of_a_v4_export_replays_it_to_its_digest(
     assert report["safe"] and report["from_version"] == 4
     assert report["commands"] == plan.commands and not report["baseline_errors"]
     assert plan.end is not None and report["baseline_digest"] == plan.end["fifo_digest"]
+
+
+def test_the_upgrade_dry_run_of_a_v3_export_to_v4_needs_the_flag_and_is_safe(
+    logs: dict[int, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v4 is unreleased: `--to 4` is a usage error naming the flag, as for a node; with it,
+    every split point of the v3 log upgraded to v4 answers as v3 did."""
+    args = ["-o", "json", "machine", "upgrade", "--dry-run", "--log", str(logs[3]), "--to", "4"]
+    monkeypatch.delenv(UNRELEASED_FLAG, raising=False)
+    refused = CliRunner().invoke(cli, args)
+    assert isinstance(refused.exception, CliError) and refused.exception.exit_code == USAGE
+    assert UNRELEASED_FLAG in str(refused.exception)
+    monkeypatch.setenv(UNRELEASED_FLAG, "1")
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output + str(result.exception)
+    report = json.loads(result.stdout)
+    assert report["safe"] and (report["from_version"], report["to_version"]) == (3, 4)
+    statuses = Counter(split["status"] for split in report["splits"])
+    assert statuses["ok"] > 10 and set(statuses) == {"ok"}
+    assert sum(split["replies_compared"] for split in report["splits"]) > 0
