@@ -10,11 +10,16 @@ cluster, and the merged group states reproduce the log's `fifo_digest`.
 
 Facts are read from the machine's output, never guessed: a message is the `fifo.state.Message`
 object the machine holds (tracked by identity), its deliveries are the `Deliver` effects (and
-`DequeueOk` replies), a settle / return / discard is the message leaving a consumer's
+`DequeueOk` replies; from machine v4 also `RefDeliver` / `RefDequeueOk`, the same deliveries
+with bodies by reference), a settle / return / discard is the message leaving a consumer's
 checked-out map, dead-lettering comes from `DeadLettered` effects, SAC hand-overs from
 `ConsumerUpdate` effects and timeouts from `Released` effects. A cheap invariant (tracked
 messages per queue == `messages_total`) guards the bookkeeping after every command; when it does
 not hold the queue is resynchronised from the state and the event counted in `resyncs`.
+
+Bodies (machine v4, issue 32): a v4 message (`RefMessage`) holds no body, only the meta index
+of its enqueuing command and the body's size; the replay needs only the size (`Message.size`,
+which both shapes give), so it never reads a body, and never needs to resolve one.
 
 Extension point (machine v3, group ownership): `GroupReplay.observe_effect` is where a new effect
 type (e.g. a group owner change) becomes rows; it has no column until the machine emits it.
@@ -55,11 +60,12 @@ from fifo.effects import (
     ConsumerUpdate,
     DeadLettered,
     Deliver,
+    RefDeliver,
     Released,
 )
 from fifo.fuzz import probe
 from fifo.meta import Meta
-from fifo.replies import DeclareOk, DequeueOk, Error
+from fifo.replies import DeclareOk, DequeueOk, Error, RefDequeueOk
 from fifo.state import Consumer, Message, Queue, State
 
 GLOBAL_COMMANDS = (ConnectionDown, NodeDown, NodeUp)
@@ -78,6 +84,8 @@ CAUSE_BY_COMMAND = {
     Checkout: "consumer_cancelled",
 }
 SECOND_MS = 1000
+DELIVER_EFFECTS = (Deliver, RefDeliver)  # v4 delivers by reference: the same msg ids
+DEQUEUE_REPLIES = (DequeueOk, RefDequeueOk)  # v4 dequeues by reference
 STATE_BYTES_MAX = 64 * 1024 * 1024  # a larger final state is not sent back for the check
 
 
@@ -427,7 +435,7 @@ class GroupReplay:
         # 3. deliveries
         delivered: dict[int, MessageRow] = {}
         for effect in effects:
-            if type(effect) is Deliver and effect.queue == name:
+            if type(effect) in DELIVER_EFFECTS and effect.queue == name:
                 c = _find_consumer(q, effect.consumer_key)
                 who = self._consumer(
                     name, effect.tag, effect.connection, effect.consumer_key
@@ -442,7 +450,7 @@ class GroupReplay:
                     self._delivered(track, row, (effect.consumer_key, d.msg_id), who, index, rate)
                     delivered[id(row)] = row
         auto_acked: MessageRow | None = None
-        if own and isinstance(reply, DequeueOk) and reply.message is not None:
+        if own and isinstance(reply, DEQUEUE_REPLIES) and reply.message is not None:
             key = reply.consumer_key if reply.consumer_key is not None else cmd.consumer
             who = self._consumer(name, cmd.consumer.tag, cmd.consumer.connection, key).consumer
             if reply.consumer_key is not None:
@@ -632,7 +640,7 @@ class GroupReplay:
             source, origin = "dead_letter", str(death)
         else:
             source, origin = "unknown", None
-        row = MessageRow(m, name, track.seq, index, self.now, source, origin, len(m.body))
+        row = MessageRow(m, name, track.seq, index, self.now, source, origin, m.size)
         track.seq += 1
         track.alive[id(m)] = row
         return row
@@ -712,7 +720,7 @@ class GroupReplay:
             row = track.alive.get(id(m))
             if row is None:
                 source = "snapshot" if index is None else "unknown"
-                row = MessageRow(m, name, track.seq, index, None, source, None, len(m.body))
+                row = MessageRow(m, name, track.seq, index, None, source, None, m.size)
                 track.seq += 1
             seen[id(m)] = row
             return row

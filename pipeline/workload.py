@@ -6,9 +6,11 @@ dead-lettering into its own `<name>.dlq`); every third service's queue is single
 Publishers publish bodies of 16..160 bytes; consumers (prefetch 10) ack most deliveries, return
 some, reject a few, and sometimes hold one past the consumer timeout; consumers come and go and
 connections drop. Entries batch 1..8 commands as the nodes' group commit does; three nodes say
-hello and the cluster upgrades to machine v2 early on (consumer timeouts need v2). Every entry
-goes through `ReplicatedState.apply_entry`, exactly as on a node, so the end record's digests are
-the real ones.
+hello and the cluster upgrades early on to `machine_version` (default the newest released; at
+least 2: consumer timeouts need v2; 4, unreleased, keeps bodies in the log: its deliveries come
+as `RefDeliver` and are observed the same, so a seed gives the same commands at v3 and v4).
+Every entry goes through `ReplicatedState.apply_entry`, exactly as on a node, so the end
+record's digests are the real ones.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from fifo.commands import (
     Settle,
     SimplePrefetch,
 )
-from fifo.effects import ConsumerCancelled, Deliver, Released
+from fifo.effects import ConsumerCancelled, Deliver, RefDeliver, Released
 from raft import SUB_INDEX_SPAN, Entry
 from raft.logfile import EndRecord, EntryRecord, Header, LoggedCommand, LogWriter
 from raft.replicated import ReplicatedState
@@ -41,6 +43,8 @@ from raft.replicated import ReplicatedState
 NODES = ("n1", "n2", "n3")
 CONSUMER_TIMEOUT_MS = 5_000
 PREFETCH = 10
+MACHINE_VERSION_MIN = 2  # consumer timeouts
+DELIVERIES = (Deliver, RefDeliver)  # v4 delivers by reference; the msg ids are the same
 
 
 @dataclass
@@ -66,7 +70,8 @@ class WorkloadStats:
 
 
 class _Sim:
-    def __init__(self, seed: int, services: int) -> None:
+    def __init__(self, seed: int, services: int, machine_version: int) -> None:
+        self.machine_version = machine_version
         self.rng = random.Random(seed)
         self.rs = ReplicatedState(list(NODES))
         self.index = 0
@@ -86,7 +91,7 @@ class _Sim:
         """Apply an entry as a node does; its export record and the effects."""
         self.index += 1
         version = self.rs.meta.effective_version
-        outcome = self.rs.apply_entry(self.index, 1, entry, fifo.LATEST_VERSION)
+        outcome = self.rs.apply_entry(self.index, 1, entry, self.machine_version)
         now = self.rs.meta.last_time_ms
         base: dict[str, Any] = {"index": self.index, "term": 1, "ts_ms": entry.ts_ms}
         if entry.kind == "cmds":
@@ -151,7 +156,7 @@ class _Sim:
     def observe(self, effects: list[Any]) -> None:
         for effect in effects:
             kind = type(effect)
-            if kind is Deliver:
+            if kind in DELIVERIES:
                 c = self._find(effect.queue, effect.tag, effect.connection)
                 if c is not None:
                     c.key = effect.consumer_key
@@ -178,10 +183,28 @@ class _Sim:
             self.by_queue[c.queue].remove(c)
 
 
-def write_log(path: Path, target_bytes: int, seed: int = 1, services: int = 8) -> WorkloadStats:
-    """Write a log export of about `target_bytes` to `path`."""
+def check_machine_version(version: int) -> None:
+    """ValueError unless the workload can run at machine `version` (2 up to the newest one,
+    released or not; the caller gates unreleased ones)."""
+    if type(version) is not int or not MACHINE_VERSION_MIN <= version <= max(fifo.MACHINES):
+        raise ValueError(
+            f"machine version {version!r}: the workload runs at {MACHINE_VERSION_MIN} to "
+            f"{max(fifo.MACHINES)} (consumer timeouts need v2)"
+        )
+
+
+def write_log(
+    path: Path,
+    target_bytes: int,
+    seed: int = 1,
+    services: int = 8,
+    machine_version: int = fifo.LATEST_VERSION,
+) -> WorkloadStats:
+    """Write a log export of about `target_bytes` to `path`, the cluster upgraded to
+    `machine_version` before the first declare."""
+    check_machine_version(machine_version)
     started = time.perf_counter()
-    sim = _Sim(seed, services)
+    sim = _Sim(seed, services, machine_version)
     counts: dict[str, int] = {}
     commands = 0
     with LogWriter.open(path) as writer:
@@ -195,9 +218,9 @@ def write_log(path: Path, target_bytes: int, seed: int = 1, services: int = 8) -
             return effects
 
         for node in NODES:
-            put(Entry("hello", sim.now, None, node=node, version=fifo.LATEST_VERSION,
+            put(Entry("hello", sim.now, None, node=node, version=machine_version,
                       incarnation=1))  # fmt: skip
-        put(Entry("upgrade", sim.now, None, version=fifo.LATEST_VERSION))
+        put(Entry("upgrade", sim.now, None, version=machine_version))
         declares = []
         for number, queue in enumerate(sim.queues):
             dlq = f"{queue}.dlq"

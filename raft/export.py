@@ -173,7 +173,9 @@ class _Exporter:
         now = max(self.state.meta.last_time_ms, entry.ts_ms)
         before = self.state.meta.effective_version
         stale = self._stale_connections(entry, Meta(index, term, now, before))
-        outcome = self.state.apply_entry(index, term, entry, max(fifo.SUPPORTED_VERSIONS))
+        # every version this code knows, released or not: the log shows the cluster ran it
+        # (a node runs an unreleased one only when allowed), so replaying it is no choice
+        outcome = self.state.apply_entry(index, term, entry, max(fifo.MACHINES))
         base.update(ts_ms=entry.ts_ms, origin=entry.origin)
         refusal = next((r.message for r in outcome.replies if isinstance(r, Error)), None)
         if entry.kind == "cmds":

@@ -8,6 +8,10 @@ is enqueue -> deliver -> settle with
 On machine v3 it adds message groups (issue 9): the grouped mix (10,000 groups, 10 consumers with
 prefetch 10, enqueue -> deliver -> settle) against the same mix without groups in the same run,
 the same pair draining a backlog (dispatch through the group index), and bytes per tracked group.
+On machine v4 (unreleased, issue 32) deliveries come by reference (`RefDeliver`) and a queued
+message holds no body: the memory figure adds a body only for messages whose body the state
+holds (`fifo.bodies.referenced_bodies` counts the others), so v4's is the reference's ~88 bytes
+(scripts/bench_message_memory.py), not that plus a body it never holds.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import fifo
+from fifo.bodies import referenced_bodies
 from fifo.commands import (
     AnnotatedEnqueue,
     Checkout,
@@ -40,7 +45,7 @@ from fifo.commands import (
     Settle,
     SimplePrefetch,
 )
-from fifo.effects import Deliver, Effect
+from fifo.effects import Deliver, Effect, RefDeliver
 from fifo.meta import Meta
 from fifo.state import State
 
@@ -76,7 +81,7 @@ def deliveries(effects: list[Effect]) -> list[tuple[ConsumerKey, int]]:
     """(consumer key, msg id) of every delivered message, in effect order."""
     found: list[tuple[ConsumerKey, int]] = []
     for effect in effects:
-        if isinstance(effect, Deliver):
+        if isinstance(effect, (Deliver, RefDeliver)):  # v4: bodies by reference, same msg ids
             found += [(effect.consumer_key, m.msg_id) for m in effect.messages]
     return found
 
@@ -198,7 +203,8 @@ def backlog_drain(version: int, messages: int, grouped: bool) -> dict[str, Any]:
     commands = 0
     for n in range(GROUPED_CONSUMERS):  # the consumers attach: deliveries start
         _, effects = bench.apply(
-            Checkout("q", ConsumerId(f"c{n}", bench.conn), SimplePrefetch(GROUPED_PREFETCH)))
+            Checkout("q", ConsumerId(f"c{n}", bench.conn), SimplePrefetch(GROUPED_PREFETCH))
+        )
         commands += 1
         in_flight.extend(deliveries(effects))
     first = bench.index + 1
@@ -277,7 +283,9 @@ def groups_report(version: int, messages: int, repeat: int) -> dict[str, Any]:
 
 
 def memory_per_ready_message(version: int, messages: int) -> dict[str, Any]:
-    """Bytes of traced memory per ready 100-byte message (no consumers)."""
+    """Bytes of traced memory per ready 100-byte message (no consumers): the machine's
+    structures, plus the body for each message whose body the state holds (all before v4;
+    none of v4's, whose bodies stay in the log)."""
     bench = Bench(version)
     bench.declare("q")
     commands = [Enqueue("q", bytes(BODY)) for _ in range(messages)]  # bodies allocated before
@@ -288,11 +296,18 @@ def memory_per_ready_message(version: int, messages: int) -> dict[str, Any]:
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     overhead = (after - before) / messages
+    # one body object is shared by every command here, so tracemalloc saw none: add one per
+    # message the state holds inline, as distinct bodies would cost on a node
+    in_log, _ = referenced_bodies(bench.state)
+    in_state = messages - in_log
+    bodies = sys.getsizeof(BODY) * in_state / messages
     return {
         "messages": messages,
         "body_bytes": len(BODY),
+        "bodies_in_state": in_state,
+        "bodies_in_log": in_log,
         "overhead_bytes_per_ready_message": round(overhead, 1),  # machine structures only
-        "bytes_per_ready_message": round(overhead + sys.getsizeof(BODY), 1),  # plus the body
+        "bytes_per_ready_message": round(overhead + bodies, 1),  # plus the bodies it holds
     }
 
 
@@ -373,11 +388,15 @@ def main() -> None:
         print(f"{'memory':<14} {report['memory']['bytes_per_ready_message']:>10} B/ready message")
         groups = report.get("message_groups")
         if groups:
-            print(f"{'grouped_mix':<14} {groups['grouped_mix']['commands_per_s']:>10,} commands/s "
-                  f"({groups['grouped_vs_ungrouped']}x ungrouped "
-                  f"{groups['ungrouped_mix']['commands_per_s']:,})")
-            print(f"{'group memory':<14} {groups['memory']['bytes_per_tracked_group']:>10} "
-                  "B/tracked group")
+            print(
+                f"{'grouped_mix':<14} {groups['grouped_mix']['commands_per_s']:>10,} commands/s "
+                f"({groups['grouped_vs_ungrouped']}x ungrouped "
+                f"{groups['ungrouped_mix']['commands_per_s']:,})"
+            )
+            print(
+                f"{'group memory':<14} {groups['memory']['bytes_per_tracked_group']:>10} "
+                "B/tracked group"
+            )
 
 
 if __name__ == "__main__":

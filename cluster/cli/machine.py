@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -118,8 +119,7 @@ def upgrade(
       quorumq machine upgrade --dry-run --log /tmp/qq.log --to 2 --every 10
     """
     target = to_version if to_version is not None else fifo.LATEST_VERSION
-    if target not in fifo.SUPPORTED_VERSIONS:
-        raise CliError(f"--to {target}: this code knows versions {fifo.SUPPORTED_VERSIONS}", USAGE)
+    _check_target(target, dry_run)
     if dry_run:
         _dry_run(ctx, log_file, target, every)
         return
@@ -138,6 +138,22 @@ def upgrade(
         click.echo(f"upgraded the machine from version {before} to {result['effective_version']}")
     else:
         click.echo(f"already at machine version {result.get('effective_version')}; nothing to do")
+
+
+def _check_target(target: int, dry_run: bool) -> None:
+    """A usage error unless `target` is released, or unreleased in a dry run with the flag a
+    node needs to run it (cluster.node.server.UNRELEASED_FLAG)."""
+    from cluster.node.server import UNRELEASED_FLAG
+
+    allowed = fifo.SUPPORTED_VERSIONS
+    if dry_run and os.environ.get(UNRELEASED_FLAG) == "1":
+        allowed = (*allowed, *fifo.UNRELEASED_VERSIONS)
+    if target not in allowed:
+        raise CliError(
+            f"--to {target}: this code knows versions {fifo.SUPPORTED_VERSIONS} (a dry run to "
+            f"unreleased {fifo.UNRELEASED_VERSIONS} only with {UNRELEASED_FLAG}=1)",
+            USAGE,
+        )
 
 
 # --- dry-run -------------------------------------------------------------------------------------

@@ -11,9 +11,11 @@ import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
+import fifo
 from cluster.cli.exits import CliError
 from cluster.cli.main import cli
 from cluster.launcher import LocalCluster, start_cluster, wait_until
+from cluster.node.server import UNRELEASED_FLAG
 from cluster.rawclient import RawClient
 from fifo.commands import (
     Cancel,
@@ -128,11 +130,20 @@ def export_all(cluster: LocalCluster, out: Path) -> None:
             time.sleep(0.5)
 
 
+@pytest.mark.parametrize("version", [3, 4])
 def test_analyze_reports_the_exact_counts_of_a_real_cluster_workload(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: int
 ) -> None:
-    cluster = start_cluster(tmp_path / "D", nodes=3)
+    """The same counts whatever the machine version: at v4 (issue 32) the export's messages
+    keep their bodies in the log, and the analysis takes their sizes from the references."""
+    if version not in fifo.SUPPORTED_VERSIONS:
+        monkeypatch.setenv(UNRELEASED_FLAG, "1")
+    cluster = start_cluster(tmp_path / "D", nodes=3, max_machine_version=version)
     try:
+        client = cluster.raw_client(cluster.leader())
+        wait_until(lambda: client.query("machine")["effective_version"] == version, 30,
+                   f"machine v{version}")  # fmt: skip
+        client.close()
         record_workload(cluster)
         export_all(cluster, tmp_path / "exports")
     finally:
@@ -146,6 +157,7 @@ def test_analyze_reports_the_exact_counts_of_a_real_cluster_workload(
     assert summary["replay_check"]["equal"], summary["replay_check"]
     assert summary["replay_check"]["resyncs"] == 0
     assert "not used" in summary["log_chosen"]  # three exports: one used, the others named
+    assert summary["upgrades"][-1]["to"] == version
 
     messages = {(r["queue"], r["seq"]): r for r in _rows(spark, out / "messages.parquet")}
     by_queue: dict[str, list[dict[str, Any]]] = {}
@@ -156,6 +168,7 @@ def test_analyze_reports_the_exact_counts_of_a_real_cluster_workload(
     assert sorted(str(r["outcome"]) for r in work) == ["acked"] * 7 + ["dead_lettered"]
     assert sum(r["returns"] for r in work) == 2
     assert sum(r["delivery_count"] for r in work) == 10
+    assert sum(r["body_bytes"] for r in work) == 16  # b"w0" .. b"w7"
     [dead] = [r for r in work if r["outcome"] == "dead_lettered"]
     assert (dead["outcome_reason"], dead["dead_letter_target"]) == ("rejected", "dlx")
     [moved] = by_queue["dlx"]
