@@ -382,6 +382,7 @@ class BoundRenewLocks(RenewLocks):
     connection: ConnectionId | None = None
 
 
+BOUND_SETTLES_SINCE_VERSION = 4  # the first machine version that knows the bound forms
 BOUND_SETTLES: dict[type, type] = {  # the unbound command -> its bound form
     Settle: BoundSettle,
     Return: BoundReturn,
@@ -389,6 +390,7 @@ BOUND_SETTLES: dict[type, type] = {  # the unbound command -> its bound form
     Modify: BoundModify,
     RenewLocks: BoundRenewLocks,
 }
+UNBOUND_SETTLES: dict[type, type] = {bound: plain for plain, bound in BOUND_SETTLES.items()}
 
 
 Command = (
