@@ -203,7 +203,7 @@ def _splice_matches() -> bool:
 
 
 _splice_connection = field_splicer(Enqueue, "connection")
-_SETTLING = (Settle, Return, Discard, Modify, RenewLocks)  # and their bound forms (subclasses)
+SETTLING_COMMANDS = (Settle, Return, Discard, Modify, RenewLocks)  # and their bound forms
 SPLICE_OK = _splice_matches()
 
 
@@ -436,7 +436,7 @@ class ClientSession:
             self.error(protocol.UNAVAILABLE, f"{refusal}; nothing was submitted", request_id)
             return
         bound = bind_connection(command, self.connection)
-        if isinstance(bound, _SETTLING):
+        if isinstance(bound, SETTLING_COMMANDS):
             bound = bind_owner(bound, self.connection, self._effective_version())
         if bound is not command:  # re-encode only what changed (the codec is the hot path)
             blob = self._rebound_blob(blob, command, bound)

@@ -9,6 +9,7 @@ acks afterwards are `ok` and remove them: nothing was dropped unprocessed."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,11 +66,40 @@ def test_another_connection_cannot_settle_a_consumers_deliveries(
             assert isinstance(owner.command(Settle(QUEUE, key, ids)), Ok)
             wait_until(lambda: _total(attacker) == 0, 30, "the owner's acks to apply everywhere")
             consumer.close()
+            _amqp_acks_are_bound_and_accepted(cluster, other, attacker)
     finally:
         cluster.stop()
 
 
-def _total(client: object) -> int:
-    overview = client.overview(QUEUE)  # type: ignore[attr-defined]
+def _amqp_acks_are_bound_and_accepted(cluster: LocalCluster, node_id: str, reader: Any) -> None:
+    """Through AMQP 0-9-1 the node binds its connection into acks and rejects too (a delivery
+    tag means something on its channel only): the owner's basic.ack and basic.nack apply, so
+    the queue empties."""
+    pika = pytest.importorskip("pika")
+    credentials = pika.PlainCredentials("quorumq", cluster.key.decode("ascii"))
+    port = cluster.config.node(node_id).amqp_port
+    params = pika.ConnectionParameters("127.0.0.1", port, credentials=credentials,
+                                       socket_timeout=30, stack_timeout=60)  # fmt: skip
+    with pika.BlockingConnection(params) as connection:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("amqp-owned", durable=True, arguments={"x-queue-type": "quorum"})
+        for number in range(2 * MESSAGES):
+            channel.basic_publish("", "amqp-owned", b"amqp %d" % number)
+        deliveries = channel.consume("amqp-owned", inactivity_timeout=10)
+        for taken, (method, _properties, _body) in enumerate(deliveries, start=1):
+            assert method is not None, "the AMQP deliveries did not arrive"
+            if taken % 2:
+                channel.basic_ack(method.delivery_tag)
+            else:
+                channel.basic_nack(method.delivery_tag, requeue=False)
+            if taken == 2 * MESSAGES:
+                break
+        wait_until(lambda: _total(reader, "amqp-owned") == 0, 30, "the AMQP acks and nacks")
+        channel.cancel()
+
+
+def _total(client: Any, queue: str = QUEUE) -> int:
+    overview = client.overview(queue)
     assert overview is not None
     return int(overview.total)
