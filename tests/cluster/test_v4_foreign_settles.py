@@ -18,6 +18,7 @@ from cluster.launcher import LocalCluster, init_cluster, wait_until
 from cluster.node.server import UNRELEASED_FLAG
 from fifo.commands import Discard, Modify, RenewLocks, Return, Settle
 from fifo.replies import Ok
+from tests.management.helpers import admin_auth, base_url, http
 
 pytestmark = pytest.mark.cluster
 
@@ -31,7 +32,7 @@ def test_another_connection_cannot_settle_a_consumers_deliveries(
     """B's discard, settle, return, modify and renew of A's deliveries are refused with
     not_owner and change nothing; A's later ack of the same ids is ok."""
     monkeypatch.setenv(UNRELEASED_FLAG, "1")
-    cfg = init_cluster(tmp_path / "D", nodes=3)
+    cfg = init_cluster(tmp_path / "D", nodes=3, http_base_port=0)
     cluster = LocalCluster(tmp_path / "D", cfg)
     try:
         for node in cfg.nodes:
@@ -67,6 +68,7 @@ def test_another_connection_cannot_settle_a_consumers_deliveries(
             wait_until(lambda: _total(attacker) == 0, 30, "the owner's acks to apply everywhere")
             consumer.close()
             _amqp_acks_are_bound_and_accepted(cluster, other, attacker)
+            _management_get_requeues_its_own(cluster, other, attacker)
     finally:
         cluster.stop()
 
@@ -97,6 +99,19 @@ def _amqp_acks_are_bound_and_accepted(cluster: LocalCluster, node_id: str, reade
                 break
         wait_until(lambda: _total(reader, "amqp-owned") == 0, 30, "the AMQP acks and nacks")
         channel.cancel()
+
+
+def _management_get_requeues_its_own(cluster: LocalCluster, node_id: str, reader: Any) -> None:
+    """A management get with requeue gives back what it took, bound to its own connection:
+    accepted, so every message is waiting again (none left checked out)."""
+    url, auth = base_url(cluster, node_id) + "/api/queues/mgmt-owned", admin_auth(cluster)
+    assert http(url, "PUT", auth=auth, body={"config": {}})[0] == 200
+    for number in range(MESSAGES):
+        assert http(url + "/publish", "POST", auth=auth, body={"body": f"m{number}"})[0] == 200
+    status, got, _ = http(url + "/get", "POST", auth=auth, body={"count": MESSAGES})
+    assert status == 200 and len(got["messages"]) == MESSAGES, got
+    overview = reader.overview("mgmt-owned")
+    assert overview is not None and (overview.total, overview.checked_out) == (MESSAGES, 0)
 
 
 def _total(client: Any, queue: str = QUEUE) -> int:
