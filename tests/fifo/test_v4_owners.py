@@ -7,14 +7,17 @@ effect); the owner's later ack of the same ids is `ok`. Unbound commands keep v3
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
 
 import fifo
+import fifo.fuzz
 from fifo import commands as c
 from fifo.replies import Error, Ok
 from fifo.state import State
+from fifo.v4 import basics
 
 OWNER = c.ConnectionId("n1", 1, 1)
 FOREIGN = c.ConnectionId("n2", 1, 1)  # another client, on another node
@@ -127,3 +130,46 @@ def test_machines_before_v4_do_not_know_bound_commands(version: int) -> None:
     key = run.key if run.key is not None else c.ConsumerId("a", OWNER)
     reply, _ = run.apply(c.BoundSettle(QUEUE, key, run.ids, OWNER))
     assert isinstance(reply, Error) and reply.code == "unknown_command"
+
+
+
+def _replies_to_bound(seed: int, steps: int) -> tuple[Counter[str], list[str]]:
+    """The replies (type or error code) to bound commands in a v4 fuzz run, and its
+    violations."""
+    replies: Counter[str] = Counter()
+
+    def recording(meta: fifo.Meta, command: Any, state: State) -> tuple[Any, list[Any]]:
+        reply, effects = fifo.apply(meta, command, state)
+        if type(command) in c.UNBOUND_SETTLES:
+            replies[reply.code if isinstance(reply, Error) else type(reply).__name__] += 1
+        return reply, effects
+
+    result = fifo.fuzz.run(seed, steps, 4, apply_fn=recording)
+    return replies, [v.invariant for v in result.violations]
+
+
+def test_the_fuzzer_tries_foreign_settles_and_finds_the_rule_kept() -> None:
+    """The v4 generator binds many answers to the owner and some to another connection; the
+    machine refuses those (not_owner) and every invariant holds."""
+    replies, violations = _replies_to_bound(3, 2000)
+    assert violations == []
+    assert replies["Ok"] >= 50 and replies["not_owner"] >= 10, replies
+
+
+def test_planted_bug_a_machine_accepting_foreign_settles_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the ownership check removed, the fuzzer reports foreign_settle."""
+    monkeypatch.setattr(basics.QueueBasics, "owner_refusal", lambda self, q, k, conn: None)
+    _replies, violations = _replies_to_bound(3, 2000)
+    assert "foreign_settle" in violations
+
+
+def test_planted_bug_a_machine_refusing_the_owner_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With every bound command refused, the fuzzer reports owner_refused."""
+    refusal = Error("not_owner", "planted")
+    monkeypatch.setattr(basics.QueueBasics, "owner_refusal", lambda self, q, k, c: refusal)
+    _replies, violations = _replies_to_bound(3, 2000)
+    assert "owner_refused" in violations
