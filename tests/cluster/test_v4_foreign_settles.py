@@ -16,7 +16,7 @@ import pytest
 from cluster.client.errors import CommandRefused
 from cluster.launcher import LocalCluster, init_cluster, wait_until
 from cluster.node.server import UNRELEASED_FLAG
-from fifo.commands import Discard, Modify, RenewLocks, Return, Settle
+from fifo.commands import BoundDiscard, Command, Discard, Modify, RenewLocks, Return, Settle
 from fifo.replies import Ok
 from tests.management.helpers import admin_auth, base_url, http
 
@@ -30,7 +30,8 @@ def test_another_connection_cannot_settle_a_consumers_deliveries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """B's discard, settle, return, modify and renew of A's deliveries are refused with
-    not_owner and change nothing; A's later ack of the same ids is ok."""
+    not_owner and change nothing (also a bound discard naming A's connection); A's later ack
+    of the same ids is ok."""
     monkeypatch.setenv(UNRELEASED_FLAG, "1")
     cfg = init_cluster(tmp_path / "D", nodes=3, http_base_port=0)
     cluster = LocalCluster(tmp_path / "D", cfg)
@@ -55,9 +56,14 @@ def test_another_connection_cannot_settle_a_consumers_deliveries(
                     break
             key = held[0].consumer_key
             ids = tuple(message.msg_id for message in held)
-            foreign = [Discard(QUEUE, key, ids), Settle(QUEUE, key, ids),
-                       Return(QUEUE, key, ids), Modify(QUEUE, key, ids, True, True),
-                       RenewLocks(QUEUE, key, ids)]  # fmt: skip
+            foreign: list[Command] = [
+                Discard(QUEUE, key, ids), Settle(QUEUE, key, ids), Return(QUEUE, key, ids),
+                Modify(QUEUE, key, ids, True, True), RenewLocks(QUEUE, key, ids),
+            ]  # fmt: skip
+            # the consumer list shows whose it is; naming that connection in a bound form is
+            # no way round: the node puts the sender's own connection in its place
+            owner_connection = attacker.consumers(QUEUE)[QUEUE][0].connection
+            foreign.append(BoundDiscard(QUEUE, key, ids, owner_connection))
             for command in foreign:
                 with pytest.raises(CommandRefused) as refused:
                     attacker.command(command)
