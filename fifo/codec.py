@@ -56,6 +56,7 @@ CLASSES: tuple[type, ...] = (
     c.DeclarePartitionedQueue, c.JoinGroup, c.LeaveGroup, r.JoinGroupOk, e.GroupAssigned,
     e.GroupRevoked,
     e.RefDelivery, e.RefDeliver, r.RefDequeuedMessage, r.RefDequeueOk,
+    c.BoundSettle, c.BoundReturn, c.BoundDiscard, c.BoundModify, c.BoundRenewLocks,
 )  # fmt: skip
 SNAPSHOT_FORMAT = 1
 _NO_DEFAULT = object()

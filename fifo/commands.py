@@ -338,6 +338,61 @@ class LeaveGroup(Checkout):
     epoch: int = 0
 
 
+# --- machine v4: settles bound to the submitting connection (issue 31) ---------------------
+# New classes (new tags), so the shipped Settle ... RenewLocks keep their bytes and a node with
+# older code never meets a field it does not know: the node sends these only once machine v4 is
+# effective, and sets `connection` to the connection the command came in on (a client never
+# chooses it). Machine v4 refuses one naming a consumer of another connection (`not_owner`);
+# machines before v4 answer them `unknown_command`.
+
+
+@dataclass(frozen=True, slots=True)
+class BoundSettle(Settle):
+    """A Settle submitted by `connection` (v4): accepted only from the consumer's connection."""
+
+    connection: ConnectionId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundReturn(Return):
+    """A Return submitted by `connection` (v4): accepted only from the consumer's connection."""
+
+    connection: ConnectionId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundDiscard(Discard):
+    """A Discard submitted by `connection` (v4): accepted only from the consumer's connection."""
+
+    connection: ConnectionId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundModify(Modify):
+    """A Modify submitted by `connection` (v4): accepted only from the consumer's connection."""
+
+    connection: ConnectionId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BoundRenewLocks(RenewLocks):
+    """A RenewLocks submitted by `connection` (v4): accepted only from the consumer's
+    connection."""
+
+    connection: ConnectionId | None = None
+
+
+BOUND_SETTLES_SINCE_VERSION = 4  # the first machine version that knows the bound forms
+BOUND_SETTLES: dict[type, type] = {  # the unbound command -> its bound form
+    Settle: BoundSettle,
+    Return: BoundReturn,
+    Discard: BoundDiscard,
+    Modify: BoundModify,
+    RenewLocks: BoundRenewLocks,
+}
+UNBOUND_SETTLES: dict[type, type] = {bound: plain for plain, bound in BOUND_SETTLES.items()}
+
+
 Command = (
     DeclareQueue
     | DeleteQueue
@@ -364,4 +419,9 @@ Command = (
     | DeclarePartitionedQueue
     | JoinGroup
     | LeaveGroup
+    | BoundSettle
+    | BoundReturn
+    | BoundDiscard
+    | BoundModify
+    | BoundRenewLocks
 )

@@ -18,6 +18,7 @@ ErrorCode = Literal[
     "group_exists",  # v3: the group consumes another partitioned queue
     "member_exists",  # v3: the member joined already, from another consumer id
     "fenced",  # v3: the command names an ended (or older) membership
+    "not_owner",  # v4: a bound settle from a connection other than its consumer's
 ]
 
 

@@ -28,6 +28,7 @@ from cluster.amqp.errors import (
     ChannelRefusal,
     ConnectionRefusal,
 )
+from cluster.node.session import SETTLING_COMMANDS, bind_owner
 from fifo.commands import (
     ConnectionDown,
     ConnectionId,
@@ -154,19 +155,28 @@ class AmqpConnection:
         settles, self._settles = self._settles, {}
         for (queue, key), msg_ids in settles.items():
             for part in chunks(msg_ids):
-                node_link.propose(self.server, Settle(queue, key, part), _ignore)
+                settle = self.bound(Settle(queue, key, part))
+                node_link.propose(self.server, settle, _ignore)
 
     def propose(self, command: Any, sink: node_link.Sink) -> None:
         """Submit a command after the acks gathered before it."""
         if self._settles:
             self.flush_settles()
-        node_link.propose(self.server, command, sink)
+        node_link.propose(self.server, self.bound(command), sink)
 
     async def submit(self, command: Any) -> Reply:
         """Submit a command after the acks gathered before it, and wait for its reply."""
         if self._settles:
             self.flush_settles()
-        return await node_link.submit(self.server, command)
+        return await node_link.submit(self.server, self.bound(command))
+
+    def bound(self, command: Any) -> Any:
+        """A settle, return, discard, modify or renew bound to this connection (machine v4
+        accepts one only from the connection holding the consumer, issue 31: a delivery tag
+        means something on its channel only); any other command as it is."""
+        if not isinstance(command, SETTLING_COMMANDS):
+            return command
+        return bind_owner(command, self.connection_id, node_link.effective_version(self.server))
 
     # --- flow control of publishes ------------------------------------------------------------
 

@@ -1,7 +1,10 @@
 """The write API: declare, delete and purge a queue, publish a message, get (ack or requeue).
 
 Each action is a fifo command proposed through this node's replica, exactly as a client's would
-be (and counted by the same metrics). A get holds a connection of this node for its duration.
+be (and counted by the same metrics). A get holds a connection of this node for its duration,
+and gives back what it took bound to that connection, as a client would (machine v4 accepts a
+settle only from the consumer's own connection, issue 31). No action here settles or requeues
+another connection's deliveries.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from aiohttp import web
 
 from cluster.management.jsonable import body_json, to_json
 from cluster.management.node import ManagedNode
-from cluster.node.session import PUBLISH_BODY_BYTES_MAX
+from cluster.node.session import PUBLISH_BODY_BYTES_MAX, bind_owner
 from fifo.commands import (
     Checkout,
     ConsumerId,
@@ -134,8 +137,10 @@ class Actions:
                 taken.append((key, reply.message))
         finally:
             if mode == "requeue":  # all held first, so that `count` gets distinct messages
-                for key, message in taken:
-                    await self._command(Return(queue, key, (message.msg_id,)))
+                version = self.node.replica.read(lambda view: view.meta.effective_version)
+                for key, message in taken:  # bound like a client's: the get owns them
+                    give_back = Return(queue, key, (message.msg_id,))
+                    await self._command(bind_owner(give_back, connection, int(version)))
             self.node.router.unregister(connection)  # the node closes it through the log
         return web.json_response({"messages": [_message_json(m) for _key, m in taken]})
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import fifo
 from cluster.node.listening import log_address, socket_address
-from fifo.commands import Checkout, Discard, Enqueue, Modify, Return, Settle
+from fifo.commands import UNBOUND_SETTLES, Checkout, Discard, Enqueue, Modify, Return, Settle
 from fifo.effects import DeadLettered, Deliver, RefDeliver
 from fifo.replies import DequeueOk, Ok
 from raft.replica import Replica, ReplicaView
@@ -204,6 +204,7 @@ class NodeMetrics(NoMetrics):
 
     def count(self, command: Any, sink: Sink) -> Sink:
         kind = type(command)
+        kind = UNBOUND_SETTLES.get(kind, kind)  # a BoundSettle counts as a Settle (issue 31)
         if kind is Enqueue:
             counter, amount = self.published, 1
         elif kind is Settle:

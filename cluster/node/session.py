@@ -25,6 +25,9 @@ from cluster.node.queries import QueryError, run_query
 from fifo import limits as fifo_limits
 from fifo.codec import TAG_BASE, constructor
 from fifo.commands import (
+    BOUND_SETTLES,
+    BOUND_SETTLES_SINCE_VERSION,
+    UNBOUND_SETTLES,
     Checkout,
     ConnectionDown,
     ConnectionId,
@@ -135,6 +138,25 @@ def bind_connection(command: Any, connection: ConnectionId) -> Any:
     return command
 
 
+def bind_owner(command: Any, connection: ConnectionId, effective_version: int) -> Any:
+    """A settle, return, discard, modify or renew in the form the machine checks against the
+    consumer's connection (issue 31), submitted by `connection`, once the effective machine
+    version knows that form (v4); before, the unbound form, as those machines know it. A bound
+    form a client sent itself gets our connection too: a client never chooses it. Any other
+    command is returned as is."""
+    kind = type(command)
+    plain = UNBOUND_SETTLES.get(kind)
+    bound = BOUND_SETTLES.get(kind)
+    if plain is None and bound is None:
+        return command
+    values = [getattr(command, f.name) for f in dataclasses.fields(plain or kind)]
+    if effective_version < BOUND_SETTLES_SINCE_VERSION:
+        return command if plain is None else plain(*values)
+    if plain is not None and command.connection == connection:
+        return command
+    return (bound or kind)(*values, connection)
+
+
 def _held_now(
     view: ReplicaView, settle: Settle
 ) -> tuple[list[tuple[int, Message, int]], list[int]]:
@@ -192,6 +214,7 @@ def _splice_matches() -> bool:
 
 
 _splice_connection = field_splicer(Enqueue, "connection")
+SETTLING_COMMANDS = (Settle, Return, Discard, Modify, RenewLocks)  # and their bound forms
 SPLICE_OK = _splice_matches()
 
 
@@ -424,14 +447,21 @@ class ClientSession:
             self.error(protocol.UNAVAILABLE, f"{refusal}; nothing was submitted", request_id)
             return
         bound = bind_connection(command, self.connection)
+        if isinstance(bound, SETTLING_COMMANDS):
+            bound = bind_owner(bound, self.connection, self._effective_version())
         if bound is not command:  # re-encode only what changed (the codec is the hot path)
             blob = self._rebound_blob(blob, command, bound)
         self.used = True
         reply_sink = self._reply_sink(request_id)
-        if type(bound) is Settle:
+        if isinstance(bound, Settle):
             reply_sink = self._settle_sink(bound, reply_sink)
         sink = self.server.metrics.count(bound, reply_sink)
         self.server.replica.propose(bound, sink, blob)
+
+    def _effective_version(self) -> int:
+        """The machine version the cluster applies entries with now (it only ever grows, so a
+        command bound for it is applied by it or a later one)."""
+        return int(self.server.replica.read(lambda view: view.meta.effective_version))
 
     def _settle_sink(
         self, settle: Settle, sink: Callable[[Reply], None]

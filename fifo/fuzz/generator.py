@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import Any, Literal, cast
 
 from fifo.commands import (
+    BOUND_SETTLES,
+    BOUND_SETTLES_SINCE_VERSION,
     CONSUMER_TIMEOUT_MS_DEFAULT,
     DISCONNECTED_TIMEOUT_MS_DEFAULT,
     AnnotatedEnqueue,
@@ -316,7 +318,23 @@ class Generator:
         )
 
     def outcome(self) -> Command:
-        """Answer pending deliveries: settle, return, discard, modify (v2) or renew (v2)."""
+        """Answer pending deliveries: settle, return, discard, modify (v2) or renew (v2). v4:
+        often bound to the consumer's own connection, sometimes to another connection (an
+        attack the machine refuses: the messages stay pending). Before v4 nothing more is
+        drawn, so earlier versions draw exactly as before."""
+        command, batch = self.answer()
+        if self.world.version < BOUND_SETTLES_SINCE_VERSION or self.rng.chance(1, 3):
+            return command
+        connection = owner = batch[0].cid.connection
+        if self.rng.chance(1, 5):
+            connection = ConnectionId(owner.node, owner.incarnation, owner.number + 1)
+            if type(command) is not RenewLocks:  # (a renew left them pending already)
+                self.world.pending.extend(batch)
+        values = [getattr(command, name) for name in command.__dataclass_fields__]
+        return cast(Command, BOUND_SETTLES[type(command)](*values, connection))
+
+    def answer(self) -> tuple[Command, list[Pending]]:
+        """An unbound answer to pending deliveries, and the deliveries it names."""
         rng, world = self.rng, self.world
         index = 0 if rng.chance(9, 10) else rng.below(len(world.pending))
         first = world.pending.pop(index)
@@ -338,16 +356,16 @@ class Generator:
             ]
         )
         if kind == "settle":
-            return Settle(first.queue, key, ids)
+            return Settle(first.queue, key, ids), batch
         if kind == "return":
-            return Return(first.queue, key, ids)
+            return Return(first.queue, key, ids), batch
         if kind == "discard":
-            return Discard(first.queue, key, ids)
+            return Discard(first.queue, key, ids), batch
         if kind == "renew":
             world.pending.extend(batch)  # still held after a renew
-            return RenewLocks(first.queue, key, ids)
+            return RenewLocks(first.queue, key, ids), batch
         failed, here = rng.chance(1, 2), rng.chance(1, 4)
-        return Modify(first.queue, key, ids, failed, here, (("x-note", rng.below(100)),))
+        return Modify(first.queue, key, ids, failed, here, (("x-note", rng.below(100)),)), batch
 
     def partitioned(self) -> Command:
         """v3: declare the partitioned queue (or re-declare it, sometimes differently)."""

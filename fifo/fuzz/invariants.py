@@ -10,6 +10,7 @@ import binascii
 from dataclasses import dataclass, field
 
 from fifo.commands import (
+    UNBOUND_SETTLES,
     AnnotatedEnqueue,
     Checkout,
     Command,
@@ -60,6 +61,9 @@ class Peek:
     sender_delivery_count: int | None = None  # a credited consumer's, before a Credit
     # v3, a publish to a partitioned queue's base: each partition's total before it
     partition_totals: dict[str, int] | None = None
+    # v4, a bound settle, return, discard, modify or renew naming a known consumer: whether
+    # it comes from that consumer's own connection
+    from_owner: bool | None = None
 
 
 @dataclass
@@ -109,6 +113,10 @@ class Checker:
             return peek
         peek.total_before = queue.messages_total
         peek.ready_before = probe.ready_count(queue)
+        if type(command) in UNBOUND_SETTLES:
+            holder = probe.find_consumer(queue, command.consumer_key)  # type: ignore[union-attr]
+            if holder is not None:
+                peek.from_owner = holder.connection == command.connection  # type: ignore[union-attr]
         if isinstance(command, Settle):
             consumer = probe.find_consumer(queue, command.consumer_key)
             if consumer is not None and isinstance(command.msg_ids, tuple):
@@ -151,6 +159,8 @@ class Checker:
             found += _check_renewed(state, command)
         if isinstance(command, _NAMING_IDS) and not isinstance(reply, Error):
             found += _check_untimed_out(state, command)
+        if peek.from_owner is not None:
+            found += _check_owner_rule(state, command, reply, effects, peek)
         if isinstance(command, RegisterEnqueuer) and isinstance(reply, RejectPublish):
             self.blocked[(command.queue, command.enqueuer)] = True  # told by the reply
         found += check_state(state, self.ledgers)
@@ -866,3 +876,24 @@ def _add_first(firsts: dict[str, list[int]], queue: str, body: bytes) -> None:
     number = body_number(body)
     if number is not None and body.startswith(queue.encode() + b"|"):
         firsts.setdefault(queue, []).append(number)
+
+
+def _check_owner_rule(
+    state: State, command: Command, reply: Reply, effects: list[Effect], peek: Peek
+) -> list[Found]:
+    """v4 (issue 31): a bound settle, return, discard, modify or renew from a connection other
+    than its consumer's is refused (not_owner) and changes nothing; one from the consumer's
+    own connection is never refused as not_owner."""
+    refused = isinstance(reply, Error) and reply.code == "not_owner"
+    name = type(command).__name__
+    if peek.from_owner:
+        return [("owner_refused", f"the owner's {name} was refused: {reply!r}")] if refused else []
+    if not refused:
+        return [("foreign_settle", f"another connection's {name} was answered {reply!r}")]
+    name_of_queue = getattr(command, "queue", None)
+    queue = probe.queue(state, name_of_queue) if isinstance(name_of_queue, str) else None
+    total = queue.messages_total if queue is not None else None
+    if effects or total != peek.total_before:
+        return [("foreign_settle", f"another connection's {name} changed the queue: "
+                 f"{len(effects)} effects, total {peek.total_before} -> {total}")]  # fmt: skip
+    return []

@@ -14,7 +14,7 @@ from fifo import limits
 from fifo import validate as v
 from fifo.commands import ConsumerId, ConsumerKey
 from fifo.replies import Error
-from fifo.shared import Ctx, invalid, unknown_consumer
+from fifo.shared import Ctx, invalid, key_text, unknown_consumer
 from fifo.state import Consumer, Group, GroupId, Grouping, Message, Queue
 from fifo.v4 import groups as group_index
 
@@ -67,6 +67,20 @@ class QueueBasics:
         if msg := v.msg_ids_error(msg_ids):
             return invalid(msg)
         return consumer
+
+    def owner_refusal(self, queue: Queue, key: object, connection: object) -> Error | None:
+        """The refusal of a bound settle, return, discard, modify or renew submitted by a
+        connection other than the one that holds consumer `key` (issue 31); None when it may
+        go on (an unknown consumer is left to the handler: `unknown_consumer`)."""
+        if err := v.connection_error(connection):
+            return invalid(err)
+        consumer = self.resolve(queue, key) if v.key_error(key) is None else None
+        if consumer is None or consumer.connection == connection:
+            return None
+        return Error("not_owner", f"consumer {key_text(key)} of queue {queue.name!r} belongs "
+                     "to another connection: only the connection that holds a consumer may "
+                     "settle, return, discard, modify or renew its messages; nothing was "
+                     "applied")  # fmt: skip
 
     def expiry(self, ctx: Ctx, queue: Queue, ttl_ms: int | None) -> int | None:
         """Absolute expiry from the queue TTL and the message TTL (TTL 0 -> now + 1)."""

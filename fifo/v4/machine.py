@@ -13,6 +13,11 @@ from fifo import limits
 from fifo import validate as v
 from fifo.commands import (
     AnnotatedEnqueue,
+    BoundDiscard,
+    BoundModify,
+    BoundRenewLocks,
+    BoundReturn,
+    BoundSettle,
     Cancel,
     Checkout,
     ConnectionDown,
@@ -90,6 +95,11 @@ class QueueMachine(MessageHandlers):
             ConsumerDisconnectedTimeout: self.consumer_disconnected_timeout,
             AnnotatedEnqueue: self.enqueue_annotated,
             PurgeGroup: self.purge_group,
+            BoundSettle: self.settle_bound,
+            BoundReturn: self.return_bound,
+            BoundDiscard: self.discard_bound,
+            BoundModify: self.modify_bound,
+            BoundRenewLocks: self.renew_locks_bound,
         }
 
     # --- checkout ------------------------------------------------------------------------------

@@ -9,6 +9,11 @@ from fifo import limits
 from fifo import validate as v
 from fifo.commands import (
     AnnotatedEnqueue,
+    BoundDiscard,
+    BoundModify,
+    BoundRenewLocks,
+    BoundReturn,
+    BoundSettle,
     ConnectionId,
     ConsumerId,
     Credit,
@@ -441,6 +446,33 @@ class MessageHandlers(ConsumerLife):
                 deadlines.track(ctx.state, queue, consumer, msg_id, message)
         self.consumer_done(ctx, queue, consumer, 0)
         return OK
+
+    # --- the same, bound to the submitting connection (issue 31) ------------------------------
+
+    def settle_bound(self, ctx: Ctx, queue: Queue, cmd: BoundSettle) -> Reply:
+        """A Settle accepted only from the consumer's own connection."""
+        refusal = self.owner_refusal(queue, cmd.consumer_key, cmd.connection)
+        return refusal if refusal is not None else self.settle(ctx, queue, cmd)
+
+    def return_bound(self, ctx: Ctx, queue: Queue, cmd: BoundReturn) -> Reply:
+        """A Return accepted only from the consumer's own connection."""
+        refusal = self.owner_refusal(queue, cmd.consumer_key, cmd.connection)
+        return refusal if refusal is not None else self.return_(ctx, queue, cmd)
+
+    def discard_bound(self, ctx: Ctx, queue: Queue, cmd: BoundDiscard) -> Reply:
+        """A Discard accepted only from the consumer's own connection."""
+        refusal = self.owner_refusal(queue, cmd.consumer_key, cmd.connection)
+        return refusal if refusal is not None else self.discard(ctx, queue, cmd)
+
+    def modify_bound(self, ctx: Ctx, queue: Queue, cmd: BoundModify) -> Reply:
+        """A Modify accepted only from the consumer's own connection."""
+        refusal = self.owner_refusal(queue, cmd.consumer_key, cmd.connection)
+        return refusal if refusal is not None else self.modify(ctx, queue, cmd)
+
+    def renew_locks_bound(self, ctx: Ctx, queue: Queue, cmd: BoundRenewLocks) -> Reply:
+        """A RenewLocks accepted only from the consumer's own connection."""
+        refusal = self.owner_refusal(queue, cmd.consumer_key, cmd.connection)
+        return refusal if refusal is not None else self.renew_locks(ctx, queue, cmd)
 
     # --- credit, purge, expiry -----------------------------------------------------------------
 

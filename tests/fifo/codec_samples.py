@@ -80,4 +80,9 @@ SAMPLES: tuple[object, ...] = (
     e.RefDeliver(CONN, "q", "tag-1", 5, (DELIVERY, e.RefDelivery(8, 5 * 1024 + 3, 2048, False, 0))),
     r.RefDequeuedMessage(0, 6 * 1024, 10, 1, True),
     r.RefDequeueOk(r.RefDequeuedMessage(0, 6 * 1024, 10, 0, False), 4, 77),
+    c.BoundSettle("q", 1024, (0, 1, 2), CONN),
+    c.BoundReturn("q", CID, (3,), CONN),
+    c.BoundDiscard("q", 7, (4, 5)),
+    c.BoundModify("q", 5, (6,), True, False, (("x-reason", "bad"), ("n", 2)), CONN),
+    c.BoundRenewLocks("q", 2048, (7, 8), CONN),
 )

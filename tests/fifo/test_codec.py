@@ -50,6 +50,9 @@ SAMPLES: list[object] = [
                  (e.Delivery(0, b"a", False, 0), e.RefDelivery(1, 1025, 2, True, 1))),
     r.RefDequeuedMessage(0, 2048, 9, 0, False),
     r.RefDequeueOk(r.RefDequeuedMessage(0, 2049, 1, 1, True), 0, None),
+    c.BoundSettle("q", 5, (1, 2), CONN), c.BoundReturn("q", CID, (3,), CONN),
+    c.BoundDiscard("q", 5, (), None), c.BoundModify("q", 5, (1,), True, False, (), CONN),
+    c.BoundRenewLocks("q", CID, (0,), CONN),
 ]  # fmt: skip
 
 
