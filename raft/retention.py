@@ -74,6 +74,9 @@ class RetainedStore:
         self._live: dict[int, int] = {}  # segment number -> bytes of the records it holds
         self._fds: dict[int, int] = {}
         self._active: int | None = None  # the segment appended to
+        # the first damage found reading a record back while running: the node stops on it,
+        # as on journal damage (DurableFileJournal.damage, raft.node)
+        self.damage: StorageError | None = None
         if directory.exists():
             self._load()
 
@@ -172,7 +175,15 @@ class RetainedStore:
                     offset,
                 )
         except StorageError as err:
-            log.error("retained_entry_damaged", file=str(path), index=index, error=str(err))
+            if self.damage is None:
+                self.damage = err
+                log.error(
+                    "retained_entry_damaged",
+                    file=str(path),
+                    index=index,
+                    error=str(err),
+                    action="the node stops (exit 65)",
+                )
             raise
         return command, index, term
 

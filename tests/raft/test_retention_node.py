@@ -249,3 +249,29 @@ def test_a_start_installs_the_live_entries_a_transfer_left_after_the_dump(
         assert storage.dump_end(dump) == dump.stat().st_size
     finally:
         second.close()
+
+
+def test_damage_found_in_a_retained_entry_stops_the_node_as_journal_damage_does(
+    node: Node,
+) -> None:
+    """A retained record that went bad on disk is not served (StorageError) and, as for a
+    damaged journal record, the node keeps it as its storage damage (the server exits 65 on it)
+    and stops ticking, even when the read was made off the loop (the bodies worker)."""
+    node.run(DeclareQueue("q"))
+    indexes = [node.run(Enqueue("q", b"body-%d" % i)) for i in range(20)]
+    node.live.update(indexes[:3])
+    node.compact()
+    segment = sorted((node.node.settings.data_dir / "raft.journal.retained").glob("*.seg"))[0]
+    offsets = storage.scan_segment(segment, segment.read_bytes()).offsets
+    with open(segment, "r+b") as f:  # in place, under the running node
+        f.seek(offsets[1] + 40)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+    assert node.node.read_entry(indexes[0]) == node.blobs[indexes[0]]
+    assert node.node.storage_damage() is None
+    with pytest.raises(StorageError, match="fails its checksum"):
+        node.node.read_entry(indexes[1])
+    damage = node.node.storage_damage()
+    assert damage is not None and damage.path == str(segment)
+    wait_until(lambda: not node.node.tick_thread_alive(), 10, "the node to stop")
