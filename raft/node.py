@@ -643,7 +643,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         end = storage.dump_end(path)
         if end == path.stat().st_size or not isinstance(journal, DurableFileJournal):
             return
-        added = journal.retained.add(storage.iter_transfer_records(path, self.settings.node_id))
+        added = journal.add_retained(
+            storage.iter_transfer_records(path, self.settings.node_id),
+            "installing the live entries of a snapshot transfer",
+        )
         os.truncate(path, end)
         if self.settings.fsync != "never":
             fd = os.open(path, os.O_RDONLY)

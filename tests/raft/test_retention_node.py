@@ -16,7 +16,7 @@ import fifo
 from cluster.launcher import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.state import State
-from raft import storage
+from raft import durability, storage
 from raft.entry import Entry, encode_entry
 from raft.errors import EntryGoneError, StorageError
 from raft.node import RaftNode, RaftSettings
@@ -275,3 +275,30 @@ def test_damage_found_in_a_retained_entry_stops_the_node_as_journal_damage_does(
     damage = node.node.storage_damage()
     assert damage is not None and damage.path == str(segment)
     wait_until(lambda: not node.node.tick_thread_alive(), 10, "the node to stop")
+
+
+def test_a_full_disk_while_retaining_fails_the_snapshot_and_says_disk_full(
+    tmp_path: Path, port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC copying live entries to the retained store (the snapshot worker) fails that
+    snapshot (the journal is kept) and the node says disk_full as for a journal write (its
+    clients are refused with `disk_full`); once space returns the probe clears it and the next
+    snapshot succeeds."""
+    flag = tmp_path / "full"
+    monkeypatch.setenv(durability.FAULT_ENOSPC_ENV, str(flag))
+    one = Node(tmp_path / "data", port, set())
+    try:
+        one.run(DeclareQueue("q"))
+        indexes = [one.run(Enqueue("q", b"body-%d" % i)) for i in range(20)]
+        one.live.update(indexes[:5])
+        flag.touch()
+        one.node.forceLogCompaction()
+        wait_until(one.node.disk_full, 10, "disk_full")
+        wait_until(lambda: not one.node._snapshots.running, 10, "the failed snapshot")
+        assert one.node.getStatus()["log_len"] > 20
+        flag.unlink()
+        wait_until(lambda: not one.node.disk_full(), 10, "the probe to find space")
+        one.compact()
+        assert [one.node.read_entry(i) for i in indexes[:5]] == [one.blobs[i] for i in indexes[:5]]
+    finally:
+        one.close()
