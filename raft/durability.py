@@ -41,7 +41,7 @@ import threading
 import time
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
 
@@ -121,7 +121,9 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self._read_cache: OrderedDict[int, Entry] = OrderedDict()
         self._dropped = 0  # entries compacted away from the front since the journal was opened
         # entries kept below the log's start because a snapshot names them live
-        self.retained = RetainedStore(Path(journal_file + ".retained"), policy, node_id)
+        self.retained = RetainedStore(
+            Path(journal_file + ".retained"), policy, node_id, fault_flag=self._fault_flag
+        )
         self._snapshot_live: Sequence[int] = ()  # what the newest dump names live
         self._kept_below = -1  # retained trimmed to _snapshot_live below this (-1: not yet)
         self._snapshot_below = 0
@@ -420,8 +422,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             below = self._indexes[0] if len(self._indexes) else 0
         # the dump naming _snapshot_live is durable: what it does not name below the log goes
         if below != self._kept_below:
-            self.retained.keep_only(self._snapshot_live, below)
-            self._kept_below = below
+            self._keep_only(self._snapshot_live, below)
         self.dirty = False
         if self.policy != "never":
             self._note_synced()
@@ -472,7 +473,17 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         with self._lock:
             first = self._indexes[0] if len(self._indexes) else below
         wanted = [i for i in live if first <= i < below and i not in self.retained]
-        return self.retained.add(self._entries_at(wanted))
+        return self.add_retained(self._entries_at(wanted), f"retaining {len(wanted)} live entries")
+
+    def add_retained(self, records: Iterable[Entry], what: str) -> int:
+        """`retained.add`; a full disk raises DiskFullError and is reported as for a journal
+        write (`disk_full`, probed until space returns); nothing is published."""
+        try:
+            return self.retained.add(records)
+        except OSError as err:
+            if storage.is_enospc(err):
+                raise self._disk_full(err, what) from err
+            raise
 
     def _entries_at(self, indexes: list[int]) -> Iterator[Entry]:
         """The log's entries at `indexes` (sorted, held), read in runs of consecutive
@@ -499,7 +510,17 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         `below` (its first entry in the log) and reclaim their segments. Any thread (the
         snapshot worker): the compaction that follows skips this work."""
         self._snapshot_live, self._snapshot_below = live, below
-        self.retained.keep_only(live, below)
+        self._keep_only(live, below)
+
+    def _keep_only(self, live: Sequence[int], below: int) -> None:
+        """`retained.keep_only`; a full disk while rewriting a segment (reclaiming space) is
+        reported as disk_full and leaves that segment as it was: the next snapshot tries again."""
+        try:
+            self.retained.keep_only(live, below)
+        except OSError as err:
+            if not storage.is_enospc(err):
+                raise
+            self._disk_full(err, "rewriting a retained segment")
         self._kept_below = below
 
     def load_live(self, live: Sequence[int], below: int, trust_log: bool = True) -> None:

@@ -329,6 +329,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self.addOnTickCallback(self._guard_leadership)
         self.addOnTickCallback(self._pre_vote_gate)  # after the guard: it may park the deadline
         self.addOnTickCallback(self._probe_disk)
+        self.addOnTickCallback(self._stop_if_damaged_off_loop)
         self.addOnTickCallback(self._expire_stuck_handshakes)
         self._ticker.start()
         if self._loop_thread is not None:
@@ -429,10 +430,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self._loop_poller.unsubscribe_all()
 
     def storage_damage(self) -> StorageError | None:
-        """The damage found reading the journal back while running, if any: the node stopped
-        (no more ticks, peer connections closed) and its process should exit 65."""
+        """The damage found reading the journal or a retained entry (raft.retention) back while
+        running, if any: the node stops (no more ticks, peer connections closed) and its
+        process should exit 65."""
         journal = self._journal()
-        return journal.damage if isinstance(journal, DurableFileJournal) else None
+        if not isinstance(journal, DurableFileJournal):
+            return None
+        return journal.damage or journal.retained.damage
 
     def _stop_if_damaged(self) -> None:
         """After a tick or a socket event raised: on journal damage, stop here and now (an
@@ -440,8 +444,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         damage = self.storage_damage()
         if damage is None or self._destroyed:
             return
-        log.error("raft_stopped", reason="journal damaged", file=damage.path, offset=damage.offset)
+        log.error("raft_stopped", reason="storage damaged", file=damage.path, offset=damage.offset)
         self._destroy_now()
+
+    def _stop_if_damaged_off_loop(self) -> None:
+        """Every tick: damage found by a read off the loop (the bodies worker, a snapshot
+        worker) raised there, not here; stop on it at the next tick."""
+        if self.storage_damage() is not None:
+            self.loop.call_soon(self._stop_if_damaged)
 
     def tick_thread_alive(self) -> bool:
         """Whether this node still ticks (pysyncobj's name; there is no tick thread)."""
@@ -648,7 +658,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         end = storage.dump_end(path)
         if end == path.stat().st_size or not isinstance(journal, DurableFileJournal):
             return
-        added = journal.retained.add(storage.iter_transfer_records(path, self.settings.node_id))
+        added = journal.add_retained(
+            storage.iter_transfer_records(path, self.settings.node_id),
+            "installing the live entries of a snapshot transfer",
+        )
         os.truncate(path, end)
         if self.settings.fsync != "never":
             fd = os.open(path, os.O_RDONLY)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import os
 import threading
 from array import array
@@ -60,8 +61,12 @@ class RetainedStore:
         policy: str,
         node_id: str | None = None,
         segment_bytes_max: int = SEGMENT_BYTES_MAX,
+        fault_flag: str | None = None,
     ) -> None:
         self.directory = directory
+        # test-only: while this file exists, writes fail with ENOSPC (the journal's hook,
+        # raft.durability.FAULT_ENOSPC_ENV)
+        self._fault_flag = fault_flag
         self.node_id = node_id
         self._sync = policy != "never"
         self._segment_bytes_max = segment_bytes_max
@@ -74,6 +79,9 @@ class RetainedStore:
         self._live: dict[int, int] = {}  # segment number -> bytes of the records it holds
         self._fds: dict[int, int] = {}
         self._active: int | None = None  # the segment appended to
+        # the first damage found reading a record back while running: the node stops on it,
+        # as on journal damage (DurableFileJournal.damage, raft.node)
+        self.damage: StorageError | None = None
         if directory.exists():
             self._load()
 
@@ -172,7 +180,15 @@ class RetainedStore:
                     offset,
                 )
         except StorageError as err:
-            log.error("retained_entry_damaged", file=str(path), index=index, error=str(err))
+            if self.damage is None:
+                self.damage = err
+                log.error(
+                    "retained_entry_damaged",
+                    file=str(path),
+                    index=index,
+                    error=str(err),
+                    action="the node stops (exit 65)",
+                )
             raise
         return command, index, term
 
@@ -234,6 +250,7 @@ class RetainedStore:
             with self._lock:
                 fd = self._fd(segment)
             try:
+                self._check_fault()
                 _pwrite_all(fd, record, offset)
             except OSError:
                 with contextlib.suppress(OSError):
@@ -254,6 +271,7 @@ class RetainedStore:
         if active is not None and self._sizes[active] < self._segment_bytes_max:
             return active
         segment = max(self._sizes, default=0) + 1
+        self._check_fault()
         storage.private_dir(self.directory)
         fd = os.open(self._path(segment), os.O_RDWR | os.O_CREAT | os.O_EXCL, storage.FILE_MODE)
         _pwrite_all(fd, storage.SEGMENT_HEADER, 0)
@@ -266,6 +284,10 @@ class RetainedStore:
             self._live[segment] = 0
         self._active = segment
         return segment
+
+    def _check_fault(self) -> None:
+        if self._fault_flag is not None and os.path.exists(self._fault_flag):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
     def keep_only(self, live: Sequence[int], below: int) -> None:
         """Keep the entries whose index is in `live` (sorted) and below `below`; drop the rest,

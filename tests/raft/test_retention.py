@@ -14,7 +14,7 @@ import pytest
 import fifo
 from raft import durability, replicated, storage
 from raft.entry import Entry, encode_entry
-from raft.errors import EntryGoneError, StorageError
+from raft.errors import DiskFullError, EntryGoneError, StorageError
 from raft.retention import RetainedStore
 
 NO_OP = b"\x01"
@@ -217,3 +217,59 @@ def test_a_format_2_dump_still_loads_and_names_no_live_entries(tmp_path: Path) -
     path.write_bytes(prefix + struct.pack("<I", zlib.crc32(body, zlib.crc32(prefix))) + body)
     plain = storage.read_dump_body(path)
     assert list(storage.decode_indexes(path, plain.get("live"))) == []
+
+
+def test_enospc_while_retaining_is_reported_as_disk_full_and_clears_when_space_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while copying live entries to the retained store fails that snapshot and
+    says `disk_full` as a journal write would (DurableFileJournal.disk_full, probed until space
+    returns); nothing half-written is served, and the next try retains them."""
+    flag = tmp_path / "full"
+    monkeypatch.setenv(durability.FAULT_ENOSPC_ENV, str(flag))
+    journal = _filled(tmp_path / "raft.journal", 20)
+    flag.touch()
+    with pytest.raises(DiskFullError, match="retaining"):
+        journal.retain_live([5, 6, 7], 10)
+    assert journal.disk_full and journal.retained.indexes() == []
+    journal._next_probe = 0.0
+    assert journal.probe_space() is False
+    flag.unlink()
+    journal._next_probe = 0.0
+    assert journal.probe_space() is True and not journal.disk_full
+    _compact(journal, [5, 6, 7], 10)
+    assert [journal.read_entry(i) for i in (5, 6, 7)] == [_blob(i) for i in (5, 6, 7)]
+    journal._destroy()
+
+
+def test_enospc_while_reclaiming_retained_segments_is_reported_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a dump is durable, the snapshot worker drops the entries it no longer names and
+    rewrites the retained segments gone mostly dead (`forget_dead`). On a full disk that rewrite
+    fails: disk_full is reported, the segment stays as it was (every entry still served), and
+    the next snapshot's reclaim, space back, rewrites it."""
+    flag = tmp_path / "full"
+    monkeypatch.setenv(durability.FAULT_ENOSPC_ENV, str(flag))
+    journal = durability.DurableFileJournal(str(tmp_path / "raft.journal"), "batch", "n1")
+    journal.retained._segment_bytes_max = 2048  # a few entries per segment
+    journal.setCurrentTerm(1, None)
+    journal.add(NO_OP, 1, 1)
+    for index in range(2, 61):
+        journal.add(_command(_blob(index)), index, 1)
+    _compact(journal, list(range(2, 50)), 50)
+    assert journal.retained.stats()["segments"] > 3
+    first = _segment(tmp_path)
+    live = [2, *range(30, 50)]  # the first segment dies but for entry 2: it is rewritten
+    flag.touch()
+    journal.forget_dead(live, 50)
+    assert journal.disk_full
+    assert first.exists()  # not rewritten
+    assert [journal.read_entry(i) for i in live] == [_blob(i) for i in live]
+    flag.unlink()
+    journal._next_probe = 0.0
+    assert journal.probe_space() is True
+    journal.forget_dead(live, 50)
+    assert not first.exists() and not journal.disk_full
+    assert [journal.read_entry(i) for i in live] == [_blob(i) for i in live]
+    journal._destroy()

@@ -16,7 +16,7 @@ import fifo
 from cluster.launcher import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
 from fifo.state import State
-from raft import storage
+from raft import durability, storage
 from raft.entry import Entry, encode_entry
 from raft.errors import EntryGoneError, StorageError
 from raft.node import RaftNode, RaftSettings
@@ -249,3 +249,56 @@ def test_a_start_installs_the_live_entries_a_transfer_left_after_the_dump(
         assert storage.dump_end(dump) == dump.stat().st_size
     finally:
         second.close()
+
+
+def test_damage_found_in_a_retained_entry_stops_the_node_as_journal_damage_does(
+    node: Node,
+) -> None:
+    """A retained record that went bad on disk is not served (StorageError) and, as for a
+    damaged journal record, the node keeps it as its storage damage (the server exits 65 on it)
+    and stops ticking, even when the read was made off the loop (the bodies worker)."""
+    node.run(DeclareQueue("q"))
+    indexes = [node.run(Enqueue("q", b"body-%d" % i)) for i in range(20)]
+    node.live.update(indexes[:3])
+    node.compact()
+    segment = sorted((node.node.settings.data_dir / "raft.journal.retained").glob("*.seg"))[0]
+    offsets = storage.scan_segment(segment, segment.read_bytes()).offsets
+    with open(segment, "r+b") as f:  # in place, under the running node
+        f.seek(offsets[1] + 40)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+    assert node.node.read_entry(indexes[0]) == node.blobs[indexes[0]]
+    assert node.node.storage_damage() is None
+    with pytest.raises(StorageError, match="fails its checksum"):
+        node.node.read_entry(indexes[1])
+    damage = node.node.storage_damage()
+    assert damage is not None and damage.path == str(segment)
+    wait_until(lambda: not node.node.tick_thread_alive(), 10, "the node to stop")
+
+
+def test_a_full_disk_while_retaining_fails_the_snapshot_and_says_disk_full(
+    tmp_path: Path, port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC copying live entries to the retained store (the snapshot worker) fails that
+    snapshot (the journal is kept) and the node says disk_full as for a journal write (its
+    clients are refused with `disk_full`); once space returns the probe clears it and the next
+    snapshot succeeds."""
+    flag = tmp_path / "full"
+    monkeypatch.setenv(durability.FAULT_ENOSPC_ENV, str(flag))
+    one = Node(tmp_path / "data", port, set())
+    try:
+        one.run(DeclareQueue("q"))
+        indexes = [one.run(Enqueue("q", b"body-%d" % i)) for i in range(20)]
+        one.live.update(indexes[:5])
+        flag.touch()
+        one.node.forceLogCompaction()
+        wait_until(one.node.disk_full, 10, "disk_full")
+        wait_until(lambda: not one.node._snapshots.running, 10, "the failed snapshot")
+        assert one.node.getStatus()["log_len"] > 20
+        flag.unlink()
+        wait_until(lambda: not one.node.disk_full(), 10, "the probe to find space")
+        one.compact()
+        assert [one.node.read_entry(i) for i in indexes[:5]] == [one.blobs[i] for i in indexes[:5]]
+    finally:
+        one.close()
