@@ -1,5 +1,7 @@
 """Replicas of the real node code in one process: `raft.replica.Replica` (RaftNode, group
-commit, durable journal, CBOR snapshots, pre-vote, membership guard) on virtual loops.
+commit, durable journal, CBOR snapshots, pre-vote, membership guard) on virtual loops, each
+with the node server's session layer around it (`raft.sim.session`: leader timers, connection
+reconciliation, effect router).
 
 A node's data dir is a real directory (under /dev/shm when it exists: the journal's fsyncs cost
 nothing there); its journal records how much was fsynced, so a crash with power loss drops the
@@ -21,6 +23,7 @@ from raft.replicated import Outcome
 from raft.sim.clock import Scheduler, VirtualLoop
 from raft.sim.network import SimNetwork, SimTransport
 from raft.sim.patches import JOURNAL_OWNERS, SYNCED
+from raft.sim.session import SimSessions
 
 SUPPORTED_VERSION = 2
 BASE_PORT = 7100
@@ -48,6 +51,7 @@ class SimNode:
     incarnation: int = 0
     loop: VirtualLoop | None = None
     replica: Replica | None = None
+    sessions: SimSessions | None = None  # the node server's session layer, while it runs
     outcomes: list[Outcome] = field(default_factory=list)
 
     @property
@@ -115,6 +119,7 @@ class SimCluster:
 
         node.loop = loop
         node.replica = loop.run_now(Replica, settings, loop, _ignore_applied, on_reset, observe)
+        node.sessions = SimSessions(node.replica, loop, node.incarnation)
         # what it loaded is what the disk holds (it was read back and checked)
         SYNCED[settings.journal_file] = int(node.replica._node._journal()._end)
         JOURNAL_OWNERS[settings.journal_file] = node.replica._node
@@ -126,7 +131,7 @@ class SimCluster:
         if node.replica is None or node.loop is None:
             return
         replica, loop = node.replica, node.loop
-        node.replica = None
+        node.replica = node.sessions = None
         loop.run_now(replica._node._destroy_now)  # no flush: the process just dies
         loop.alive = False
         if power_loss:

@@ -2,7 +2,8 @@
 
 A schedule is a list of `Fault(at, op, args)`; its text form is `at:op:arg/arg,...`, e.g.
 `3.20:isolate:n2,5.00:crash:n1/power,7.10:heal:,8.00:restart:n1`. Ops:
-- `isolate:N`      N cut off both ways;
+- `isolate:N`      N cut off both ways (N = `leader`: whoever leads at that moment, as
+                   Jepsen's partition-leader nemesis);
 - `oneway:A/B`     messages from A to B lost (B still reaches A);
 - `flaky:A/B`      A to B loses, duplicates and reorders messages (the connection stays up);
 - `heal:`          every partition and flaky link gone;
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 OPS = ("isolate", "oneway", "flaky", "heal", "crash", "restart")
 GAP_S = (0.3, 3.0)
+LEADER = "leader"  # a target resolved when the fault is applied
 
 
 class FaultSyntaxError(ValueError):
@@ -72,7 +74,7 @@ def generate_faults(
         op = rng.choice(choices)
         up = [n for n in nodes if n not in down]
         if op in ("isolate",):
-            faults.append(Fault(round(at, 2), op, (rng.choice(nodes),)))
+            faults.append(Fault(round(at, 2), op, (rng.choice([*nodes, LEADER]),)))
         elif op in ("oneway", "flaky"):
             a, b = rng.sample(nodes, 2)
             faults.append(Fault(round(at, 2), op, (a, b)))

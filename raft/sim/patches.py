@@ -4,7 +4,9 @@ The real node code reads time and randomness through module globals; inside a si
 answer from the virtual clock and the seeded generator instead:
 - `pysyncobj.syncobj.monotonicTime`, `raft.node.monotonic_time`, `raft.transport.monotonic_time`
   (Raft's timers) and the `time` module as `raft.node`, `raft.batcher` and `raft.durability` see
-  it (submitter clock, proposal timeouts, disk probes);
+  it (submitter clock, proposal timeouts, disk probes), and as `cluster.node.timers` and
+  `cluster.node.server` see it (the leader timers and the connection reconciliation that
+  `raft.sim.session` runs);
 - `raft.batcher._Batch` (its `submitted_s` default was bound to `time.monotonic` at import);
 - `pysyncobj.syncobj.random` (election timeouts);
 - `raft.durability.DurableFileJournal.deleteEntriesFrom` is wrapped: a cut of the log at or
@@ -39,6 +41,8 @@ import pysyncobj.node as pysyncobj_node
 import pysyncobj.syncobj as pysyncobj_syncobj
 import structlog
 
+import cluster.node.server
+import cluster.node.timers
 import raft.batcher
 import raft.durability
 import raft.node
@@ -119,6 +123,8 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.batcher, "time", clock_time),
         (raft.batcher, "_Batch", _virtual_batch(clock)),
         (raft.durability, "time", clock_time),
+        (cluster.node.timers, "time", clock_time),
+        (cluster.node.server, "time", clock_time),
         (raft.durability.DurableFileJournal, "_note_synced", _note_synced),
         (pysyncobj_node.Node, "__hash__", _stable_node_hash),
         (raft.durability.DurableFileJournal, "deleteEntriesFrom", _checked_delete_entries_from),

@@ -1,0 +1,72 @@
+"""The node server's session layer, as much of it as a simulated member runs.
+
+`SimSessions` is one incarnation's shell around its replica, with the real parts of
+`cluster.node`: its `EffectRouter` (which client connections are live), its `LeaderTimers`
+(NodeDown / NodeUp for lost and returned members, the leader bringing itself up, the machine's
+timeouts), and `NodeServer._reconcile_connections` (ConnectionDown through the log, retried,
+for every connection of this incarnation that the state lists and no session serves), called
+on this shell as the node server's periodic task calls it on itself, every TIMER_PERIOD_S.
+A client session that closes submits its ConnectionDown once, as `ClientSession._closed` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cluster.node.effects import EffectRouter
+from cluster.node.server import TIMER_PERIOD_S, NodeServer
+from cluster.node.timers import LeaderTimers
+from fifo.commands import ConnectionDown, ConnectionId
+from raft.replica import Replica
+from raft.sim.clock import VirtualLoop
+
+
+def _reconcile_connections(shell: SimSessions) -> None:
+    """The node server's method, run on this shell (it reads stopping, replica, node_id,
+    incarnation, router and _down_submitted, as SimSessions has them); looked up at each call,
+    so a test that replaces it on NodeServer replaces it here too."""
+    reconcile: Callable[[Any], None] = NodeServer._reconcile_connections
+    reconcile(shell)
+
+
+class SimSessions:
+    """One node incarnation's client sessions and periodic task (timers, reconciliation)."""
+
+    def __init__(self, replica: Replica, loop: VirtualLoop, incarnation: int) -> None:
+        self.replica = replica
+        self.loop = loop
+        self.node_id = replica.settings.node_id
+        self.incarnation = incarnation
+        self.router = EffectRouter(self.node_id, incarnation)
+        self.router.use_replica(replica)
+        self.timers = LeaderTimers(replica)
+        self.stopping = False
+        self._down_submitted: dict[int, float] = {}
+        self.loop.call_later(TIMER_PERIOD_S, self._periodic)
+
+    def _periodic(self) -> None:
+        """The node server's periodic task (less its status file and disk checks)."""
+        self.loop.call_later(TIMER_PERIOD_S, self._periodic)
+        if self.replica.storage_damage() is not None:
+            return  # the real node exits (65); a crash fault brings it back
+        self.timers.tick()
+        _reconcile_connections(self)
+        self.router.reconcile()
+
+    def open(self, connection: ConnectionId) -> None:
+        """A client session attached (its frames are not simulated: the workload reads replies)."""
+        self.router.register(connection, _discard)
+
+    def close(self, connection: ConnectionId) -> None:
+        """A client session closed: unregister it and submit its ConnectionDown once, if the
+        state lists it (as `ClientSession._closed`); a failed submit is left to reconciliation."""
+        if not self.router.is_live(connection.number):
+            return
+        self.router.unregister(connection)
+        if self.replica.read(lambda view: view.lists_connection(connection)):
+            self.replica.propose(ConnectionDown(connection, "normal"), _discard)
+
+
+def _discard(_value: Any) -> None:
+    """Frames to a simulated client and replies nobody waits for."""
