@@ -165,7 +165,8 @@ class _Run:
         """Start a member and have it record its incarnation (hello), as the node server does."""
         node = self.cluster.start(node_id)
         assert node.loop is not None and node.replica is not None
-        node.loop.run_now(node.replica.propose_hello, lambda _reply: None)
+        assert node.sessions is not None
+        node.loop.run_now(node.sessions.say_hello)
 
 
 def run_seed(seed: int, params: SimParams, faults: list[Fault] | None = None) -> SimResult:

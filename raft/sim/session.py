@@ -6,7 +6,8 @@
 timeouts), and `NodeServer._reconcile_connections` (ConnectionDown through the log, retried,
 for every connection of this incarnation that the state lists and no session serves), called
 on this shell as the node server's periodic task calls it on itself, every TIMER_PERIOD_S.
-A client session that closes submits its ConnectionDown once, as `ClientSession._closed` does.
+A client session that closes submits its ConnectionDown once, as `ClientSession._closed` does;
+a new incarnation records itself with a hello retried until it commits, as `NodeServer._hello`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from cluster.node.effects import EffectRouter
 from cluster.node.server import TIMER_PERIOD_S, NodeServer
 from cluster.node.timers import LeaderTimers
 from fifo.commands import ConnectionDown, ConnectionId
+from raft.errors import SubmitError
 from raft.replica import Replica
 from raft.sim.clock import VirtualLoop
+
+HELLO_RETRY_S = 0.5  # as NodeServer._hello after a failed submit
 
 
 def _reconcile_connections(shell: SimSessions) -> None:
@@ -44,6 +48,16 @@ class SimSessions:
         self.stopping = False
         self._down_submitted: dict[int, float] = {}
         self.loop.call_later(TIMER_PERIOD_S, self._periodic)
+
+    def say_hello(self) -> None:
+        """Record this incarnation through the log (its apply closes the old incarnation's
+        connections), again every HELLO_RETRY_S while the submit fails, as NodeServer._hello."""
+        if self.replica.stopped_reason is None:
+            self.replica.propose_hello(self._on_hello)
+
+    def _on_hello(self, reply: Any) -> None:
+        if isinstance(reply, SubmitError):
+            self.loop.call_later(HELLO_RETRY_S, self.say_hello)
 
     def _periodic(self) -> None:
         """The node server's periodic task (less its status file and disk checks)."""
