@@ -50,6 +50,10 @@ SHRINK_RUNS_MAX = 30
 )
 @click.option("--no-flaky", is_flag=True, help="No lossy/duplicating/reordering links.")
 @click.option(
+    "--slow", is_flag=True, help="Also slow links (in order, 0.2-1.4 s later: across elections)."
+)
+@click.option("--reads", is_flag=True, help="Also reads on every member, checked for staleness.")
+@click.option(
     "--wire",
     type=click.Choice(["quorumq", "pysyncobj"]),
     default="quorumq",
@@ -77,6 +81,8 @@ def simulate(
     clients: int,
     seconds: float,
     no_flaky: bool,
+    slow: bool,
+    reads: bool,
     wire: str,
     faults: str | None,
     no_shrink: bool,
@@ -99,7 +105,7 @@ def simulate(
         schedule = None if faults is None else parse_faults(faults)
     except FaultSyntaxError as err:
         raise CliError(str(err), USAGE) from err
-    params = SimParams(nodes, seconds, clients, not no_flaky, wire=wire)
+    params = SimParams(nodes, seconds, clients, not no_flaky, wire=wire, slow=slow, reads=reads)
     output = output_here or (ctx.obj.output if ctx.obj is not None else "table")
     if seed is not None:
         failed = _one(seed, params, schedule, not no_shrink, output)

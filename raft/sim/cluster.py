@@ -52,6 +52,7 @@ class SimNode:
     loop: VirtualLoop | None = None
     replica: Replica | None = None
     sessions: SimSessions | None = None  # the node server's session layer, while it runs
+    applied_index: int = 0  # the last log index its state reflects (entry or snapshot)
     outcomes: list[Outcome] = field(default_factory=list)
 
     @property
@@ -107,14 +108,17 @@ class SimCluster:
         node = self.nodes[node_id]
         assert node.replica is None, f"{node_id} already runs"
         node.incarnation += 1
+        node.applied_index = 0
         loop = VirtualLoop(self.scheduler, f"{node_id}.{node.incarnation}")
         SimTransport.network = self.network
         settings = self.settings(node)
 
         def observe(outcome: Outcome, _current: bool) -> None:
+            node.applied_index = outcome.index  # before the entry's replies are resolved
             self.observer(node, outcome, False)
 
         def on_reset(index: int) -> None:
+            node.applied_index = index
             self.observer(node, Outcome(index, None, [], []), True)
 
         node.loop = loop

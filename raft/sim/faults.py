@@ -6,7 +6,9 @@ A schedule is a list of `Fault(at, op, args)`; its text form is `at:op:arg/arg,.
                    Jepsen's partition-leader nemesis);
 - `oneway:A/B`     messages from A to B lost (B still reaches A);
 - `flaky:A/B`      A to B loses, duplicates and reorders messages (the connection stays up);
-- `heal:`          every partition and flaky link gone;
+- `slow:A/B`       A to B delayed by SLOW_DELAY_S more, still in order (a congested TCP
+                   connection: messages arrive across elections; only with `slow` schedules);
+- `heal:`          every partition, flaky and slow link gone;
 - `crash:N[/power]` N killed (with power: what it had not fsynced is lost too);
 - `restart:N`      N started again, a new incarnation on the same files.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-OPS = ("isolate", "oneway", "flaky", "heal", "crash", "restart")
+OPS = ("isolate", "oneway", "flaky", "slow", "heal", "crash", "restart")
 GAP_S = (0.3, 3.0)
 LEADER = "leader"  # a target resolved when the fault is applied
 
@@ -59,7 +61,11 @@ def parse_faults(text: str) -> list[Fault]:
 
 
 def generate_faults(
-    rng: random.Random, nodes: list[str], seconds: float, flaky: bool = True
+    rng: random.Random,
+    nodes: list[str],
+    seconds: float,
+    flaky: bool = True,
+    slow: bool = False,
 ) -> list[Fault]:
     """A seeded schedule over `seconds` of virtual time (partitions, crashes, flaky links)."""
     faults: list[Fault] = []
@@ -69,13 +75,15 @@ def generate_faults(
         choices = ["isolate", "oneway", "heal", "heal", "crash"]
         if flaky:
             choices.append("flaky")
+        if slow:
+            choices += ["slow", "slow"]
         if down:
             choices += ["restart", "restart"]
         op = rng.choice(choices)
         up = [n for n in nodes if n not in down]
         if op in ("isolate",):
             faults.append(Fault(round(at, 2), op, (rng.choice([*nodes, LEADER]),)))
-        elif op in ("oneway", "flaky"):
+        elif op in ("oneway", "flaky", "slow"):
             a, b = rng.sample(nodes, 2)
             faults.append(Fault(round(at, 2), op, (a, b)))
         elif op == "heal":

@@ -36,6 +36,7 @@ DELAY_S = (0.0005, 0.004)  # one-way delay range of a healthy link
 DUPLICATE_RATE = 0.05  # on a flaky direction
 LOSS_RATE = 0.1  # on a flaky direction
 REORDER_SPREAD_S = 0.02  # extra random delay on a flaky direction (reorders)
+SLOW_DELAY_S = (0.2, 1.4)  # extra in-order delay on a slow direction (under BROKEN_AFTER_S)
 WIRES = ("quorumq", "pysyncobj")
 PYSYNCOBJ_ZLIB_LEVEL = 3  # as pysyncobj's TcpConnection
 
@@ -76,6 +77,7 @@ class SimNetwork:
         self.transports: dict[str, SimTransport] = {}
         self.blocked: set[tuple[str, str]] = set()  # (from, to) addresses
         self.flaky: set[tuple[str, str]] = set()
+        self.slow: set[tuple[str, str]] = set()
         self._connections: dict[tuple[str, str], _Connection] = {}
         self._last_arrival: dict[tuple[str, str], float] = {}
         self.loop = VirtualLoop(scheduler, "network")
@@ -115,6 +117,8 @@ class SimNetwork:
             delay += self.rng.uniform(0, REORDER_SPREAD_S)
             at = self.scheduler.now + delay
         else:
+            if (source, target) in self.slow:
+                delay += self.rng.uniform(*SLOW_DELAY_S)
             at = max(self.scheduler.now + delay, self._last_arrival.get((source, target), 0.0))
             self._last_arrival[(source, target)] = at
         for copy in range(copies):

@@ -30,6 +30,7 @@ from raft.sim.cluster import ClusterParams, SimCluster, SimNode
 from raft.sim.faults import LEADER, Fault, encode_faults, generate_faults
 from raft.sim.network import SimNetwork
 from raft.sim.patches import CUTS_BELOW_COMMIT, simulated
+from raft.sim.reads import ReadChecker
 from raft.sim.workload import QUEUE, Workload
 
 STEP_S = 0.05
@@ -52,6 +53,8 @@ class SimParams:
     flaky: bool = True
     compaction_min_entries: int = 60
     wire: str = "quorumq"  # the peer transport's codec: "quorumq" or "pysyncobj" (pickle)
+    slow: bool = False  # schedules with slow links (messages delayed across elections)
+    reads: bool = False  # reads on every member, checked for bounded staleness (raft.sim.reads)
 
 
 @dataclass
@@ -101,6 +104,7 @@ class _Run:
             self.cluster, self.scheduler, random.Random(master.getrandbits(64)), params.clients
         )
         self.fault_rng = random.Random(master.getrandbits(64))
+        self.reads = ReadChecker(random.Random(master.getrandbits(64))) if params.reads else None
 
     def advance(self, seconds: float, workload: bool = True) -> None:
         """Run `seconds` of virtual time in steps, checking after each."""
@@ -109,6 +113,8 @@ class _Run:
             self.scheduler.run_until(min(end, self.scheduler.now + STEP_S))
             if workload:
                 self.workload.step()
+                if self.reads is not None:
+                    self.reads.step(self.cluster, self.scheduler.now)
             for node in self.cluster.up_nodes():
                 assert node.loop is not None and node.replica is not None
                 node.loop.run_now(node.replica.sweep)
@@ -149,12 +155,13 @@ class _Run:
             for other in nodes.values():
                 if other.address != me:
                     net.blocked |= {(me, other.address), (other.address, me)}
-        elif fault.op in ("oneway", "flaky") and len(args) == 2 and set(args) <= set(nodes):
+        elif fault.op in ("oneway", "flaky", "slow") and len(args) == 2 and set(args) <= set(nodes):
             link = (nodes[args[0]].address, nodes[args[1]].address)
-            (net.blocked if fault.op == "oneway" else net.flaky).add(link)
+            {"oneway": net.blocked, "flaky": net.flaky, "slow": net.slow}[fault.op].add(link)
         elif fault.op == "heal":
             net.blocked.clear()
             net.flaky.clear()
+            net.slow.clear()
         elif fault.op == "crash" and args and args[0] in nodes:
             if len(self.cluster.up_nodes()) > 1 or not nodes[args[0]].up:
                 self.cluster.crash(args[0], power_loss="power" in args[1:])
@@ -188,7 +195,7 @@ def run_seed(seed: int, params: SimParams, faults: list[Fault] | None = None) ->
 def _simulate(run: _Run, seed: int, params: SimParams, faults: list[Fault] | None) -> SimResult:
     nodes = sorted(run.cluster.nodes)
     if faults is None:
-        faults = generate_faults(run.fault_rng, nodes, params.seconds, params.flaky)
+        faults = generate_faults(run.fault_rng, nodes, params.seconds, params.flaky, params.slow)
     result = SimResult(seed, faults)
     run.network.start()
     try:
@@ -207,6 +214,8 @@ def _simulate(run: _Run, seed: int, params: SimParams, faults: list[Fault] | Non
     result.violations += [f"committed entries cut: {cut}" for cut in CUTS_BELOW_COMMIT[:3]]
     result.violations += [f"node code raised: {e}" for e in run.network.errors[:3]]
     result.violations += [f"apply failed: {m}" for m in run.workload.apply_failures[:3]]
+    if run.reads is not None:
+        result.violations += run.reads.violations(run.workload.confirms)
     result.sim_seconds = run.scheduler.now
     result.events = run.scheduler.events
     result.messages = run.network.messages
@@ -330,6 +339,10 @@ def reproduce_command(result: SimResult, params: SimParams) -> str:
     flags = f"--nodes {params.nodes} --clients {params.clients} --seconds {params.seconds:g}"
     if not params.flaky:
         flags += " --no-flaky"
+    if params.slow:
+        flags += " --slow"
+    if params.reads:
+        flags += " --reads"
     if params.wire != "quorumq":
         flags += f" --wire {params.wire}"
     return (

@@ -47,6 +47,8 @@ class SimSessions:
         self.timers = LeaderTimers(replica)
         self.stopping = False
         self._down_submitted: dict[int, float] = {}
+        self._leaderless_since: float | None = loop.time()  # NodeServer's read gate state
+        self._had_leader = False
         self.loop.call_later(TIMER_PERIOD_S, self._periodic)
 
     def say_hello(self) -> None:
@@ -64,9 +66,18 @@ class SimSessions:
         self.loop.call_later(TIMER_PERIOD_S, self._periodic)
         if self.replica.storage_damage() is not None:
             return  # the real node exits (65); a crash fault brings it back
+        _server_method("_track_leader")(self)
         self.timers.tick()
         _reconcile_connections(self)
         self.router.reconcile()
+
+    def _leader_problem(self) -> str | None:
+        """NodeServer._leader_problem on this shell (its read gate calls it)."""
+        return _server_method("_leader_problem")(self)  # type: ignore[no-any-return]
+
+    def read_refusal(self) -> str | None:
+        """Why the node server would refuse a data query now (None: it answers it)."""
+        return _server_method("unavailable_reason")(self, True)  # type: ignore[no-any-return]
 
     def open(self, connection: ConnectionId) -> None:
         """A client session attached (its frames are not simulated: the workload reads replies)."""
@@ -80,6 +91,12 @@ class SimSessions:
         self.router.unregister(connection)
         if self.replica.read(lambda view: view.lists_connection(connection)):
             self.replica.propose(ConnectionDown(connection, "normal"), _discard)
+
+
+def _server_method(name: str) -> Callable[..., Any]:
+    """A NodeServer method, looked up at each call (a test may replace it), for this shell."""
+    method: Callable[..., Any] = getattr(NodeServer, name)
+    return method
 
 
 def _discard(_value: Any) -> None:

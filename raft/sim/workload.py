@@ -83,6 +83,7 @@ class Workload:
         self.rng = rng
         self.history: list[Event] = []
         self.apply_failures: list[str] = []
+        self.confirms: list[tuple[float, int]] = []  # (time, log index) of each confirmed publish
         node_ids = sorted(cluster.nodes)
         # a third of the clients publish, the rest consume, round-robin over the nodes: with 6
         # clients on 3 nodes one node serves two consumers, whose connections a restart of it
@@ -200,6 +201,7 @@ class Workload:
                 return
             if kind == "ok":
                 client.seq, client.retry = seq + 1, None
+                self.confirms.append((self.scheduler.now, node.applied_index))
             elif kind == "fail":
                 client.retry = None  # refused: nothing stored, the next value takes this seq
                 if isinstance(reply, NotEnqueued):
