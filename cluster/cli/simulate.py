@@ -52,6 +52,7 @@ SHRINK_RUNS_MAX = 30
 @click.option(
     "--slow", is_flag=True, help="Also slow links (in order, 0.2-1.4 s later: across elections)."
 )
+@click.option("--disk", is_flag=True, help="Power cuts may also leave a flipped byte unsynced.")
 @click.option("--reads", is_flag=True, help="Also reads on every member, checked for staleness.")
 @click.option(
     "--wire",
@@ -82,6 +83,7 @@ def simulate(
     seconds: float,
     no_flaky: bool,
     slow: bool,
+    disk: bool,
     reads: bool,
     wire: str,
     faults: str | None,
@@ -105,7 +107,9 @@ def simulate(
         schedule = None if faults is None else parse_faults(faults)
     except FaultSyntaxError as err:
         raise CliError(str(err), USAGE) from err
-    params = SimParams(nodes, seconds, clients, not no_flaky, wire=wire, slow=slow, reads=reads)
+    params = SimParams(
+        nodes, seconds, clients, not no_flaky, wire=wire, slow=slow, reads=reads, disk=disk
+    )
     output = output_here or (ctx.obj.output if ctx.obj is not None else "table")
     if seed is not None:
         failed = _one(seed, params, schedule, not no_shrink, output)

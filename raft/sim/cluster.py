@@ -22,7 +22,7 @@ from raft.replica import Applied, Replica
 from raft.replicated import Outcome
 from raft.sim.clock import Scheduler, VirtualLoop
 from raft.sim.network import SimNetwork, SimTransport
-from raft.sim.patches import JOURNAL_OWNERS, SYNCED
+from raft.sim.patches import JOURNAL_OWNERS, SYNCED, SYNCED_BEFORE
 from raft.sim.session import SimSessions
 
 SUPPORTED_VERSION = 2
@@ -129,8 +129,12 @@ class SimCluster:
         JOURNAL_OWNERS[settings.journal_file] = node.replica._node
         return node
 
-    def crash(self, node_id: str, power_loss: bool) -> None:
-        """Kill a member at once (kill -9); with `power_loss`, also what was not fsynced."""
+    def crash(
+        self, node_id: str, power_loss: bool, garbage: bool = False, lied: bool = False
+    ) -> None:
+        """Kill a member at once (kill -9); with `power_loss`, also what was not fsynced; with
+        `lied`, its last fsync had lied (what it made stable is lost too); with `garbage`, a
+        byte of the unsynced part that survived is flipped (a half-written block)."""
         node = self.nodes[node_id]
         if node.replica is None or node.loop is None:
             return
@@ -140,9 +144,11 @@ class SimCluster:
         loop.alive = False
         if power_loss:
             journal = Path(self.settings(node).journal_file)
-            synced = SYNCED.get(str(journal), 0)
+            synced = (SYNCED_BEFORE if lied else SYNCED).get(str(journal), 0)
             journal.with_name(journal.name + ".synced").write_text(str(synced))
-            storage.power_loss(journal, self.rng.randrange(2**31))
+            kept = storage.power_loss(journal, self.rng.randrange(2**31))
+            if garbage and kept["kept"] > kept["synced"]:
+                _flip_byte(journal, self.rng.randrange(kept["synced"], kept["kept"]))
 
     def up_nodes(self) -> list[SimNode]:
         """The running members, by id."""
@@ -156,3 +162,12 @@ class SimCluster:
 
 def _ignore_applied(_applied: Applied) -> None:
     """Deliveries are not used: consumers dequeue (basic.get), as RabbitMQ's polling client."""
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    """Invert one byte of a file (a write the power cut left half done)."""
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0xFF]))

@@ -9,7 +9,11 @@ A schedule is a list of `Fault(at, op, args)`; its text form is `at:op:arg/arg,.
 - `slow:A/B`       A to B delayed by SLOW_DELAY_S more, still in order (a congested TCP
                    connection: messages arrive across elections; only with `slow` schedules);
 - `heal:`          every partition, flaky and slow link gone;
-- `crash:N[/power]` N killed (with power: what it had not fsynced is lost too);
+- `crash:N[/power[/lied][/garbage]]` N killed (with power: what it had not fsynced is lost
+                   too, a seeded prefix of it survives, its last record usually torn; with
+                   lied: its last fsync had lied, so what that one made stable is unsynced
+                   too; with garbage: one byte of the surviving unsynced prefix flipped;
+                   lied and garbage in `disk` schedules only);
 - `restart:N`      N started again, a new incarnation on the same files.
 """
 
@@ -66,6 +70,7 @@ def generate_faults(
     seconds: float,
     flaky: bool = True,
     slow: bool = False,
+    disk: bool = False,
 ) -> list[Fault]:
     """A seeded schedule over `seconds` of virtual time (partitions, crashes, flaky links)."""
     faults: list[Fault] = []
@@ -91,7 +96,9 @@ def generate_faults(
         elif op == "crash" and len(up) > 1:
             node = rng.choice(up)
             down.add(node)
-            power = ("power",) if rng.random() < 0.5 else ()
+            power: tuple[str, ...] = ("power",) if rng.random() < 0.5 else ()
+            if disk and power:
+                power += tuple(f for f in ("lied", "garbage") if rng.random() < 0.5)
             faults.append(Fault(round(at, 2), op, (node, *power)))
         elif op == "restart":
             node = rng.choice(sorted(down))

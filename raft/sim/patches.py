@@ -75,8 +75,14 @@ def _no_sleep(_seconds: float) -> None:
 SYNCED: dict[str, int] = {}
 
 
+# journal path -> what the fsync before the last one had made stable (a lying last fsync)
+SYNCED_BEFORE: dict[str, int] = {}
+
+
 def _note_synced(journal: Any) -> None:
-    SYNCED[str(journal.path)] = int(journal._end)
+    path = str(journal.path)
+    SYNCED_BEFORE[path] = SYNCED.get(path, 0)
+    SYNCED[path] = int(journal._end)
 
 
 # journal path -> the RaftNode writing it (set by raft.sim.cluster when it starts a node)
@@ -136,6 +142,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         for module, name, value in replacements:
             setattr(module, name, value)
         SYNCED.clear()
+        SYNCED_BEFORE.clear()
         JOURNAL_OWNERS.clear()
         CUTS_BELOW_COMMIT.clear()
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
@@ -145,6 +152,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         for module, name, value in saved:
             setattr(module, name, value)
         SYNCED.clear()
+        SYNCED_BEFORE.clear()
         JOURNAL_OWNERS.clear()
         CUTS_BELOW_COMMIT.clear()
         structlog.configure(**structlog_before)

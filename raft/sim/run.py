@@ -55,6 +55,7 @@ class SimParams:
     wire: str = "quorumq"  # the peer transport's codec: "quorumq" or "pysyncobj" (pickle)
     slow: bool = False  # schedules with slow links (messages delayed across elections)
     reads: bool = False  # reads on every member, checked for bounded staleness (raft.sim.reads)
+    disk: bool = False  # power cuts may also leave garbage in the unsynced tail
 
 
 @dataclass
@@ -164,7 +165,12 @@ class _Run:
             net.slow.clear()
         elif fault.op == "crash" and args and args[0] in nodes:
             if len(self.cluster.up_nodes()) > 1 or not nodes[args[0]].up:
-                self.cluster.crash(args[0], power_loss="power" in args[1:])
+                self.cluster.crash(
+                    args[0],
+                    power_loss="power" in args[1:],
+                    garbage="garbage" in args[1:],
+                    lied="lied" in args[1:],
+                )
         elif fault.op == "restart" and args and args[0] in nodes and not nodes[args[0]].up:
             self.start(args[0])
 
@@ -195,7 +201,9 @@ def run_seed(seed: int, params: SimParams, faults: list[Fault] | None = None) ->
 def _simulate(run: _Run, seed: int, params: SimParams, faults: list[Fault] | None) -> SimResult:
     nodes = sorted(run.cluster.nodes)
     if faults is None:
-        faults = generate_faults(run.fault_rng, nodes, params.seconds, params.flaky, params.slow)
+        faults = generate_faults(
+            run.fault_rng, nodes, params.seconds, params.flaky, params.slow, params.disk
+        )
     result = SimResult(seed, faults)
     run.network.start()
     try:
@@ -343,6 +351,8 @@ def reproduce_command(result: SimResult, params: SimParams) -> str:
         flags += " --slow"
     if params.reads:
         flags += " --reads"
+    if params.disk:
+        flags += " --disk"
     if params.wire != "quorumq":
         flags += f" --wire {params.wire}"
     return (
