@@ -73,7 +73,7 @@ def create_session(
 _SHIPPED: Path | None = None
 
 
-SHIPPED_PACKAGES = ("fifo", "raft", "pipeline")
+SHIPPED_PACKAGES = ("fifo", "raft", "pipeline", "cluster")  # raft.sim runs cluster.node's timers
 
 
 def package_zip(directory: Path | None = None) -> Path:

@@ -212,3 +212,6 @@ from cluster.cli.rebalance_eval import rebalance_eval  # noqa: E402
 
 pipeline.add_command(analyze)
 pipeline.add_command(rebalance_eval)
+from cluster.cli.pipeline_simulate import simulate  # noqa: E402
+
+pipeline.add_command(simulate)

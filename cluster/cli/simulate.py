@@ -49,6 +49,18 @@ SHRINK_RUNS_MAX = 30
     help="Virtual seconds of workload under faults.",
 )
 @click.option("--no-flaky", is_flag=True, help="No lossy/duplicating/reordering links.")
+@click.option(
+    "--slow", is_flag=True, help="Also slow links (in order, 0.2-1.4 s later: across elections)."
+)
+@click.option("--disk", is_flag=True, help="Power cuts may also leave a flipped byte unsynced.")
+@click.option("--reads", is_flag=True, help="Also reads on every member, checked for staleness.")
+@click.option(
+    "--wire",
+    type=click.Choice(["quorumq", "pysyncobj"]),
+    default="quorumq",
+    show_default=True,
+    help='The peer codec: ours (CBOR) or pysyncobj\'s pickle (transport = "pysyncobj").',
+)
 @click.option("--faults", help="This fault schedule instead of the seed's (at:op:args,...).")
 @click.option("--no-shrink", is_flag=True, help="Report failures as found, unshrunk.")
 @click.option(
@@ -70,6 +82,10 @@ def simulate(
     clients: int,
     seconds: float,
     no_flaky: bool,
+    slow: bool,
+    disk: bool,
+    reads: bool,
+    wire: str,
     faults: str | None,
     no_shrink: bool,
     output_here: str | None,
@@ -91,7 +107,9 @@ def simulate(
         schedule = None if faults is None else parse_faults(faults)
     except FaultSyntaxError as err:
         raise CliError(str(err), USAGE) from err
-    params = SimParams(nodes, seconds, clients, not no_flaky)
+    params = SimParams(
+        nodes, seconds, clients, not no_flaky, wire=wire, slow=slow, reads=reads, disk=disk
+    )
     output = output_here or (ctx.obj.output if ctx.obj is not None else "table")
     if seed is not None:
         failed = _one(seed, params, schedule, not no_shrink, output)

@@ -1,5 +1,7 @@
 """Replicas of the real node code in one process: `raft.replica.Replica` (RaftNode, group
-commit, durable journal, CBOR snapshots, pre-vote, membership guard) on virtual loops.
+commit, durable journal, CBOR snapshots, pre-vote, membership guard) on virtual loops, each
+with the node server's session layer around it (`raft.sim.session`: leader timers, connection
+reconciliation, effect router).
 
 A node's data dir is a real directory (under /dev/shm when it exists: the journal's fsyncs cost
 nothing there); its journal records how much was fsynced, so a crash with power loss drops the
@@ -20,7 +22,8 @@ from raft.replica import Applied, Replica
 from raft.replicated import Outcome
 from raft.sim.clock import Scheduler, VirtualLoop
 from raft.sim.network import SimNetwork, SimTransport
-from raft.sim.patches import JOURNAL_OWNERS, SYNCED
+from raft.sim.patches import JOURNAL_OWNERS, SYNCED, SYNCED_BEFORE
+from raft.sim.session import SimSessions
 
 SUPPORTED_VERSION = 2
 BASE_PORT = 7100
@@ -48,6 +51,8 @@ class SimNode:
     incarnation: int = 0
     loop: VirtualLoop | None = None
     replica: Replica | None = None
+    sessions: SimSessions | None = None  # the node server's session layer, while it runs
+    applied_index: int = 0  # the last log index its state reflects (entry or snapshot)
     outcomes: list[Outcome] = field(default_factory=list)
 
     @property
@@ -103,37 +108,47 @@ class SimCluster:
         node = self.nodes[node_id]
         assert node.replica is None, f"{node_id} already runs"
         node.incarnation += 1
+        node.applied_index = 0
         loop = VirtualLoop(self.scheduler, f"{node_id}.{node.incarnation}")
         SimTransport.network = self.network
         settings = self.settings(node)
 
         def observe(outcome: Outcome, _current: bool) -> None:
+            node.applied_index = outcome.index  # before the entry's replies are resolved
             self.observer(node, outcome, False)
 
         def on_reset(index: int) -> None:
+            node.applied_index = index
             self.observer(node, Outcome(index, None, [], []), True)
 
         node.loop = loop
         node.replica = loop.run_now(Replica, settings, loop, _ignore_applied, on_reset, observe)
+        node.sessions = SimSessions(node.replica, loop, node.incarnation)
         # what it loaded is what the disk holds (it was read back and checked)
         SYNCED[settings.journal_file] = int(node.replica._node._journal()._end)
         JOURNAL_OWNERS[settings.journal_file] = node.replica._node
         return node
 
-    def crash(self, node_id: str, power_loss: bool) -> None:
-        """Kill a member at once (kill -9); with `power_loss`, also what was not fsynced."""
+    def crash(
+        self, node_id: str, power_loss: bool, garbage: bool = False, lied: bool = False
+    ) -> None:
+        """Kill a member at once (kill -9); with `power_loss`, also what was not fsynced; with
+        `lied`, its last fsync had lied (what it made stable is lost too); with `garbage`, a
+        byte of the unsynced part that survived is flipped (a half-written block)."""
         node = self.nodes[node_id]
         if node.replica is None or node.loop is None:
             return
         replica, loop = node.replica, node.loop
-        node.replica = None
+        node.replica = node.sessions = None
         loop.run_now(replica._node._destroy_now)  # no flush: the process just dies
         loop.alive = False
         if power_loss:
             journal = Path(self.settings(node).journal_file)
-            synced = SYNCED.get(str(journal), 0)
+            synced = (SYNCED_BEFORE if lied else SYNCED).get(str(journal), 0)
             journal.with_name(journal.name + ".synced").write_text(str(synced))
-            storage.power_loss(journal, self.rng.randrange(2**31))
+            kept = storage.power_loss(journal, self.rng.randrange(2**31))
+            if garbage and kept["kept"] > kept["synced"]:
+                _flip_byte(journal, self.rng.randrange(kept["synced"], kept["kept"]))
 
     def up_nodes(self) -> list[SimNode]:
         """The running members, by id."""
@@ -147,3 +162,12 @@ class SimCluster:
 
 def _ignore_applied(_applied: Applied) -> None:
     """Deliveries are not used: consumers dequeue (basic.get), as RabbitMQ's polling client."""
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    """Invert one byte of a file (a write the power cut left half done)."""
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0xFF]))

@@ -10,15 +10,21 @@ A pair of members shares one connection, as with raft.transport (one TCP connect
 - a crashed node's connections break at once (the kernel resets them);
 - a broken connection is re-dialed every `RETRY_S` while both ends are up and no direction is
   blocked: both ends are told it connected.
-Every message goes through `raft.peercodec` (the real wire codec), so what arrives is a copy.
+Every message goes through a real wire codec, so what arrives is a copy: `raft.peercodec`
+(wire "quorumq", our transport's) or pysyncobj's own, `zlib(pysyncobj.pickle.dumps(message))`
+read back with `pysyncobj.pickle.loads` (wire "pysyncobj", the `transport = "pysyncobj"` option:
+the node installs `raft.safe_pickle`'s allow-list there); as pysyncobj's TcpConnection, a
+message that does not load breaks its connection.
 """
 
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
+import pysyncobj.pickle as pysyncobj_pickle
 from pysyncobj.transport import Transport
 
 from raft import peercodec
@@ -30,6 +36,23 @@ DELAY_S = (0.0005, 0.004)  # one-way delay range of a healthy link
 DUPLICATE_RATE = 0.05  # on a flaky direction
 LOSS_RATE = 0.1  # on a flaky direction
 REORDER_SPREAD_S = 0.02  # extra random delay on a flaky direction (reorders)
+SLOW_DELAY_S = (0.2, 1.4)  # extra in-order delay on a slow direction (under BROKEN_AFTER_S)
+WIRES = ("quorumq", "pysyncobj")
+PYSYNCOBJ_ZLIB_LEVEL = 3  # as pysyncobj's TcpConnection
+
+
+def encode_message(wire: str, message: Any) -> bytes:
+    """A message's bytes on `wire`."""
+    if wire == "pysyncobj":
+        return zlib.compress(pysyncobj_pickle.dumps(message), PYSYNCOBJ_ZLIB_LEVEL)
+    return peercodec.encode(message)
+
+
+def decode_message(wire: str, body: bytes) -> Any:
+    """The message in `body` (pysyncobj's loads is the allow-list unpickler once installed)."""
+    if wire == "pysyncobj":
+        return pysyncobj_pickle.loads(zlib.decompress(body))
+    return peercodec.decode(body)
 
 
 @dataclass
@@ -43,13 +66,18 @@ class _Connection:
 class SimNetwork:
     """Every link of the simulated cluster; the transports register here by address."""
 
-    def __init__(self, scheduler: Scheduler, rng: random.Random, trace: list[Any]) -> None:
+    def __init__(
+        self, scheduler: Scheduler, rng: random.Random, trace: list[Any], wire: str = "quorumq"
+    ) -> None:
+        assert wire in WIRES, wire
+        self.wire = wire
         self.scheduler = scheduler
         self.rng = rng
         self.trace = trace
         self.transports: dict[str, SimTransport] = {}
         self.blocked: set[tuple[str, str]] = set()  # (from, to) addresses
         self.flaky: set[tuple[str, str]] = set()
+        self.slow: set[tuple[str, str]] = set()
         self._connections: dict[tuple[str, str], _Connection] = {}
         self._last_arrival: dict[tuple[str, str], float] = {}
         self.loop = VirtualLoop(scheduler, "network")
@@ -78,7 +106,7 @@ class SimNetwork:
             return False
         if (source, target) in self.blocked:
             return True  # lost on the wire; the connection breaks later
-        body = peercodec.encode(message)
+        body = encode_message(self.wire, message)
         self.messages += 1
         copies = 1
         delay = self.rng.uniform(*DELAY_S)
@@ -89,6 +117,8 @@ class SimNetwork:
             delay += self.rng.uniform(0, REORDER_SPREAD_S)
             at = self.scheduler.now + delay
         else:
+            if (source, target) in self.slow:
+                delay += self.rng.uniform(*SLOW_DELAY_S)
             at = max(self.scheduler.now + delay, self._last_arrival.get((source, target), 0.0))
             self._last_arrival[(source, target)] = at
         for copy in range(copies):
@@ -100,7 +130,16 @@ class SimNetwork:
         receiver = self.transports.get(target)
         if not conn.up or conn.epoch != epoch or receiver is None or not receiver.alive:
             return
-        receiver.deliver(source, peercodec.decode(body))
+        if self.wire == "quorumq":
+            receiver.deliver(source, peercodec.decode(body))
+            return
+        try:
+            message = decode_message(self.wire, body)
+        except Exception:  # pysyncobj's TcpConnection: any failure to load disconnects
+            self.trace.append(("undecodable", round(self.scheduler.now, 6), source, target))
+            self.disconnect(source, target)
+            return
+        receiver.deliver(source, message)
 
     def _upkeep(self) -> None:
         """Break connections with a blocked direction (after the timeout), dial broken ones."""

@@ -4,7 +4,9 @@ The real node code reads time and randomness through module globals; inside a si
 answer from the virtual clock and the seeded generator instead:
 - `pysyncobj.syncobj.monotonicTime`, `raft.node.monotonic_time`, `raft.transport.monotonic_time`
   (Raft's timers) and the `time` module as `raft.node`, `raft.batcher` and `raft.durability` see
-  it (submitter clock, proposal timeouts, disk probes);
+  it (submitter clock, proposal timeouts, disk probes), and as `cluster.node.timers` and
+  `cluster.node.server` see it (the leader timers and the connection reconciliation that
+  `raft.sim.session` runs);
 - `raft.batcher._Batch` (its `submitted_s` default was bound to `time.monotonic` at import);
 - `pysyncobj.syncobj.random` (election timeouts);
 - `raft.durability.DurableFileJournal.deleteEntriesFrom` is wrapped: a cut of the log at or
@@ -41,6 +43,8 @@ import pysyncobj.node as pysyncobj_node
 import pysyncobj.syncobj as pysyncobj_syncobj
 import structlog
 
+import cluster.node.server
+import cluster.node.timers
 import raft.batcher
 import raft.durability
 import raft.node
@@ -73,8 +77,14 @@ def _no_sleep(_seconds: float) -> None:
 SYNCED: dict[str, int] = {}
 
 
+# journal path -> what the fsync before the last one had made stable (a lying last fsync)
+SYNCED_BEFORE: dict[str, int] = {}
+
+
 def _note_synced(journal: Any) -> None:
-    SYNCED[str(journal.path)] = int(journal._end)
+    path = str(journal.path)
+    SYNCED_BEFORE[path] = SYNCED.get(path, 0)
+    SYNCED[path] = int(journal._end)
 
 
 # journal path -> the RaftNode writing it (set by raft.sim.cluster when it starts a node)
@@ -122,6 +132,8 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.batcher, "time", clock_time),
         (raft.batcher, "_Batch", _virtual_batch(clock)),
         (raft.durability, "time", clock_time),
+        (cluster.node.timers, "time", clock_time),
+        (cluster.node.server, "time", clock_time),
         (raft.durability.DurableFileJournal, "_note_synced", _note_synced),
         (pysyncobj_node.Node, "__hash__", _stable_node_hash),
         (raft.durability.DurableFileJournal, "deleteEntriesFrom", _checked_delete_entries_from),
@@ -133,6 +145,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         for module, name, value in replacements:
             setattr(module, name, value)
         SYNCED.clear()
+        SYNCED_BEFORE.clear()
         JOURNAL_OWNERS.clear()
         CUTS_BELOW_COMMIT.clear()
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))
@@ -142,6 +155,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         for module, name, value in saved:
             setattr(module, name, value)
         SYNCED.clear()
+        SYNCED_BEFORE.clear()
         JOURNAL_OWNERS.clear()
         CUTS_BELOW_COMMIT.clear()
         structlog.configure(**structlog_before)

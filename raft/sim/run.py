@@ -9,6 +9,7 @@ seed (and schedule) must print the same hash.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import shutil
@@ -16,17 +17,20 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from fifo.commands import DeclareQueue
 from fifo.replies import DeclareOk, DequeueOk
+from raft.replica import ReplicaView
 from raft.sim.checkers import QueueVerdict, RaftChecker, check_queue
 from raft.sim.clock import Scheduler
 from raft.sim.cluster import ClusterParams, SimCluster, SimNode
-from raft.sim.faults import Fault, encode_faults, generate_faults
+from raft.sim.faults import LEADER, Fault, encode_faults, generate_faults
 from raft.sim.network import SimNetwork
 from raft.sim.patches import CUTS_BELOW_COMMIT, simulated
+from raft.sim.reads import ReadChecker
 from raft.sim.workload import QUEUE, Workload
 
 STEP_S = 0.05
@@ -35,6 +39,7 @@ AFTER_HEAL_S = 4.0
 CLOSE_S = 3.0
 DRAIN_REPLY_S = 3.0
 DRAIN_STEPS_MAX = 5000
+DRAIN_S_MAX = 60.0  # virtual seconds for the drain: what is still held after it is stuck
 CATCH_UP_S = 4.0
 
 
@@ -47,6 +52,10 @@ class SimParams:
     clients: int = 6
     flaky: bool = True
     compaction_min_entries: int = 60
+    wire: str = "quorumq"  # the peer transport's codec: "quorumq" or "pysyncobj" (pickle)
+    slow: bool = False  # schedules with slow links (messages delayed across elections)
+    reads: bool = False  # reads on every member, checked for bounded staleness (raft.sim.reads)
+    disk: bool = False  # power cuts may also leave garbage in the unsynced tail
 
 
 @dataclass
@@ -79,7 +88,9 @@ class _Run:
         self.raft_rng = random.Random(master.getrandbits(64))
         self.trace: list[Any] = []
         self.scheduler = Scheduler()
-        self.network = SimNetwork(self.scheduler, random.Random(master.getrandbits(64)), self.trace)
+        self.network = SimNetwork(
+            self.scheduler, random.Random(master.getrandbits(64)), self.trace, params.wire
+        )
         self.checker = RaftChecker()
         cluster_params = ClusterParams(params.nodes, params.compaction_min_entries)
         self.cluster = SimCluster(
@@ -94,6 +105,7 @@ class _Run:
             self.cluster, self.scheduler, random.Random(master.getrandbits(64)), params.clients
         )
         self.fault_rng = random.Random(master.getrandbits(64))
+        self.reads = ReadChecker(random.Random(master.getrandbits(64))) if params.reads else None
 
     def advance(self, seconds: float, workload: bool = True) -> None:
         """Run `seconds` of virtual time in steps, checking after each."""
@@ -102,6 +114,8 @@ class _Run:
             self.scheduler.run_until(min(end, self.scheduler.now + STEP_S))
             if workload:
                 self.workload.step()
+                if self.reads is not None:
+                    self.reads.step(self.cluster, self.scheduler.now)
             for node in self.cluster.up_nodes():
                 assert node.loop is not None and node.replica is not None
                 node.loop.run_now(node.replica.sweep)
@@ -133,20 +147,30 @@ class _Run:
         self.trace.append(("fault", round(self.scheduler.now, 6), fault.text()))
         net, nodes = self.network, self.cluster.nodes
         args = fault.args
-        if fault.op == "isolate" and args[0] in nodes:
+        if fault.op == "isolate" and args and args[0] == LEADER:
+            leader = self.leader()
+            args = (leader.node_id,) if leader is not None else ()
+            self.trace.append(("leader", round(self.scheduler.now, 6), args))
+        if fault.op == "isolate" and args and args[0] in nodes:
             me = nodes[args[0]].address
             for other in nodes.values():
                 if other.address != me:
                     net.blocked |= {(me, other.address), (other.address, me)}
-        elif fault.op in ("oneway", "flaky") and len(args) == 2 and set(args) <= set(nodes):
+        elif fault.op in ("oneway", "flaky", "slow") and len(args) == 2 and set(args) <= set(nodes):
             link = (nodes[args[0]].address, nodes[args[1]].address)
-            (net.blocked if fault.op == "oneway" else net.flaky).add(link)
+            {"oneway": net.blocked, "flaky": net.flaky, "slow": net.slow}[fault.op].add(link)
         elif fault.op == "heal":
             net.blocked.clear()
             net.flaky.clear()
+            net.slow.clear()
         elif fault.op == "crash" and args and args[0] in nodes:
             if len(self.cluster.up_nodes()) > 1 or not nodes[args[0]].up:
-                self.cluster.crash(args[0], power_loss="power" in args[1:])
+                self.cluster.crash(
+                    args[0],
+                    power_loss="power" in args[1:],
+                    garbage="garbage" in args[1:],
+                    lied="lied" in args[1:],
+                )
         elif fault.op == "restart" and args and args[0] in nodes and not nodes[args[0]].up:
             self.start(args[0])
 
@@ -154,7 +178,8 @@ class _Run:
         """Start a member and have it record its incarnation (hello), as the node server does."""
         node = self.cluster.start(node_id)
         assert node.loop is not None and node.replica is not None
-        node.loop.run_now(node.replica.propose_hello, lambda _reply: None)
+        assert node.sessions is not None
+        node.loop.run_now(node.sessions.say_hello)
 
 
 def run_seed(seed: int, params: SimParams, faults: list[Fault] | None = None) -> SimResult:
@@ -176,7 +201,9 @@ def run_seed(seed: int, params: SimParams, faults: list[Fault] | None = None) ->
 def _simulate(run: _Run, seed: int, params: SimParams, faults: list[Fault] | None) -> SimResult:
     nodes = sorted(run.cluster.nodes)
     if faults is None:
-        faults = generate_faults(run.fault_rng, nodes, params.seconds, params.flaky)
+        faults = generate_faults(
+            run.fault_rng, nodes, params.seconds, params.flaky, params.slow, params.disk
+        )
     result = SimResult(seed, faults)
     run.network.start()
     try:
@@ -186,6 +213,8 @@ def _simulate(run: _Run, seed: int, params: SimParams, faults: list[Fault] | Non
         _under_faults(run, faults, params.seconds)
         _heal_and_drain(run)
         run.checker.final(run.cluster)
+        _check_nobody_listed_down(run)
+        _check_closed_connections_closed(run)
     finally:
         run.cluster.stop_all()
     result.verdict = check_queue(run.workload.history)
@@ -193,6 +222,8 @@ def _simulate(run: _Run, seed: int, params: SimParams, faults: list[Fault] | Non
     result.violations += [f"committed entries cut: {cut}" for cut in CUTS_BELOW_COMMIT[:3]]
     result.violations += [f"node code raised: {e}" for e in run.network.errors[:3]]
     result.violations += [f"apply failed: {m}" for m in run.workload.apply_failures[:3]]
+    if run.reads is not None:
+        result.violations += run.reads.violations(run.workload.confirms)
     result.sim_seconds = run.scheduler.now
     result.events = run.scheduler.events
     result.messages = run.network.messages
@@ -238,8 +269,41 @@ def _heal_and_drain(run: _Run) -> None:
     run.advance(CATCH_UP_S, workload=False)
 
 
+def _check_nobody_listed_down(run: _Run) -> None:
+    """After healing every member runs and is connected: none may stay listed down (its
+    consumers would be suspected for ever, nothing delivered to them)."""
+    for node in run.cluster.up_nodes():
+        assert node.replica is not None
+        down = node.replica.read(lambda view: sorted(view.meta.down_nodes))
+        if down:
+            run.checker.fail(f"liveness: {node.node_id} still lists {down} down after healing")
+            return
+
+
+def _check_closed_connections_closed(run: _Run) -> None:
+    """After healing every client session is closed: the state may list no connection of a
+    running incarnation (what such a consumer holds would stay checked out for ever)."""
+    for node in run.cluster.up_nodes():
+        assert node.replica is not None and node.sessions is not None
+        sessions = node.sessions
+        listed = node.replica.read(partial(ReplicaView.connections_of, node=node.node_id))
+        stale = [
+            number
+            for incarnation, number in listed
+            if incarnation == node.incarnation and not sessions.router.is_live(number)
+        ]
+        if stale:
+            run.checker.fail(
+                f"liveness: {node.node_id} still lists closed connections {sorted(stale)[:5]}"
+            )
+            return
+
+
 def _drain(run: _Run) -> None:
+    deadline = run.scheduler.now + DRAIN_S_MAX
     for number in range(DRAIN_STEPS_MAX):
+        if run.scheduler.now > deadline:
+            break
         leader = run.leader()
         if leader is None:
             run.advance(STEP_S, workload=False)
@@ -253,7 +317,9 @@ def _drain(run: _Run) -> None:
             if _messages_held(leader) == 0:
                 return
             run.advance(0.5, workload=False)
-    run.checker.fail(f"the drain did not empty the queue in {DRAIN_STEPS_MAX} steps")
+    leader = run.leader()
+    held = _messages_held(leader) if leader is not None else "?"
+    run.checker.fail(f"liveness: the drain left {held} messages held after {DRAIN_S_MAX:g} s")
 
 
 def _messages_held(node: SimNode) -> int:
@@ -281,6 +347,14 @@ def reproduce_command(result: SimResult, params: SimParams) -> str:
     flags = f"--nodes {params.nodes} --clients {params.clients} --seconds {params.seconds:g}"
     if not params.flaky:
         flags += " --no-flaky"
+    if params.slow:
+        flags += " --slow"
+    if params.reads:
+        flags += " --reads"
+    if params.disk:
+        flags += " --disk"
+    if params.wire != "quorumq":
+        flags += f" --wire {params.wire}"
     return (
         f"quorumq simulate --seed {result.seed} {flags} --faults '{encode_faults(result.faults)}'"
     )
@@ -296,9 +370,7 @@ def shrink(
     best, best_params, runs = result, params, 0
     last = max((f.at for f in best.faults), default=0.0) + 3.0
     if last < params.seconds:
-        shorter = SimParams(
-            params.nodes, last, params.clients, params.flaky, params.compaction_min_entries
-        )
+        shorter = dataclasses.replace(params, seconds=last)
         trial = run_seed(result.seed, shorter, best.faults)
         runs += 1
         if trial.failed:

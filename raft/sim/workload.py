@@ -1,5 +1,7 @@
 """The chaos runner's queue workload in miniature: producers with confirms, consumers that
-dequeue (basic.get, unsettled) and ack, each client attached to one node, and a final drain.
+dequeue (basic.get, unsettled) and ack, each client attached to one node through its session
+layer (`raft.sim.session`), now and then reconnecting (its old session closes, which submits
+a ConnectionDown once; what it held unacked goes back to the queue), and a final drain.
 
 Every operation is recorded as a history event `(time, client, type, f, value, redelivered)`
 with type invoke | ok | fail | info (info: the outcome is unknown: the node crashed, the
@@ -15,7 +17,6 @@ from typing import Any
 
 from fifo.commands import (
     Checkout,
-    ConnectionDown,
     ConnectionId,
     ConsumerId,
     Dequeue,
@@ -33,6 +34,8 @@ CLIENT_TIMEOUT_S = 3.0
 OP_GAP_S = (0.01, 0.12)  # pause between a client's operations
 WORK_S = (0.0, 0.4)  # a consumer works on a message this long before it acks it
 DRAIN_STEPS_MAX = 20_000
+RECONNECT_RATE = 0.02  # chance that an idle client closes its connection and opens a new one
+CONNECTION_NUMBER_STRIDE = 1000  # a client's n-th connection is number + n * stride
 
 Event = tuple[float, str, str, str, str, bool]
 
@@ -61,6 +64,8 @@ class Client:
         self.seq = 1  # publisher dedup: the machine stores each (enqueuer, seq) once
         self.retry: str | None = None  # a publish whose outcome is unknown, sent again
         self.ack_due: tuple[float, Any, int, str] | None = None  # at, consumer key, id, value
+        self.attached: tuple[int, int] | None = None  # (incarnation, number) of its session
+        self.reconnect_due = False  # its last operation timed out: it reconnects first
 
     def connection(self) -> ConnectionId:
         """This client's connection to its node's current incarnation."""
@@ -78,6 +83,7 @@ class Workload:
         self.rng = rng
         self.history: list[Event] = []
         self.apply_failures: list[str] = []
+        self.confirms: list[tuple[float, int]] = []  # (time, log index) of each confirmed publish
         node_ids = sorted(cluster.nodes)
         # a third of the clients publish, the rest consume, round-robin over the nodes: with 6
         # clients on 3 nodes one node serves two consumers, whose connections a restart of it
@@ -105,7 +111,9 @@ class Workload:
             pending = client.pending
             if pending is not None and now - pending.started > CLIENT_TIMEOUT_S:
                 self._finish(client, pending.op_id, "info", pending.f, pending.value)
-                # a late reply is ignored: the publish (if it was one) goes again, same seq
+                # a late reply is ignored: the publish (if it was one) goes again, same seq;
+                # a client whose node stopped answering reconnects, as the client library does
+                client.reconnect_due = True
             node = self.cluster.nodes[client.node_id]
             if client.incarnation != node.incarnation and client.pending is not None:
                 pending = client.pending
@@ -114,14 +122,39 @@ class Workload:
                 continue
             if node.replica is None:
                 continue
+            reconnect = client.reconnect_due or self.rng.random() < RECONNECT_RATE
+            if client.attached is not None and reconnect:
+                self._reconnect(client, node)  # a consumer may hold a message it did not ack
             if client.ack_due is not None:
                 self._ack_when_due(client, node)
                 continue
-            client.incarnation = node.incarnation
+            self._attach(client, node)
             if client.producer:
                 self._publish(client, node)
             else:
                 self._dequeue(client, node)
+
+    def _attach(self, client: Client, node: SimNode) -> None:
+        """Open a session for the client on its node's current incarnation, if it has none."""
+        client.incarnation = node.incarnation
+        if client.attached != (node.incarnation, client.number):
+            assert node.sessions is not None
+            node.sessions.open(client.connection())
+            client.attached = (node.incarnation, client.number)
+
+    def _reconnect(self, client: Client, node: SimNode) -> None:
+        """The client closes its connection (its session submits ConnectionDown once) and will
+        use a new one; an ack it still owed is dropped: the message goes back to the queue."""
+        self._close_session(client, node)
+        client.number += CONNECTION_NUMBER_STRIDE
+        client.reconnect_due = False
+        client.ack_due = None
+        self.record(client.name, "reconnect", "reconnect", str(client.number))
+
+    def _close_session(self, client: Client, node: SimNode) -> None:
+        if node.sessions is not None and client.attached == (node.incarnation, client.number):
+            node.loop.run_now(node.sessions.close, client.connection())  # type: ignore[union-attr]
+        client.attached = None
 
     def _start(self, client: Client, f: str, value: str) -> int:
         self._op_ids += 1
@@ -168,6 +201,7 @@ class Workload:
                 return
             if kind == "ok":
                 client.seq, client.retry = seq + 1, None
+                self.confirms.append((self.scheduler.now, node.applied_index))
             elif kind == "fail":
                 client.retry = None  # refused: nothing stored, the next value takes this seq
                 if isinstance(reply, NotEnqueued):
@@ -219,14 +253,11 @@ class Workload:
     # --- the end of a run ----------------------------------------------------------------------
 
     def close_connections(self) -> None:
-        """Every client disconnects (the node commits ConnectionDown normal, as it does when a
-        client's socket closes): what they held unsettled goes back to the queue."""
+        """Every client disconnects (its session submits ConnectionDown normal, as the node
+        does when a client's socket closes): what they held unsettled goes back to the queue."""
         self.active = False
         for client in self.clients:
-            node = self.cluster.nodes[client.node_id]
-            if node.replica is None or client.incarnation != node.incarnation:
-                continue
-            self._propose(node, ConnectionDown(client.connection(), "normal"), _ignore)
+            self._close_session(client, self.cluster.nodes[client.node_id])
 
     def drain_step(self, node: SimNode, number: int) -> dict[str, Any]:
         """Propose one settled dequeue on `node` for the drainer; its reply lands in the
@@ -244,7 +275,3 @@ class Workload:
         command = Checkout(QUEUE, ConsumerId(f"drain-{number}", connection), Dequeue(True))
         self._propose(node, command, on_reply)
         return state
-
-
-def _ignore(_reply: Any) -> None:
-    """A reply nobody waits for."""

@@ -7,8 +7,11 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import cluster.node.server
+import cluster.node.timers
 import raft.metadata
-from fifo.commands import ConnectionDown, ConnectionId
+import raft.safe_pickle
+from fifo.commands import ConnectionDown, ConnectionId, NodeUp
 from raft.node import RaftNode
 
 
@@ -56,8 +59,44 @@ def hello_order() -> contextlib.AbstractContextManager[None]:
     return _replaced(raft.metadata, "stale_connection_downs", in_dict_order)
 
 
+def empty_snapshot_chunk() -> contextlib.AbstractContextManager[None]:
+    """The allow-list without `bytes` (the state before issue 17's fix): the empty last chunk of
+    every snapshot pysyncobj sends, pickled as `bytes()`, is refused and its connection
+    dropped, so a follower behind the leader's compaction never catches up (pysyncobj wire)."""
+    without_bytes = frozenset(
+        name for name in raft.safe_pickle.ALLOWED_GLOBALS if name[1] != "bytes"
+    )
+    return _replaced(raft.safe_pickle, "ALLOWED_GLOBALS", without_bytes)
+
+
+def dropped_connection_down() -> contextlib.AbstractContextManager[None]:
+    """e05d856 undone: a closed session's ConnectionDown is submitted once and never again,
+    so one that failed (no quorum) or was never sent (the connection not listed yet) leaves
+    its consumer's checked-out messages stuck until the node restarts."""
+
+    def never(_server: Any) -> None:
+        return None
+
+    return _replaced(cluster.node.server.NodeServer, "_reconcile_connections", never)
+
+
+def leader_own_node_up() -> contextlib.AbstractContextManager[None]:
+    """a75f9c3 undone: a leader listed down (an earlier leader committed NodeDown for it) never
+    commits NodeUp for itself; no peer would, so its consumers stay suspected."""
+    original = cluster.node.timers.TimerPlan._node_changes
+
+    def without_own(plan: Any, now_s: float, view: Any) -> list[Any]:
+        changes = original(plan, now_s, view)
+        return [c for c in changes if not (isinstance(c, NodeUp) and c.node == view.me)]
+
+    return _replaced(cluster.node.timers.TimerPlan, "_node_changes", without_own)
+
+
 PLANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "late_append_truncation": late_append_truncation,
     "snapshot_chunk_commit": snapshot_chunk_commit,
     "hello_order": hello_order,
+    "empty_snapshot_chunk": empty_snapshot_chunk,
+    "dropped_connection_down": dropped_connection_down,
+    "leader_own_node_up": leader_own_node_up,
 }

@@ -7,8 +7,6 @@ Runs are in-process and take a few seconds each (2-6x faster than real time on t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -19,17 +17,13 @@ from cluster.cli.main import cli
 from raft.sim import SimParams, SimResult, encode_faults, parse_faults, run_seed
 from raft.sim.patches import simulated
 from raft.sim.run import _Run
-from tests.raft.sim.plants import hello_order, late_append_truncation, snapshot_chunk_commit
+from tests.raft.sim.plants import PLANTS
 
 pytestmark = pytest.mark.slow
 
 SHORT = SimParams(seconds=4.0)
 CAMPAIGN_SEEDS = range(1, 4)
 CAMPAIGN = SimParams(seconds=8.0)
-# the campaign from seed 1 (8 s runs) with late_append_truncation planted fails first at seed 3
-# (seed 2 before raft ticks followed the node's deadlines instead of a 20 ms grid)
-PLANTED_SEED = 3
-PLANTED = SimParams(seconds=8.0)
 
 
 @pytest.fixture(scope="module")
@@ -61,27 +55,32 @@ def test_a_bounded_campaign_finds_nothing_on_the_fixed_code(seed: int) -> None:
     assert not result.failed, result.violations
 
 
-def test_the_planted_late_append_truncation_is_found_and_the_fix_holds() -> None:
-    with late_append_truncation():
-        planted = run_seed(PLANTED_SEED, PLANTED)
-    assert any(v.startswith("committed entries cut") for v in planted.violations)
-    fixed = run_seed(PLANTED_SEED, PLANTED, planted.faults)
-    assert not fixed.failed, fixed.violations
+# the first failing seed of a campaign from seed 1 (30 s runs, 6 clients, flaky links) with
+# each fix undone (tests/raft/sim/plants.py; `python -m tests.raft.sim.find_planted NAME`)
+PLANTED_BUGS = [
+    ("late_append_truncation", 1, "quorumq", "committed entries cut"),
+    ("snapshot_chunk_commit", 1, "quorumq", "state-machine safety"),
+    ("hello_order", 50, "quorumq", "state-machine safety"),
+    ("empty_snapshot_chunk", 1, "pysyncobj", "replicas differ after healing"),
+    ("dropped_connection_down", 1, "quorumq", "liveness: the drain left"),
+    ("leader_own_node_up", 10, "quorumq", "liveness: n1 still lists ['n2'] down"),
+]
 
 
 @pytest.mark.parametrize(
-    ("plant", "seed"),
-    [(hello_order, 1), (snapshot_chunk_commit, 13)],
-    ids=["hello_order", "snapshot_chunk_commit"],
+    ("plant", "seed", "wire", "violation"), PLANTED_BUGS, ids=[row[0] for row in PLANTED_BUGS]
 )
-def test_the_other_planted_bugs_are_found_at_their_seeds(
-    plant: Callable[[], AbstractContextManager[None]], seed: int
+def test_each_planted_bug_is_found_at_its_seed_replays_exactly_and_the_fix_holds(
+    plant: str, seed: int, wire: str, violation: str
 ) -> None:
-    # the first failing seeds of a campaign from seed 1 (30 s runs) with each bug planted;
-    # the fixed code passes both (quorumq simulate --seed 1 / --seed 13)
-    with plant():
-        result = run_seed(seed, SimParams(seconds=30.0))
-    assert any(v.startswith("state-machine safety") for v in result.violations)
+    params = SimParams(seconds=30.0, wire=wire)
+    with PLANTS[plant]():
+        planted = run_seed(seed, params)
+        again = run_seed(seed, params)
+    assert any(v.startswith(violation) for v in planted.violations), planted.violations
+    assert again.trace_hash == planted.trace_hash
+    fixed = run_seed(seed, params, planted.faults)
+    assert not fixed.failed, fixed.violations
 
 
 def test_a_power_loss_keeps_what_was_fsynced(tmp_path: Path) -> None:
@@ -115,3 +114,42 @@ def test_the_cli_prints_the_seed_s_trace_hash(seed_5: SimResult) -> None:
 def test_the_cli_wants_one_of_seed_or_seeds() -> None:
     result = CliRunner().invoke(cli, ["simulate"])
     assert isinstance(result.exception, CliError) and result.exception.exit_code == USAGE
+
+
+def test_a_restarted_node_s_hello_is_retried_until_it_commits() -> None:
+    # found by the 200-seed Spark campaign: n2 restarted behind a one-way partition, its one
+    # hello timed out, and a dequeue of its old incarnation (applied later) stayed checked out
+    # for ever; the node server retries the hello (NodeServer._hello), the simulator now too
+    result = run_seed(159, SimParams(seconds=60.0))
+    assert not result.failed, result.violations
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 26 hazard, open: the read gate (NodeServer.unavailable_reason) answers from a "
+    "state that is not current (raft.contact); gating reads on applied_state_current() fixes "
+    "it in the simulator but refuses reads for ~1 s after a start, which "
+    "tests/cluster/test_node_stale_reads.py does not expect: the lead's decision",
+)
+def test_a_node_behind_the_leader_refuses_reads_until_it_has_caught_up() -> None:
+    # broken by seed 1 with reads on every member: n1, the leader, isolated at 4.79 s and
+    # healed at 7.85 s, answered a read at 8.45 s from index 163 while index 190 had been
+    # confirmed before 7.45 s; 10 of seeds 1-12 break it (30 s runs, --reads)
+    result = run_seed(1, SimParams(seconds=30.0, reads=True))
+    assert not any(v.startswith("stale read") for v in result.violations), result.violations
+
+
+def test_slow_links_hold_messages_across_elections_and_the_fixed_code_passes() -> None:
+    # issue 26's other hazard (pysyncobj's next_node_idx acks carry no term): slow links
+    # deliver acks after the term that sent them ended; 271 seeds of 30 s found nothing
+    result = run_seed(3, SimParams(seconds=30.0, slow=True))
+    assert any(f.op == "slow" for f in result.faults)
+    assert not result.failed, result.violations
+
+
+def test_a_lying_fsync_and_a_garbage_tail_before_a_power_cut_keep_the_checkers_green() -> None:
+    # seed 4's schedule (--disk): n2 crashes with power loss after a last fsync that lied,
+    # and a byte of what survived unsynced is flipped; the journal loads, nothing is lost
+    result = run_seed(4, SimParams(seconds=15.0, disk=True))
+    assert any({"lied", "garbage"} <= set(f.args) for f in result.faults), result.faults
+    assert not result.failed, result.violations
