@@ -1,0 +1,117 @@
+"""A leader added by `member add` is found by clients that know only the old nodes' endpoints.
+
+The old nodes loaded their cluster.toml before n4 existed: they know its address only from the
+replicated member set (the `member add` change recorded it). They must name the leader by that
+address (welcome, status `leader_address`, the not-leader refusal), and the client library and
+the CLI must follow it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cluster.cli.exits import CliError
+from cluster.cli.main import cli
+from cluster.client import AsyncClient, Client
+from cluster.launcher import LocalCluster, free_ports, wait_until
+
+pytestmark = pytest.mark.cluster
+
+OLD = ("n1", "n2", "n3")
+QUEUE = "after-add"
+
+
+def cli_with_endpoints(endpoints: list[str], credentials: Path, *args: str) -> tuple[int, str]:
+    """Run the CLI with --endpoints (no data dir): (exit code, output and error message)."""
+    root = ["--endpoints", ",".join(endpoints), "--credentials", str(credentials)]
+    result = CliRunner().invoke(cli, [*root, *args], standalone_mode=False)
+    if isinstance(result.exception, CliError):
+        return result.exception.exit_code, result.output + str(result.exception)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def n4_ports_ranking_last(cluster: LocalCluster) -> tuple[str, str]:
+    """Raft and client addresses for n4, its raft address above the others' (pysyncobj hands
+    leadership, among equally caught-up followers, to the highest address)."""
+    highest = max(cluster.config.node(n).raft_address for n in OLD)
+    for _ in range(50):
+        raft_port, client_port = free_ports(2)
+        raft = f"127.0.0.1:{raft_port}"
+        if raft > highest:
+            return raft, f"127.0.0.1:{client_port}"
+    raise AssertionError(f"no free port ranking above {highest}")
+
+
+async def publish_async(endpoints: list[str], key: bytes) -> str | None:
+    """Publish 20 messages with confirms through an AsyncClient; the node it ended up on."""
+    async with AsyncClient(endpoints, key, prefer_leader=True, request_timeout_s=10.0) as client:
+        node = client.node
+        publisher = client.publisher(QUEUE)
+        for number in range(20):
+            await publisher.publish(b"a%d" % number)
+        await publisher.wait_for_confirms(10.0)
+    return node
+
+
+def n4_leads(cluster: LocalCluster) -> bool:
+    """True once n4 leads; else ask the leader to hand leadership over (a leader asked to
+    remove itself does that, and removes nothing)."""
+    leader = cluster.leader()
+    if leader == "n4":
+        return True
+    raw = cluster.raw_client(leader)
+    try:
+        raw.admin("member_remove", node=leader, force=True)
+    finally:
+        raw.close()
+    return False
+
+
+def test_clients_given_only_the_old_endpoints_reach_a_leader_added_later(
+    cluster3: LocalCluster,
+) -> None:
+    """n4 added and made leader: the old nodes name its address (status, refusal); a client
+    with only n1..n3's endpoints (threaded and asyncio) moves to it (prefer_leader) and
+    publishes with confirms; `member remove` with only those endpoints reaches it, commits."""
+    raft, client_address = n4_ports_ranking_last(cluster3)
+    result = CliRunner().invoke(
+        cli,
+        ["--data-dir", str(cluster3.data_dir), "member", "add", "n4",
+         "--raft-address", raft, "--client-address", client_address],
+        standalone_mode=False,
+    )  # fmt: skip
+    assert result.exception is None, result.output
+    cluster3.reload()
+    cluster3.start_node("n4")
+    wait_until(lambda: len(cluster3.converged(timeout_s=30)) == 4, 60, "n4 caught up")
+    wait_until(lambda: n4_leads(cluster3), 60, "n4 leading")
+    old = [cluster3.config.node(n).client_address for n in OLD]
+
+    raw = cluster3.raw_client("n1")
+    try:
+        assert raw.query("status")["leader_address"] == client_address
+        refusal = raw.admin("member_remove", node="n3")
+    finally:
+        raw.close()
+    assert refusal["changed"] is False and refusal["leader"] == "n4", refusal
+    assert refusal["leader_address"] == client_address, refusal
+
+    with Client(old, cluster3.key, prefer_leader=True, request_timeout_s=10.0) as client:
+        assert client.node == "n4"
+        client.declare_queue(QUEUE)
+        publisher = client.publisher(QUEUE)
+        for number in range(20):
+            publisher.publish(b"m%d" % number)
+        publisher.wait_for_confirms(10.0)
+    assert asyncio.run(publish_async(old, cluster3.key)) == "n4"
+
+    code, out = cli_with_endpoints(old, cluster3.data_dir / "client.key", "member", "remove", "n3")
+    assert code == 0, out
+    statuses = cluster3.statuses()
+    assert statuses["n4"] is not None and statuses["n4"]["members"] == ["n1", "n2", "n4"]
