@@ -24,7 +24,14 @@ from cluster.cli.exits import DATA, UNAVAILABLE, USAGE, CliError
 from cluster.client.client import Client
 from cluster.config import ClusterConfig
 from cluster.errors import ConfigError
-from cluster.launcher import NoLeader, client_key, cluster_status, stop_node, wait_for_leader
+from cluster.launcher import (
+    NoLeader,
+    client_key,
+    cluster_status,
+    node_status,
+    stop_node,
+    wait_for_leader,
+)
 
 NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ADMIN_TIMEOUT_S = 40.0  # the node answers within 30 s (cluster.node.membership)
@@ -180,7 +187,7 @@ def _admin_on_leader(
         leader = wait_for_leader(config, key, timeout_s=LEADER_WAIT_S, tls=tls)
     except NoLeader as err:
         raise CliError(f"cluster unavailable: {err}; nothing was changed", UNAVAILABLE) from err
-    address = config.node(leader).client_address
+    address = _address_of(leader, config, key, tls)
     for _attempt in range(2):  # once more if leadership moved meanwhile
         result = _admin_at(address, action, args, key, tls)
         moved = result.get("leader_address")
@@ -188,6 +195,21 @@ def _admin_on_leader(
             break
         address = moved
     return _changed(result)
+
+
+def _address_of(leader: str, config: ClusterConfig, key: bytes, tls: ssl.SSLContext | None) -> str:
+    """The leader's client address: cluster.toml's, else (a member added since on another host)
+    the one a node of cluster.toml names from the replicated member set."""
+    if leader in config.node_ids():
+        return config.node(leader).client_address
+    for node in config.nodes:
+        status = node_status(node, key, timeout_s=2.0, tls=tls) or {}
+        address = status.get("leader_address")
+        if status.get("leader") == leader and isinstance(address, str):
+            return address
+    raise CliError(
+        f"the leader {leader} is not in cluster.toml and no node named its address", UNAVAILABLE
+    )
 
 
 def _admin_at(

@@ -9,11 +9,16 @@ the CLI must follow it.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import socket
+from functools import partial
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from cluster.cli import common
+from cluster.cli import member as member_cli
 from cluster.cli.exits import CliError
 from cluster.cli.main import cli
 from cluster.client import AsyncClient, Client
@@ -37,14 +42,21 @@ def cli_with_endpoints(endpoints: list[str], credentials: Path, *args: str) -> t
 
 
 def n4_ports_ranking_last(cluster: LocalCluster) -> tuple[str, str]:
-    """Raft and client addresses for n4, its raft address above the others' (pysyncobj hands
-    leadership, among equally caught-up followers, to the highest address)."""
+    """Raft and client addresses for n4, its raft address above the others' as strings
+    (pysyncobj hands leadership, among equally caught-up followers, to the highest address):
+    a free port among 9999 down to 9000, which sort above any 5-digit port."""
     highest = max(cluster.config.node(n).raft_address for n in OLD)
-    for _ in range(50):
-        raft_port, client_port = free_ports(2)
-        raft = f"127.0.0.1:{raft_port}"
-        if raft > highest:
-            return raft, f"127.0.0.1:{client_port}"
+    (client_port,) = free_ports(1)
+    for port in range(9999, 8999, -1):
+        raft = f"127.0.0.1:{port}"
+        if raft <= highest or port == client_port:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return raft, f"127.0.0.1:{client_port}"
     raise AssertionError(f"no free port ranking above {highest}")
 
 
@@ -74,11 +86,16 @@ def n4_leads(cluster: LocalCluster) -> bool:
 
 
 def test_clients_given_only_the_old_endpoints_reach_a_leader_added_later(
-    cluster3: LocalCluster,
+    cluster3: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """n4 added and made leader: the old nodes name its address (status, refusal); a client
     with only n1..n3's endpoints (threaded and asyncio) moves to it (prefer_leader) and
-    publishes with confirms; `member remove` with only those endpoints reaches it, commits."""
+    publishes with confirms; `member remove` with only those endpoints (following a refusal)
+    and `member add` with a data dir whose cluster.toml predates n4 reach it and commit."""
+    stale = tmp_path / "stale"  # an operator's data dir from before n4: its key, old config
+    stale.mkdir()
+    for name in ("cluster.toml", "client.key"):
+        shutil.copy2(cluster3.data_dir / name, stale / name)
     raft, client_address = n4_ports_ranking_last(cluster3)
     result = CliRunner().invoke(
         cli,
@@ -111,7 +128,20 @@ def test_clients_given_only_the_old_endpoints_reach_a_leader_added_later(
         publisher.wait_for_confirms(10.0)
     assert asyncio.run(publish_async(old, cluster3.key)) == "n4"
 
-    code, out = cli_with_endpoints(old, cluster3.data_dir / "client.key", "member", "remove", "n3")
+    # the CLI's client kept on n1 (as when n1 named no leader yet): it follows n1's refusal
+    monkeypatch.setattr(member_cli, "connect", partial(common.connect, prefer_leader=False))
+    code, out = cli_with_endpoints(old, stale / "client.key", "member", "remove", "n3")
     assert code == 0, out
     statuses = cluster3.statuses()
     assert statuses["n4"] is not None and statuses["n4"]["members"] == ["n1", "n2", "n4"]
+
+    # a data dir whose cluster.toml predates n4: the leader's address comes from a node's status
+    raft_port, client_port = free_ports(2)
+    n5 = [f"--raft-address=127.0.0.1:{raft_port}", f"--client-address=127.0.0.1:{client_port}"]
+    result = CliRunner().invoke(
+        cli,
+        ["--data-dir", str(stale), "member", "add", "n5", *n5],
+        standalone_mode=False,
+    )  # fmt: skip
+    assert result.exception is None, f"{result.output}{result.exception}"
+    wait_until(lambda: "n5" in (cluster3.statuses()["n4"] or {}).get("members", ()), 30, "n5")
