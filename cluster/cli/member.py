@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import click
 from cluster import config as cluster_config
 from cluster.cli.common import (
     connect,
+    connection_args,
     connection_options,
     emit,
     load_config,
@@ -22,7 +24,14 @@ from cluster.cli.exits import DATA, UNAVAILABLE, USAGE, CliError
 from cluster.client.client import Client
 from cluster.config import ClusterConfig
 from cluster.errors import ConfigError
-from cluster.launcher import NoLeader, client_key, cluster_status, stop_node, wait_for_leader
+from cluster.launcher import (
+    NoLeader,
+    client_key,
+    cluster_status,
+    node_status,
+    stop_node,
+    wait_for_leader,
+)
 
 NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ADMIN_TIMEOUT_S = 40.0  # the node answers within 30 s (cluster.node.membership)
@@ -160,11 +169,17 @@ def _admin_on_leader(
     ctx: click.Context, action: str, args: dict[str, str | int]
 ) -> dict[str, object]:
     """Send a membership admin action to the leader (only the leader appends a change; with
-    --endpoints, to the node the client lands on, which names the leader if it is not)."""
+    --endpoints, to the node the client lands on, which names the leader if it is not). A node
+    that is not the leader names the leader's address from the replicated member set (a member
+    added later is in no local cluster.toml): the command asks there once more, no further."""
     data_dir = ctx.find_root().obj.data_dir
     if data_dir is None:
         with connect(ctx) as client:
-            return _changed(client.admin(action, args, timeout_s=ADMIN_TIMEOUT_S))
+            result = client.admin(action, args, timeout_s=ADMIN_TIMEOUT_S)
+        address = result.get("leader_address")
+        if not result.get("changed") and isinstance(address, str):
+            result = _admin_at(address, action, args, connection_args(ctx)[1], tls_context(ctx))
+        return _changed(result)
     config = load_config(Path(data_dir))
     key = client_key(Path(data_dir))
     tls = tls_context(ctx, Path(data_dir), config)
@@ -172,22 +187,50 @@ def _admin_on_leader(
         leader = wait_for_leader(config, key, timeout_s=LEADER_WAIT_S, tls=tls)
     except NoLeader as err:
         raise CliError(f"cluster unavailable: {err}; nothing was changed", UNAVAILABLE) from err
+    address = _address_of(leader, config, key, tls)
     for _attempt in range(2):  # once more if leadership moved meanwhile
-        with Client(
-            [config.node(leader).client_address],
-            key,
-            name="quorumq-cli",
-            reconnect=False,
-            prefer_leader=False,
-            connect_timeout_s=5.0,
-            tls=tls,
-        ) as client:
-            result = client.admin(action, args, timeout_s=ADMIN_TIMEOUT_S)
-        moved = result.get("leader")
-        if result.get("changed") or not isinstance(moved, str) or moved not in config.node_ids():
+        result = _admin_at(address, action, args, key, tls)
+        moved = result.get("leader_address")
+        if result.get("changed") or not isinstance(moved, str):
             break
-        leader = moved
+        address = moved
     return _changed(result)
+
+
+def _address_of(leader: str, config: ClusterConfig, key: bytes, tls: ssl.SSLContext | None) -> str:
+    """The leader's client address: cluster.toml's, else (a member added since on another host)
+    the one a node of cluster.toml names from the replicated member set."""
+    if leader in config.node_ids():
+        return config.node(leader).client_address
+    for node in config.nodes:
+        status = node_status(node, key, timeout_s=2.0, tls=tls) or {}
+        address = status.get("leader_address")
+        if status.get("leader") == leader and isinstance(address, str):
+            return address
+    raise CliError(
+        f"the leader {leader} is not in cluster.toml and no node named its address", UNAVAILABLE
+    )
+
+
+def _admin_at(
+    address: str,
+    action: str,
+    args: dict[str, str | int],
+    key: bytes,
+    tls: ssl.SSLContext | None,
+) -> dict[str, object]:
+    """The admin action's result from the node at `address` only (authenticated by the cluster
+    key, and with TLS by the CA and the host name of `address`, like any node)."""
+    with Client(
+        [address],
+        key,
+        name="quorumq-cli",
+        reconnect=False,
+        prefer_leader=False,
+        connect_timeout_s=5.0,
+        tls=tls,
+    ) as client:
+        return client.admin(action, args, timeout_s=ADMIN_TIMEOUT_S)
 
 
 def _changed(result: dict[str, object]) -> dict[str, object]:

@@ -33,6 +33,7 @@ from raft.membership import (
 )
 
 if TYPE_CHECKING:
+    from cluster.node.server import NodeServer
     from cluster.node.session import ClientSession
 
 log = structlog.get_logger("cluster.node.membership")
@@ -57,6 +58,24 @@ def current_members(session: ClientSession) -> dict[str, Member]:
         else:
             raise MembershipError(f"the addresses of member {node_id} are unknown here")
     return members
+
+
+def member_endpoints(server: NodeServer) -> dict[str, str]:
+    """Each applied member's client address by node id, as the replicated member set records it
+    (cluster.toml's for members no change recorded; a member known by neither is left out).
+
+    This, not cluster.toml, is how a node names the leader to clients (welcome, status
+    `leader_address`, the not-leader refusal): a node's cluster.toml was read when it started
+    and does not name a member added since on another host. Empty before the first apply:
+    then cluster.toml's endpoints."""
+    configured = server.endpoints
+    found: dict[str, str] = {}
+    for row in server.replica.members():
+        node_id = str(row["id"])
+        address = row["client"] or configured.get(node_id)
+        if address:
+            found[node_id] = str(address)
+    return found or dict(configured)
 
 
 def requested_change(session: ClientSession, action: str, args: Any) -> MemberChange:
@@ -124,13 +143,21 @@ def tolerance_refusal(session: ClientSession, change: MemberChange) -> str | Non
     )
 
 
-def refused(message: str, unavailable: bool = False, leader: str | None = None) -> dict[str, Any]:
+def refused(
+    message: str,
+    unavailable: bool = False,
+    leader: str | None = None,
+    leader_address: str | None = None,
+) -> dict[str, Any]:
     """The result of a change that was not made (a result, not an error frame: clients retry
     `unavailable` errors on their own until they time out, and the caller must hear why at
-    once); `unavailable`: it may succeed later unchanged."""
+    once); `unavailable`: it may succeed later unchanged; `leader`, `leader_address`: the
+    leader to ask instead (its client address from the replicated member set)."""
     result: dict[str, Any] = {"changed": False, "refused": message, "unavailable": unavailable}
     if leader is not None:
         result["leader"] = leader
+    if leader_address is not None:
+        result["leader_address"] = leader_address
     return result
 
 
@@ -151,7 +178,9 @@ def handle_member_admin(session: ClientSession, request_id: int, action: str, ar
         if leader is None:
             reply(refused("no leader: the cluster has no quorum", unavailable=True))
         else:
-            reply(refused(f"this node is not the leader ({leader} is)", True, leader))
+            address = member_endpoints(session.server).get(leader)
+            at = f" at {address}" if address else ""
+            reply(refused(f"this node is not the leader ({leader}{at} is)", True, leader, address))
         return
     mistake = None if args.get("force") is True else tolerance_refusal(session, change)
     if mistake is not None:

@@ -47,12 +47,24 @@ def _limit_arg(args: dict[str, Any], default: int, maximum: int) -> int:
     return limit
 
 
-def run_query(replica: Replica, name: str, args: dict[str, Any], extra: dict[str, Any]) -> Any:
-    """Answer query `name`; `extra` is merged into the status map (address, pid, ...)."""
+def run_query(
+    replica: Replica,
+    name: str,
+    args: dict[str, Any],
+    extra: dict[str, Any],
+    member_endpoints: dict[str, str] | None = None,
+) -> Any:
+    """Answer query `name`; `extra` is merged into the status map (address, pid, ...);
+    `member_endpoints` (node id -> client address, the replicated member set's) gives the
+    status map's `leader_address` (None when there is no leader or its address is unknown)."""
     if name == "status":
         # `digest`: true computes the digest whatever the state's size (it stalls the node)
         bounded = args.get("digest") is not True
-        return {**extra, **replica.status(bounded=bounded), "pid": os.getpid()}
+        status = {**extra, **replica.status(bounded=bounded), "pid": os.getpid()}
+        leader = status.get("leader")
+        addresses = member_endpoints or {}
+        status["leader_address"] = addresses.get(leader) if isinstance(leader, str) else None
+        return status
     supported = replica.settings.supported_version
     if name == "messages":  # bodies are read back after the read, outside the replica's lock
         limit = _limit_arg(args, 100, MESSAGES_LIMIT_MAX)

@@ -20,7 +20,7 @@ from cluster import protocol
 from cluster.errors import ProtocolError
 from cluster.node.effects import EFFECT_BYTES_MAX
 from cluster.node.limits import source_address
-from cluster.node.membership import handle_member_admin
+from cluster.node.membership import handle_member_admin, member_endpoints
 from cluster.node.queries import QueryError, run_query
 from fifo import limits as fifo_limits
 from fifo.codec import TAG_BASE, constructor
@@ -370,7 +370,7 @@ class ClientSession:
                 self.server.node_id,
                 fifo.encode(self.connection),
                 self.server.replica.leader_id(),
-                self.server.endpoints,
+                member_endpoints(self.server),  # not cluster.toml's: members added since too
                 features,
             )
         )
@@ -531,7 +531,13 @@ class ClientSession:
             self.error(protocol.UNAVAILABLE, message, request_id)
             return
         try:
-            value = run_query(self.server.replica, name, args, self.server.status_extra())
+            value = run_query(
+                self.server.replica,
+                name,
+                args,
+                self.server.status_extra(),
+                member_endpoints(self.server) if name == "status" else None,
+            )
         except QueryError as err:
             self.error(protocol.BAD_REQUEST, str(err), request_id)
             return
