@@ -62,7 +62,10 @@ def test_another_connection_cannot_settle_a_consumers_deliveries(
             ]  # fmt: skip
             # the consumer list shows whose it is; naming that connection in a bound form is
             # no way round: the node puts the sender's own connection in its place
-            owner_connection = attacker.consumers(QUEUE)[QUEUE][0].connection
+            listed = wait_until(  # the attacker's node (a follower) may apply the checkout later
+                lambda: attacker.consumers(QUEUE)[QUEUE], 10, "the consumer on the other node"
+            )
+            owner_connection = listed[0].connection
             foreign.append(BoundDiscard(QUEUE, key, ids, owner_connection))
             for command in foreign:
                 with pytest.raises(CommandRefused) as refused:
