@@ -35,6 +35,7 @@ from typing import Any
 
 import fifo
 from fifo.commands import (
+    UNBOUND_SETTLES,
     Checkout,
     ConnectionDown,
     ConsumerDisconnectedTimeout,
@@ -421,7 +422,7 @@ class GroupReplay:
             popped, returned, fresh = self._diff_waiting(track, q)
         for row in popped:
             row.loc = "popped"
-        cause = CAUSE_BY_COMMAND.get(type(cmd), "other")
+        cause = CAUSE_BY_COMMAND.get(UNBOUND_SETTLES.get(type(cmd), type(cmd)), "other")
         moved: dict[int, MessageRow] = {}
         for m in fresh:
             row = self._new_row(name, track, m, cmd, index, own, rate)
