@@ -16,39 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import CONFIG_FILE
-from cluster.launcher import LocalCluster, init_cluster, start_cluster, wait_until
-from cluster.node.memory import TEST_RSS_ENV
+from cluster.launcher import LocalCluster, wait_until
 from tests.amqp.conftest import SLOW_MACHINE
+from tests.cluster.memory_alarm import WATERMARK_MIB, set_resident, start_alarmable_cluster
 
 pika = pytest.importorskip("pika")
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
-RSS_FILE = "rss.test"
-WATERMARK_MIB = 64
-
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     """3 nodes with memory_high_watermark = 64 MiB, reading their RSS from RSS_FILE."""
-    monkeypatch.setenv(TEST_RSS_ENV, RSS_FILE)
-    data_dir = tmp_path / "D"
-    init_cluster(data_dir, nodes=3)
-    toml = data_dir / CONFIG_FILE
-    setting = f'memory_high_watermark = "{WATERMARK_MIB}MiB"\n'
-    toml.write_text(toml.read_text().replace("[cluster]\n", "[cluster]\n" + setting))
-    running = start_cluster(data_dir, nodes=3)
-    _set_resident(running, 10)
+    running = start_alarmable_cluster(tmp_path, monkeypatch)
+    set_resident(running, 10)
     try:
         yield running
     finally:
         running.stop()
-
-
-def _set_resident(cluster: LocalCluster, mib: int) -> None:
-    for node in cluster.config.nodes:
-        (node.data_dir / RSS_FILE).write_text(str(mib * 1024 * 1024))
 
 
 def _alarm_on_every_node(cluster: LocalCluster, alarm: bool) -> bool:
@@ -73,7 +58,7 @@ def test_a_publishing_connection_is_blocked_past_the_watermark_and_unblocked_bel
     channel.queue_declare("alarmed", durable=True, arguments={"x-queue-type": "quorum"})
     channel.basic_publish("", "alarmed", b"before")
 
-    _set_resident(cluster, WATERMARK_MIB + 1)
+    set_resident(cluster, WATERMARK_MIB + 1)
     wait_until(lambda: _alarm_on_every_node(cluster, True), 10.0, "the alarm on every node")
     channel.basic_publish("", "alarmed", b"read-then-blocked")  # read: taken, then blocked
     connection.process_data_events(time_limit=1.0)
@@ -84,7 +69,7 @@ def test_a_publishing_connection_is_blocked_past_the_watermark_and_unblocked_bel
     def lower_later() -> None:
         time.sleep(2.0)
         lowered_at.append(time.monotonic())
-        _set_resident(cluster, 10)
+        set_resident(cluster, 10)
 
     lowering = threading.Thread(target=lower_later)
     lowering.start()

@@ -15,13 +15,10 @@ from pathlib import Path
 import pytest
 
 from cluster.client import Consumer, Message
-from cluster.config import CONFIG_FILE
-from cluster.launcher import LocalCluster, init_cluster, start_cluster, wait_until
-from cluster.node.memory import TEST_RSS_ENV
+from cluster.launcher import LocalCluster, wait_until
 from tests.cluster.conftest import quorumq_cli
+from tests.cluster.memory_alarm import WATERMARK_MIB, set_resident, start_alarmable_cluster
 
-RSS_FILE = "rss.test"
-WATERMARK_MIB = 64
 BACKLOG = 200
 HELD = 300
 
@@ -29,22 +26,11 @@ HELD = 300
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
     """3 nodes with memory_high_watermark = 64 MiB, reading their RSS from RSS_FILE."""
-    monkeypatch.setenv(TEST_RSS_ENV, RSS_FILE)
-    data_dir = tmp_path / "D"
-    init_cluster(data_dir, nodes=3)
-    toml = data_dir / CONFIG_FILE
-    setting = f'memory_high_watermark = "{WATERMARK_MIB}MiB"\n'
-    toml.write_text(toml.read_text().replace("[cluster]\n", "[cluster]\n" + setting))
-    running = start_cluster(data_dir, nodes=3)
+    running = start_alarmable_cluster(tmp_path, monkeypatch)
     try:
         yield running
     finally:
         running.stop()
-
-
-def _set_resident(cluster: LocalCluster, mib: int) -> None:
-    for node in cluster.config.nodes:
-        (node.data_dir / RSS_FILE).write_text(str(mib * 1024 * 1024))
 
 
 def _alarms(cluster: LocalCluster) -> list[object]:
@@ -56,7 +42,7 @@ def test_publishes_are_held_past_the_watermark_while_consumers_drain_then_resume
     cluster: LocalCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="quorumq")
-    _set_resident(cluster, 10)
+    set_resident(cluster, 10)
     with cluster.client() as client:
         client.declare_queue("held")
         with client.publisher("held", window=100) as publisher:
@@ -66,7 +52,7 @@ def test_publishes_are_held_past_the_watermark_while_consumers_drain_then_resume
     assert status["memory_high_watermark_bytes"] == WATERMARK_MIB * 1024 * 1024
     assert status["memory_alarm"] is False and "loop_stall_max_ms" in status
 
-    _set_resident(cluster, WATERMARK_MIB + 1)
+    set_resident(cluster, WATERMARK_MIB + 1)
     wait_until(lambda: _alarms(cluster) == [True] * 3, 10.0, "the alarm on every node")
     table = quorumq_cli("--data-dir", str(cluster.data_dir), "cluster", "status")
     assert table.returncode == 0, table.stderr
@@ -85,7 +71,7 @@ def test_publishes_are_held_past_the_watermark_while_consumers_drain_then_resume
         assert [r.__dict__["quorumq_event"] for r in warnings] == ["publishes_held_memory_alarm"]
         assert "past its memory high watermark" in warnings[0].getMessage()
 
-        _set_resident(cluster, 10)  # below the resume share: publishing goes on
+        set_resident(cluster, 10)  # below the resume share: publishing goes on
         sender.join(timeout=30.0)
         held.wait_for_confirms(timeout_s=30.0)
         assert held.confirmed == HELD
