@@ -719,7 +719,9 @@ class LocalCluster:
         return [node_id for node_id in self.config.node_ids() if node_id != leader]
 
     def converged(self, timeout_s: float = 15.0) -> dict[str, dict[str, Any]]:
-        """Wait until every node answers with the same last_applied and digest."""
+        """Wait until every node answers with the same last_applied and digest, follows the
+        same leader and serves reads (equal digests alone hold right after a restart, before an
+        election: a read then is refused `unavailable`)."""
 
         def same() -> dict[str, dict[str, Any]] | None:
             statuses = self.statuses()
@@ -727,7 +729,10 @@ class LocalCluster:
             if len(answered) < len(statuses):
                 return None
             pairs = {(s["last_applied"], s["digest"]) for s in answered.values()}
-            return answered if len(pairs) == 1 else None
+            leaders = {s["leader"] for s in answered.values()}
+            serving = all(s.get("read_refusal") is None for s in answered.values())
+            agreed = len(leaders) == 1 and None not in leaders
+            return answered if len(pairs) == 1 and agreed and serving else None
 
         return wait_until(same, timeout_s, "equal digests")
 

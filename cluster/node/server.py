@@ -190,6 +190,7 @@ class NodeServer:
             "fsync": self.cluster.fsync,
             **self.memory.status(),
             **self.loop_stalls.status(),
+            "read_refusal": self.unavailable_reason(for_read=True),
         }
         if self.refused_reason is not None:
             extra["reason"] = self.refused_reason

@@ -25,13 +25,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
-def _depose(cluster: LocalCluster, leader: str, publisher: object) -> None:
+BEFORE_PAUSE = 400  # messages published before the followers are paused; the rest after
+
+
+def _depose(
+    cluster: LocalCluster, leader: str, publisher: object, paused: threading.Event
+) -> None:
     """Once some messages are confirmed, pause both followers until `leader` steps down (it
-    lost its majority); resume them, and wait until the cluster has a leader again."""
+    lost its majority); resume them, and wait until the cluster has a leader again. `paused`
+    is set once both are stopped: the rest of the messages go out only then, so the publisher
+    meets the leader change however fast it publishes (before, on a fast run all 3,000 were
+    confirmed before the pause and the client had nothing to log)."""
     wait_until(lambda: getattr(publisher, "confirmed", 0) >= 300, 30.0, "300 confirms")
     followers = [node for node in cluster.config.node_ids() if node != leader]
     for node in followers:
         cluster.kill(node, signal.SIGSTOP)
+    paused.set()
     try:
         wait_until(lambda: _role(cluster, leader) not in ("leader", None), 30.0, "a step-down")
     finally:
@@ -58,9 +67,14 @@ def test_a_leader_change_ridden_out_by_a_publisher_is_one_info_record(
     with cluster.client(leader, reconnect_timeout_s=30.0) as client:
         client.declare_queue("changes")
         with client.publisher("changes", window=200) as publisher:
-            pauser = threading.Thread(target=_depose, args=(cluster, leader, publisher))
+            paused = threading.Event()
+            pauser = threading.Thread(target=_depose, args=(cluster, leader, publisher, paused))
             pauser.start()
-            publisher.publish_many((b"m%d" % i for i in range(total)), timeout_s=60.0)
+            first = [b"m%d" % i for i in range(BEFORE_PAUSE)]
+            publisher.publish_many(first, timeout_s=60.0)
+            assert paused.wait(60.0), "the followers were never paused"
+            rest = (b"m%d" % i for i in range(BEFORE_PAUSE, total))
+            publisher.publish_many(rest, timeout_s=60.0)
             publisher.wait_for_confirms(timeout_s=60.0)
             pauser.join()
         assert publisher.confirmed == total
