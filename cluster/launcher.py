@@ -431,6 +431,7 @@ def start_cluster(
         if wait_leader:
             wait_for_leader(config, cluster.key, timeout_s, tls=cluster.tls)
             cluster.leader(timeout_s=timeout_s)
+            cluster.serving(timeout_s=timeout_s)
     except BaseException:
         for node in down:
             stop_node(node, grace_s=2.0)
@@ -712,6 +713,16 @@ class LocalCluster:
             return wait_until(agreed, timeout_s, "an agreed leader")
         except AssertionError as err:
             raise NoLeader(str(err)) from err
+
+    def serving(self, timeout_s: float = LEADER_TIMEOUT_S) -> None:
+        """Wait until every answering node serves reads (status `read_refusal` null): a
+        follower does about a second after it first hears a new leader (raft/contact.py)."""
+
+        def all_serve() -> bool:
+            statuses = [s for s in self.statuses().values() if s is not None]
+            return bool(statuses) and all(s.get("read_refusal") is None for s in statuses)
+
+        wait_until(all_serve, timeout_s, "every node serving reads")
 
     def followers(self) -> list[str]:
         """Every node id but the leader's."""

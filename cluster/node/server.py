@@ -131,7 +131,6 @@ class NodeServer:
         if node.amqp_port is not None:
             self.amqp = AmqpListener(self, node.amqp_port, cluster.amqp_guest)
         self._leaderless_since: float | None = time.monotonic()  # None while a leader is reachable
-        self._had_leader = False  # this incarnation has seen a reachable leader
         self.exit_code = EX_OK
         self.settings = RaftSettings(
             node_id=node.id,
@@ -218,7 +217,6 @@ class NodeServer:
         """Loop thread, every timer period: note since when no leader has been reachable."""
         if self._leader_problem() is None:
             self._leaderless_since = None
-            self._had_leader = True
         elif self._leaderless_since is None:
             self._leaderless_since = time.monotonic()
 
@@ -226,18 +224,26 @@ class NodeServer:
         """Why this node refuses a command (`for_read` False) or a data query now, or None.
 
         Commands: only once no leader was reachable for LEADERLESS_REFUSE_AFTER_S (before that
-        pysyncobj holds them until an election ends). Reads: at once when a leader was reachable
-        before (this state may now be behind the majority's), else after the same delay (a node
-        just started serves its journal's state only once it knows a leader)."""
-        since = self._leaderless_since
-        if since is None:
-            return None
-        waited = time.monotonic() - since >= LEADERLESS_REFUSE_AFTER_S
-        if not waited and not (for_read and self._had_leader):
-            return None
-        problem = self._leader_problem()
-        if problem is None:
-            return None
+        pysyncobj holds them until an election ends). Reads: whenever what this node applied is
+        not known current (`applied_state_current`, the rule that also holds its deliveries,
+        raft/contact.py): just started, cut off, back from a pause or a partition and still
+        catching up. Before (issue 26), a restarted or rejoined node answered from a state
+        seconds behind what the majority had confirmed. (The simulator's node shell runs this
+        method on itself: what it uses must be attributes the shell has too.)"""
+        if for_read:
+            if self.replica.applied_state_current():
+                return None
+            problem = self._leader_problem() or (
+                "it is catching up with the leader (not yet heard steadily and applied)"
+            )
+        else:
+            since = self._leaderless_since
+            if since is None or time.monotonic() - since < LEADERLESS_REFUSE_AFTER_S:
+                return None
+            leader_problem = self._leader_problem()
+            if leader_problem is None:
+                return None
+            problem = leader_problem
         stopped = self.replica.stopped_reason
         if stopped is not None:  # older code than the log needs: it will not catch up
             return f"{self.node_id} stopped applying the log: {stopped}"
@@ -641,3 +647,4 @@ async def _serve_until_signal(server: NodeServer) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.serve(stop)
+

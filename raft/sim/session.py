@@ -48,7 +48,6 @@ class SimSessions:
         self.stopping = False
         self._down_submitted: dict[int, float] = {}
         self._leaderless_since: float | None = loop.time()  # NodeServer's read gate state
-        self._had_leader = False
         self.loop.call_later(TIMER_PERIOD_S, self._periodic)
 
     def say_hello(self) -> None:

@@ -83,7 +83,12 @@ def _converged(cluster: LocalCluster, totals: dict[str, int]) -> None:
     def same() -> bool:
         rows = cluster.status()
         pairs = {(r.get("last_applied"), r.get("digest")) for r in rows}
-        return len(pairs) == 1 and all(r.get("role") in ("leader", "follower") for r in rows)
+        serving = all(r.get("read_refusal") is None for r in rows)  # caught up, as a read
+        return (
+            len(pairs) == 1
+            and serving
+            and all(r.get("role") in ("leader", "follower") for r in rows)
+        )
 
     wait_until(same, 60, "equal digests on every node")
     for node_id in cluster.config.node_ids():

@@ -126,13 +126,6 @@ def test_a_restarted_node_s_hello_is_retried_until_it_commits() -> None:
     assert not result.failed, result.violations
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 26 hazard, open: the read gate (NodeServer.unavailable_reason) answers from a "
-    "state that is not current (raft.contact); gating reads on applied_state_current() fixes "
-    "it in the simulator but refuses reads for ~1 s after a start, which "
-    "tests/cluster/test_node_stale_reads.py does not expect: the lead's decision",
-)
 def test_a_node_behind_the_leader_refuses_reads_until_it_has_caught_up() -> None:
     # broken by seed 1 with reads on every member: n1, the leader, isolated at 4.79 s and
     # healed at 7.85 s, answered a read at 8.45 s from index 163 while index 190 had been
