@@ -447,14 +447,17 @@ class NodeServer:
         os.replace(tmp, self.node_dir / "status.json")
 
     async def _hello(self) -> None:
-        """Record, through the log, the machine version this node's code supports."""
+        """Record, through the log, the machine version this node's code supports. A node
+        whose code is older than the log needs sends it too (once: it stops applying, so it
+        never sees the refusal applied): the leader records the refusal, operators see it in
+        `machine`. Before, a node that stopped while replaying its own journal never said it."""
         while True:
-            if self.replica.stopped_reason is not None:
-                return  # older code than the log needs: a hello would only be refused again
             done: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
             self.replica.propose_hello(partial(_settle, done))
             reply = await done
             if isinstance(reply, SubmitError):
+                if self.replica.stopped_reason is not None:
+                    return  # older code than the log needs: its reply cannot come back
                 await asyncio.sleep(0.5)
                 continue
             if isinstance(reply, Error):
