@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from cluster.chaos import group_workload
 from cluster.chaos import run as chaos_run
 from cluster.chaos.group_workload import GroupParams
 from cluster.chaos.run import RunParams
@@ -114,7 +115,7 @@ def test_a_groups_run_declares_its_partitions_with_the_timeout(
         calls.append((params, disconnected_timeout_ms))
 
     monkeypatch.setattr(chaos_run, "Client", _RecordingClient)
-    monkeypatch.setattr(chaos_run.group_workload, "declare", fake_declare)
+    monkeypatch.setattr(group_workload, "declare", fake_declare)  # run.py calls it by module
     groups = GroupParams(partitions=2, members=2)
     chaos_run._declare_queues(_fake_cluster(), groups.partition_queues(), groups, 1000)
     assert calls == [(groups, 1000)]
