@@ -33,10 +33,12 @@ WAIT_S = 30.0
 
 @dataclass
 class Acker:
-    """A consumer that acks everything it gets and remembers what was acked ok."""
+    """A consumer that acks everything it gets and remembers what was acked ok, and which of
+    those it got as a redelivery (taken back from the consumer that held it first)."""
 
     consumer: Consumer
     acked: set[str] = field(default_factory=set)
+    redelivered: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
@@ -48,6 +50,8 @@ class Acker:
             self.consumer.flush_acks()
             with self.lock:
                 self.acked.add(message.body.decode())
+                if taken_back(message):
+                    self.redelivered.add(message.body.decode())
 
     def has_acked(self, values: set[str]) -> bool:
         with self.lock:
@@ -56,6 +60,30 @@ class Acker:
     def acked_now(self) -> set[str]:
         with self.lock:
             return set(self.acked)
+
+    def redelivered_now(self) -> set[str]:
+        with self.lock:
+            return set(self.redelivered)
+
+
+def taken_back(message: Message) -> bool:
+    """Whether `message` was delivered before (to another consumer, which lost it)."""
+    return message.redelivered or message.delivery_count > 0
+
+
+def assert_held_by_the_lagging_consumer(redelivered: set[str], values: set[str]) -> None:
+    """The scenario happened: some of `values` were first delivered to the lagging node's
+    consumer (its node down or paused), taken back, and redelivered to the other one; without
+    that, "nothing late" would check nothing."""
+    assert redelivered & values, (
+        "no message was held by the lagging consumer and taken back: the scenario did not happen"
+    )
+
+
+def wait_for_consumers(client: Client, queue: str, count: int) -> None:
+    """Wait until `client`'s node lists `count` consumers of `queue` (each gets a share)."""
+    wait_until(lambda: len(client.consumers(queue).get(queue, [])) >= count, WAIT_S,
+               f"{count} consumers of {queue}")  # fmt: skip
 
 
 @dataclass
@@ -138,10 +166,12 @@ def paused_follower_scenario(
         )
         acker = Acker(current.consume("late", prefetch=MESSAGES * 2))
         acker.start()
+        wait_for_consumers(current, "late", 2)  # the leader shares the messages out to both
         values = [f"m{i}" for i in range(MESSAGES)]
         cluster.kill(follower, signal.SIGSTOP)
         publish_all(current, "late", values)  # about half are assigned to the paused consumer
         wait_until(lambda: acker.has_acked(set(values)), WAIT_S, "every message acked")
+        assert_held_by_the_lagging_consumer(acker.redelivered_now(), set(values))
         cluster.kill(follower, signal.SIGCONT)
         assert_nothing_late(lagging, current, lambda: lagging_consumer.delivered, 0, set(values))
         assert recorder.got == []
@@ -259,8 +289,11 @@ def test_a_group_member_on_a_paused_node_gets_nothing_of_a_partition_it_lost(
                    WAIT_S, "both partitions on the lagging member")  # fmt: skip
         second = join_group(current, "g", "orders", member="current", prefetch=MESSAGES)
         acked: set[str] = set()
+        redelivered: set[str] = set()
         stop = threading.Event()
-        threading.Thread(target=_ack_all, args=(second, acked, stop), daemon=True).start()
+        threading.Thread(
+            target=_ack_all, args=(second, acked, redelivered, stop), daemon=True
+        ).start()
         wait_until(lambda: first.get(timeout_s=0.1) is None and len(first._assigned) == 1,
                    WAIT_S, "one partition each")  # fmt: skip
         kept = first._assigned[0]
@@ -270,6 +303,7 @@ def test_a_group_member_on_a_paused_node_gets_nothing_of_a_partition_it_lost(
         cluster.kill(follower, signal.SIGSTOP)
         publish_all(current, "orders", values, group=key)  # all to the lagging member's share
         wait_until(lambda: set(values) <= acked, WAIT_S, "every message acked by the other")
+        assert_held_by_the_lagging_consumer(set(redelivered), set(values))
         cluster.kill(follower, signal.SIGCONT)
         assert_nothing_late(lagging, current, lambda: _delivered(first), before, set(values))
         stop.set()
@@ -280,12 +314,14 @@ def _delivered(member: object) -> int:
     return sum(int(consumer.delivered) for consumer in consumers.values())
 
 
-def _ack_all(member: object, acked: set[str], stop: threading.Event) -> None:
+def _ack_all(member: object, acked: set[str], redelivered: set[str], stop: threading.Event) -> None:
     while not stop.is_set():
         message = member.get(timeout_s=0.2)  # type: ignore[attr-defined]
         if message is not None:
             message.ack()
             message.consumer.flush_acks()
+            if taken_back(message):
+                redelivered.add(message.body.decode())
             acked.add(message.body.decode())
 
 
