@@ -52,12 +52,12 @@ class SimSessions:
 
     def say_hello(self) -> None:
         """Record this incarnation through the log (its apply closes the old incarnation's
-        connections), again every HELLO_RETRY_S while the submit fails, as NodeServer._hello."""
-        if self.replica.stopped_reason is None:
-            self.replica.propose_hello(self._on_hello)
+        connections), again every HELLO_RETRY_S while the submit fails and the node applies,
+        as NodeServer._hello."""
+        self.replica.propose_hello(self._on_hello)
 
     def _on_hello(self, reply: Any) -> None:
-        if isinstance(reply, SubmitError):
+        if isinstance(reply, SubmitError) and self.replica.stopped_reason is None:
             self.loop.call_later(HELLO_RETRY_S, self.say_hello)
 
     def _periodic(self) -> None:
