@@ -117,8 +117,8 @@ class AsyncClient(AsyncShell):
     async def call(self, frame: Frame, timeout_s: float | None = None) -> Frame:
         """Send one request and wait for its answer frame (`reply` or `result`)."""
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
-        core = self._core
-        answer = await self._request(
+        core = self.core
+        answer = await self.request(
             lambda: core.submit(frame, timeout, now=time.monotonic()), timeout, str(frame.get("op"))
         )
         return dict(answer)
@@ -249,7 +249,7 @@ class AsyncClient(AsyncShell):
 
     async def get(self, queue: str, *, settled: bool = False) -> AsyncMessage | None:
         """Take one ready message (basic.get); unless `settled`, ack or nack it like a delivery."""
-        tag = self._core.next_tag()
+        tag = self.core.next_tag()
         conn_id = await self.connection_id()
         reply = await self.command(Checkout(queue, ConsumerId(tag, conn_id), Dequeue(settled)))
         if not isinstance(reply, DequeueOk):

@@ -145,33 +145,33 @@ class Client(ThreadedShell):
 
     def close(self) -> None:
         """Flush pending acks, close the connection and fail every request still in flight."""
-        core = self._core
+        core = self.core
         if not core.closed and core.failure is None:
-            with self._lock:
+            with self.lock:
                 consumers = core.consumers()
                 for consumer in consumers:
                     core.flush_acks(consumer)
-            self._flush()
-            self._wait_until(lambda: all(c.outstanding <= 0 for c in consumers), _in(2.0))
+            self.flush()
+            self.wait_until(lambda: all(c.outstanding <= 0 for c in consumers), _in(2.0))
         self._shutdown()
 
     @property
     def reconnects(self) -> int:
         """How many times the client connected again after losing a connection."""
-        return self._core.reconnects
+        return self.core.reconnects
 
     @property
     def node(self) -> str | None:
         """The node this client is connected to now (None while reconnecting)."""
-        welcome = self._core.welcome
+        welcome = self.core.welcome
         return welcome.node if welcome else None
 
     @property
     def connection_id(self) -> ConnectionId:
         """This client's current ConnectionId, as assigned by its node (waits while away)."""
-        core = self._core
+        core = self.core
         core.check_usable()
-        self._wait_until(lambda: core.connection_id is not None or not _usable(core), None)
+        self.wait_until(lambda: core.connection_id is not None or not _usable(core), None)
         core.check_usable()
         connection = core.connection_id
         if connection is None:
@@ -181,15 +181,15 @@ class Client(ThreadedShell):
     @property
     def endpoints(self) -> list[str]:
         """The endpoints known to this client (those given plus those learnt from nodes)."""
-        return list(self._core.endpoints)
+        return list(self.core.endpoints)
 
     # --- requests --------------------------------------------------------------------------
 
     def call(self, frame: Frame, timeout_s: float | None = None) -> Frame:
         """Send one request and wait for its answer frame (`reply` or `result`)."""
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
-        core = self._core
-        return self._request(
+        core = self.core
+        return self.request(
             lambda: core.submit(frame, timeout, now=time.monotonic()), timeout, str(frame.get("op"))
         )
 
@@ -265,7 +265,7 @@ class Client(ThreadedShell):
     ) -> None:
         """Publish one message and wait for its confirm (a tracked enqueue, deduplicated);
         `group`: its message group (a grouped queue, machine v3)."""
-        with self._reading(), self.publisher(queue, window=1) as publisher:
+        with self.reading(), self.publisher(queue, window=1) as publisher:
             publisher.publish(body, ttl_ms=ttl_ms, group=group)
             publisher.wait_for_confirms(timeout_s or self.request_timeout_s)
 
@@ -295,7 +295,7 @@ class Client(ThreadedShell):
 
     def get(self, queue: str, *, settled: bool = False) -> Message | None:
         """Take one ready message (basic.get); unless `settled`, ack or nack it like a delivery."""
-        tag = self._core.next_tag()
+        tag = self.core.next_tag()
         conn_id = self.connection_id
         reply = self.command(Checkout(queue, ConsumerId(tag, conn_id), Dequeue(settled)))
         if not isinstance(reply, DequeueOk):
