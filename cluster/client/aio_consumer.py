@@ -14,6 +14,7 @@ from typing import Protocol
 
 from cluster.client._asyncio import AsyncShell, reply_of
 from cluster.client._state import Buffered, ConsumerState
+from cluster.client._views import ConsumerView
 from cluster.client._wire import group_of
 from cluster.client.workpool_consumer import AsyncProcessing, OnError
 from fifo.commands import (
@@ -26,7 +27,6 @@ from fifo.commands import (
     RenewLocks,
     Return,
 )
-from fifo.effects import CreditReply
 from fifo.replies import CancelOk
 
 
@@ -79,7 +79,7 @@ def _pairs(messages: Iterable[AsyncMessage | int]) -> list[tuple[ConsumerKey | N
     ]
 
 
-class AsyncConsumer:
+class AsyncConsumer(ConsumerView):
     """A consumer of one queue (prefetch or AMQP 1.0 credit); attaches on first use."""
 
     def __init__(
@@ -107,61 +107,6 @@ class AsyncConsumer:
             tag=tag,
         )
         self._attach: asyncio.Future[None] | None = None
-
-    @property
-    def queue(self) -> str:
-        """The queue consumed from."""
-        return self.core_state.queue
-
-    @property
-    def tag(self) -> str:
-        """This consumer's tag, unique to the client."""
-        return self.core_state.tag
-
-    @property
-    def consumer_key(self) -> ConsumerKey | None:
-        """The key of the current checkout (a new one after every reconnect)."""
-        return self.core_state.consumer_key
-
-    @property
-    def active(self) -> bool:
-        """SAC: this is the active consumer; competing: it can receive."""
-        return self.core_state.active
-
-    @property
-    def status(self) -> str:
-        """up | waiting | timeout | suspected_down | single_active, as the queue last said."""
-        return self.core_state.status
-
-    @property
-    def cancelled(self) -> bool:
-        """Cancelled (by us or the queue): nothing new comes."""
-        return self.core_state.cancelled
-
-    @property
-    def released(self) -> set[int]:
-        """Ids taken back on a consumer timeout and not yet named in a settle."""
-        return self.core_state.released
-
-    @property
-    def settle_errors(self) -> int:
-        """Settles the queue refused."""
-        return self.core_state.settle_errors
-
-    @property
-    def delivered(self) -> int:
-        """Messages received."""
-        return self.core_state.delivered
-
-    @property
-    def delivery_count(self) -> int:
-        """The receiver's serial delivery count (credited mode)."""
-        return self.core_state.delivery_count
-
-    @property
-    def last_credit_reply(self) -> CreditReply | None:
-        """The last AMQP 1.0 flow the queue sent back."""
-        return self.core_state.last_credit_reply
 
     # --- attach ---------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Protocol
 from cluster.client._log import get_logger
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
+from cluster.client._views import ConsumerView
 from cluster.client._wire import group_of
 from cluster.client.errors import CommandRefused
 from cluster.client.workpool_consumer import OnError, Processing
@@ -32,7 +33,6 @@ from fifo.commands import (
     RenewLocks,
     Return,
 )
-from fifo.effects import CreditReply
 from fifo.replies import CancelOk, Error
 
 log = get_logger("quorumq.client")
@@ -91,7 +91,7 @@ def pairs_of(messages: Iterable[Message | int]) -> Pairs:
     ]
 
 
-class Consumer:
+class Consumer(ConsumerView):
     """A consumer of one queue, with prefetch (default) or AMQP 1.0 credit."""
 
     def __init__(
@@ -122,16 +122,6 @@ class Consumer:
         self._thread: threading.Thread | None = None
 
     # --- the state, read-only ---------------------------------------------------------------
-
-    @property
-    def queue(self) -> str:
-        """The queue consumed from."""
-        return self.core_state.queue
-
-    @property
-    def tag(self) -> str:
-        """This consumer's tag, unique to the client."""
-        return self.core_state.tag
 
     @property
     def prefetch(self) -> int:
@@ -177,51 +167,6 @@ class Consumer:
     def ack_batch(self) -> int:
         """Acks sent per batch."""
         return self.core_state.ack_batch
-
-    @property
-    def consumer_key(self) -> ConsumerKey | None:
-        """The key of the current checkout (a new one after every reconnect)."""
-        return self.core_state.consumer_key
-
-    @property
-    def active(self) -> bool:
-        """SAC: this is the active consumer; competing: it can receive."""
-        return self.core_state.active
-
-    @property
-    def status(self) -> str:
-        """up | waiting | timeout | suspected_down | single_active, as the queue last said."""
-        return self.core_state.status
-
-    @property
-    def cancelled(self) -> bool:
-        """Cancelled (by us or the queue): nothing new comes."""
-        return self.core_state.cancelled
-
-    @property
-    def released(self) -> set[int]:
-        """Ids taken back on a consumer timeout and not yet named in a settle."""
-        return self.core_state.released
-
-    @property
-    def settle_errors(self) -> int:
-        """Settles the queue refused."""
-        return self.core_state.settle_errors
-
-    @property
-    def delivered(self) -> int:
-        """Messages received."""
-        return self.core_state.delivered
-
-    @property
-    def delivery_count(self) -> int:
-        """The receiver's serial delivery count (credited mode)."""
-        return self.core_state.delivery_count
-
-    @property
-    def last_credit_reply(self) -> CreditReply | None:
-        """The last AMQP 1.0 flow the queue sent back."""
-        return self.core_state.last_credit_reply
 
     # --- attach ---------------------------------------------------------------------------
 

@@ -13,10 +13,11 @@ import time
 from collections.abc import Iterable
 
 from cluster.client._threaded import ThreadedShell
+from cluster.client._views import PublisherView
 from cluster.client.errors import RequestTimeout
 
 
-class Publisher:
+class Publisher(PublisherView):
     """Publishes to one queue as one enqueuer; use as a context manager to wait for confirms."""
 
     def __init__(
@@ -24,42 +25,7 @@ class Publisher:
     ) -> None:
         self.client = client
         with client.lock:
-            self._state = client.core.add_publisher(queue, window, enqueuer)
-
-    @property
-    def queue(self) -> str:
-        """The queue published to."""
-        return self._state.queue
-
-    @property
-    def window(self) -> int:
-        """The most unconfirmed messages at a time."""
-        return self._state.window
-
-    @property
-    def enqueuer(self) -> str:
-        """The enqueuer id the queue deduplicates on."""
-        return self._state.enqueuer
-
-    @property
-    def confirmed(self) -> int:
-        """Messages confirmed so far."""
-        return self._state.confirmed
-
-    @property
-    def resent(self) -> int:
-        """Messages sent again after a sequence gap."""
-        return self._state.resent
-
-    @property
-    def blocked(self) -> bool:
-        """True while the queue refuses publishes (overflow `reject_publish`)."""
-        return self._state.blocked
-
-    @property
-    def unconfirmed(self) -> int:
-        """Messages sent (or queued to send) and not yet confirmed."""
-        return len(self._state.pending)
+            self.core_state = client.core.add_publisher(queue, window, enqueuer)
 
     def __enter__(self) -> Publisher:
         return self
@@ -74,7 +40,7 @@ class Publisher:
     def close(self) -> None:
         """Stop tracking this publisher (unconfirmed messages are no longer resent)."""
         with self.client.lock:
-            self.client.core.remove_publisher(self._state)
+            self.client.core.remove_publisher(self.core_state)
 
     def publish(
         self,
@@ -118,12 +84,12 @@ class Publisher:
 
     def _send(self, bodies: list[bytes], ttl_ms: int | None, group: str | None) -> list[int]:
         with self.client.lock:
-            seqs = self.client.core.publish(self._state, bodies, ttl_ms, group)
+            seqs = self.client.core.publish(self.core_state, bodies, ttl_ms, group)
         self.client.flush()
         return seqs
 
     def _wait_for_room(self, timeout_s: float) -> int:
-        core, state = self.client.core, self._state
+        core, state = self.client.core, self.core_state
         room = 0
 
         def has_room() -> bool:
@@ -142,7 +108,7 @@ class Publisher:
     def wait_for_confirms(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far is confirmed; raises the first failure."""
         timeout = self.client.request_timeout_s if timeout_s is None else timeout_s
-        state = self._state
+        state = self.core_state
         done = self.client.wait_until(
             lambda: not state.pending or state.error is not None, time.monotonic() + timeout
         )

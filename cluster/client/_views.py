@@ -1,0 +1,113 @@
+"""The read-only faces of a consumer's and a publisher's sans-IO state, shared by both shells.
+
+The threaded (`Consumer`, `Publisher`) and asyncio (`AsyncConsumer`, `AsyncPublisher`) handles
+differ only in how they wait; what they report is read here, once, from the core's state.
+"""
+
+from __future__ import annotations
+
+from cluster.client._state import ConsumerState, PublisherState
+from fifo.commands import ConsumerKey
+from fifo.effects import CreditReply
+
+
+class ConsumerView:
+    """What a consumer reports, read from its `ConsumerState` (`core_state`)."""
+
+    core_state: ConsumerState
+
+    @property
+    def queue(self) -> str:
+        """The queue consumed from."""
+        return self.core_state.queue
+
+    @property
+    def tag(self) -> str:
+        """This consumer's tag, unique to the client."""
+        return self.core_state.tag
+
+    @property
+    def consumer_key(self) -> ConsumerKey | None:
+        """The key of the current checkout (a new one after every reconnect)."""
+        return self.core_state.consumer_key
+
+    @property
+    def active(self) -> bool:
+        """SAC: this is the active consumer; competing: it can receive."""
+        return self.core_state.active
+
+    @property
+    def status(self) -> str:
+        """up | waiting | timeout | suspected_down | single_active, as the queue last said."""
+        return self.core_state.status
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled (by us or the queue): nothing new comes."""
+        return self.core_state.cancelled
+
+    @property
+    def released(self) -> set[int]:
+        """Ids taken back on a consumer timeout and not yet named in a settle."""
+        return self.core_state.released
+
+    @property
+    def settle_errors(self) -> int:
+        """Settles the queue refused."""
+        return self.core_state.settle_errors
+
+    @property
+    def delivered(self) -> int:
+        """Messages received."""
+        return self.core_state.delivered
+
+    @property
+    def delivery_count(self) -> int:
+        """The receiver's serial delivery count (credited mode)."""
+        return self.core_state.delivery_count
+
+    @property
+    def last_credit_reply(self) -> CreditReply | None:
+        """The last AMQP 1.0 flow the queue sent back."""
+        return self.core_state.last_credit_reply
+
+
+class PublisherView:
+    """What a publisher reports, read from its `PublisherState` (`core_state`)."""
+
+    core_state: PublisherState
+
+    @property
+    def queue(self) -> str:
+        """The queue published to."""
+        return self.core_state.queue
+
+    @property
+    def window(self) -> int:
+        """The most unconfirmed messages at a time."""
+        return self.core_state.window
+
+    @property
+    def enqueuer(self) -> str:
+        """The enqueuer id the queue deduplicates on."""
+        return self.core_state.enqueuer
+
+    @property
+    def confirmed(self) -> int:
+        """Messages confirmed so far."""
+        return self.core_state.confirmed
+
+    @property
+    def resent(self) -> int:
+        """Messages sent again after a sequence gap."""
+        return self.core_state.resent
+
+    @property
+    def blocked(self) -> bool:
+        """True while the queue refuses publishes (overflow `reject_publish`)."""
+        return self.core_state.blocked
+
+    @property
+    def unconfirmed(self) -> int:
+        """Messages sent (or queued to send) and not yet confirmed."""
+        return len(self.core_state.pending)
