@@ -10,8 +10,10 @@ import asyncio
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Unpack
 
 from cluster import protocol
+from cluster.client._options import ClientOptions, Settings, SettingsView
 from cluster.client._wire import AnyFrame, Handshake, Welcome
 from cluster.client.errors import (
     AuthError,
@@ -31,7 +33,7 @@ from cluster.client.sansio import (
     ReconnectNeeded,
     explain_timeout,
 )
-from cluster.client.tls import TlsOption, client_context, handshake_failed, server_hostname
+from cluster.client.tls import client_context, handshake_failed, server_hostname
 from fifo.codec import decode
 from fifo.commands import ConnectionId
 from fifo.replies import Error, Reply
@@ -97,41 +99,22 @@ class _Link(asyncio.Protocol):
             self.transport.close()
 
 
-class AsyncShell:
+class AsyncShell(SettingsView):
     """Drives a `ClientProtocol` on an event loop; `AsyncClient` adds the user-facing calls."""
 
     def __init__(
-        self,
-        endpoints: Sequence[str],
-        client_key: bytes,
-        *,
-        name: str = "quorumq-client",
-        connect_timeout_s: float = 2.0,
-        request_timeout_s: float = 30.0,
-        reconnect_timeout_s: float = 30.0,
-        reconnect: bool = True,
-        silence_timeout_s: float = 5.0,
-        connect_retry_s: float | None = None,
-        prefer_leader: bool = True,
-        tls: TlsOption = None,
-        no_leader_fail_s: float | None = None,
+        self, endpoints: Sequence[str], client_key: bytes, **options: Unpack[ClientOptions]
     ) -> None:
-        self._tls = client_context(tls)
+        self.settings = settings = Settings(**options)
+        self._tls = client_context(settings.tls)
         self.core = ClientProtocol(
             endpoints,
-            name=name,
-            reconnect=reconnect,
-            silence_timeout_s=silence_timeout_s,
-            no_leader_fail_s=no_leader_fail_s,
+            name=settings.name,
+            reconnect=settings.reconnect,
+            silence_timeout_s=settings.silence_timeout_s,
+            no_leader_fail_s=settings.no_leader_fail_s,
         )
         self._client_key = client_key
-        self.name = name
-        self.connect_timeout_s = connect_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.silence_timeout_s = silence_timeout_s
-        self.connect_retry_s = connect_timeout_s if connect_retry_s is None else connect_retry_s
-        self.prefer_leader = prefer_leader
         self._link: _Link | None = None
         self._waiters: dict[int, asyncio.Future[_Answer]] = {}
         self._waiting: list[asyncio.Future[None]] = []  # woken by the next event
@@ -147,7 +130,7 @@ class AsyncShell:
             return
         self.core.check_usable()
         self.core.tick(time.monotonic())
-        link = await self._connect_any(self.core.endpoints, self.connect_retry_s)
+        link = await self._connect_any(self.core.endpoints, self.settings.retry_s)
         if self.prefer_leader:
             link = await self._leader_instead(link)
         self._attach(link)

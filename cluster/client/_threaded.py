@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from cluster import protocol
 from cluster.client._log import get_logger
+from cluster.client._options import Settings, SettingsView
 from cluster.client._wire import AnyFrame, Frame, Handshake, Welcome
 from cluster.client.errors import (
     AuthError,
@@ -52,7 +53,7 @@ from cluster.client.sansio import (
     ReconnectNeeded,
     explain_timeout,
 )
-from cluster.client.tls import handshake_failed, server_hostname
+from cluster.client.tls import client_context, handshake_failed, server_hostname
 
 log = get_logger("quorumq.client")
 
@@ -128,41 +129,21 @@ class _Waiter:
         self.event.set()
 
 
-class ThreadedShell:
+class ThreadedShell(SettingsView):
     """Drives a `ClientProtocol` with threads; `Client` adds the user-facing calls."""
 
-    def __init__(
-        self,
-        endpoints: Sequence[str],
-        client_key: bytes,
-        *,
-        name: str,
-        connect_timeout_s: float,
-        request_timeout_s: float,
-        reconnect_timeout_s: float,
-        reconnect: bool,
-        silence_timeout_s: float,
-        connect_retry_s: float | None,
-        prefer_leader: bool,
-        tls: ssl.SSLContext | None = None,
-        no_leader_fail_s: float | None = None,
-    ) -> None:
-        self._tls = tls
+    def __init__(self, endpoints: Sequence[str], client_key: bytes, settings: Settings) -> None:
+        self.settings = settings
+        self._tls = client_context(settings.tls)
         self.core = ClientProtocol(
             endpoints,
-            name=name,
-            reconnect=reconnect,
-            silence_timeout_s=silence_timeout_s,
+            name=settings.name,
+            reconnect=settings.reconnect,
+            silence_timeout_s=settings.silence_timeout_s,
             now=time.monotonic(),
-            no_leader_fail_s=no_leader_fail_s,
+            no_leader_fail_s=settings.no_leader_fail_s,
         )
         self._client_key = client_key
-        self.name = name
-        self.connect_timeout_s = connect_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.silence_timeout_s = silence_timeout_s
-        self.prefer_leader = prefer_leader
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self._send_lock = threading.Lock()
@@ -185,10 +166,9 @@ class ThreadedShell:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        retry_s = connect_timeout_s if connect_retry_s is None else connect_retry_s
         try:
-            opened = self._connect_any(self.core.endpoints, time.monotonic() + retry_s)
-            self._attach(self._leader_instead(opened) if prefer_leader else opened)
+            opened = self._connect_any(self.core.endpoints, time.monotonic() + settings.retry_s)
+            self._attach(self._leader_instead(opened) if settings.prefer_leader else opened)
         except BaseException:
             self._close_wake()
             raise

@@ -11,18 +11,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar, overload
+from typing import TypeVar, Unpack, overload
 
-from cluster import config as cluster_config
 from cluster import protocol
 from cluster.client import results
+from cluster.client._options import ClientOptions, DataDirOptions, Settings, data_dir_connection
 from cluster.client._threaded import ThreadedShell
 from cluster.client._wire import Frame
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import ClientClosed, CommandRefused
 from cluster.client.publisher import Publisher
 from cluster.client.sansio import ClientProtocol
-from cluster.client.tls import TlsOption, client_context, data_dir_ca
 from fifo.codec import decode, encode
 from fifo.commands import (
     Checkout,
@@ -72,68 +71,16 @@ class Client(ThreadedShell):
     """
 
     def __init__(
-        self,
-        endpoints: Sequence[str],
-        client_key: bytes,
-        *,
-        name: str = "quorumq-client",
-        connect_timeout_s: float = 2.0,
-        request_timeout_s: float = 30.0,
-        reconnect_timeout_s: float = 30.0,
-        reconnect: bool = True,
-        silence_timeout_s: float = 5.0,
-        connect_retry_s: float | None = None,
-        prefer_leader: bool = True,
-        tls: TlsOption = None,
-        no_leader_fail_s: float | None = None,
+        self, endpoints: Sequence[str], client_key: bytes, **options: Unpack[ClientOptions]
     ) -> None:
-        super().__init__(
-            endpoints,
-            client_key,
-            name=name,
-            connect_timeout_s=connect_timeout_s,
-            request_timeout_s=request_timeout_s,
-            reconnect_timeout_s=reconnect_timeout_s,
-            reconnect=reconnect,
-            silence_timeout_s=silence_timeout_s,
-            connect_retry_s=connect_retry_s,
-            prefer_leader=prefer_leader,
-            tls=client_context(tls),
-            no_leader_fail_s=no_leader_fail_s,
-        )
+        super().__init__(endpoints, client_key, Settings(**options))
 
     @classmethod
-    def from_data_dir(
-        cls,
-        data_dir: Path,
-        *,
-        name: str = "quorumq-client",
-        connect_timeout_s: float = 2.0,
-        request_timeout_s: float = 30.0,
-        reconnect_timeout_s: float = 30.0,
-        reconnect: bool = True,
-        silence_timeout_s: float = 5.0,
-        connect_retry_s: float | None = None,
-        prefer_leader: bool = True,
-        tls: TlsOption = None,
-    ) -> Client:
+    def from_data_dir(cls, data_dir: Path, **options: Unpack[DataDirOptions]) -> Client:
         """Connect with the endpoints of `D/cluster.toml` and the key in `D/client.key`; over
         TLS with `D/tls/ca.crt` when cluster.toml says `tls = true` (`tls` overrides it)."""
-        config = cluster_config.load(Path(data_dir))
-        key = cluster_config.read_client_key(Path(data_dir) / cluster_config.CLIENT_KEY_FILE)
-        return cls(
-            list(config.endpoints().values()),
-            key,
-            name=name,
-            connect_timeout_s=connect_timeout_s,
-            request_timeout_s=request_timeout_s,
-            reconnect_timeout_s=reconnect_timeout_s,
-            reconnect=reconnect,
-            silence_timeout_s=silence_timeout_s,
-            connect_retry_s=connect_retry_s,
-            prefer_leader=prefer_leader,
-            tls=tls if tls is not None else data_dir_ca(Path(data_dir), config.tls),
-        )
+        endpoints, key, chosen = data_dir_connection(data_dir, options)
+        return cls(endpoints, key, **chosen)
 
     # --- lifecycle -------------------------------------------------------------------------
 
