@@ -105,4 +105,18 @@ class SettingsView:
         return self.settings.prefer_leader
 
 
-__all__ = ["ClientOptions", "DataDirOptions", "Settings", "SettingsView", "data_dir_connection"]
+class ConsumeOptions(TypedDict, total=False):
+    """The options of `consume(...)` (their defaults and checks: `ClientProtocol.add_consumer`)."""
+
+    prefetch: int
+    credited: bool
+    priority: int
+    timeout_ms: int | None
+    auto_ack: bool
+
+
+class ConsumerOptions(ConsumeOptions, total=False):
+    """The options of a consumer handle: `consume`'s plus its ack batch and tag."""
+
+    ack_batch: int | None
+    tag: str | None

@@ -21,7 +21,7 @@ from typing import TypeVar, Unpack, overload
 from cluster import protocol
 from cluster.client import results
 from cluster.client._asyncio import AsyncShell, reply_of
-from cluster.client._options import DataDirOptions, data_dir_connection
+from cluster.client._options import ConsumeOptions, DataDirOptions, data_dir_connection
 from cluster.client._wire import Frame
 from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
 from cluster.client.aio_groups import AsyncGroupConsumer, AsyncHandler, AsyncHook
@@ -175,23 +175,10 @@ class AsyncClient(AsyncShell):
     def consume(
         self,
         queue: str,
-        *,
-        prefetch: int = 100,
-        credited: bool = False,
-        priority: int = 0,
-        timeout_ms: int | None = None,
-        auto_ack: bool = False,
+        **options: Unpack[ConsumeOptions],
     ) -> AsyncConsumer:
         """A consumer; `async for` over it, or `await` it to attach first (it attaches once)."""
-        return AsyncConsumer(
-            self,
-            queue,
-            prefetch=prefetch,
-            credited=credited,
-            priority=priority,
-            timeout_ms=timeout_ms,
-            auto_ack=auto_ack,
-        )
+        return AsyncConsumer(self, queue, **options)
 
     async def declare_partitioned_queue(
         self, queue: str, partitions: int, config: QueueConfig | None = None

@@ -10,9 +10,10 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Unpack
 
 from cluster.client._asyncio import AsyncShell, reply_of
+from cluster.client._options import ConsumerOptions
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._views import ConsumerView
 from cluster.client._wire import group_of
@@ -82,30 +83,9 @@ def _pairs(messages: Iterable[AsyncMessage | int]) -> list[tuple[ConsumerKey | N
 class AsyncConsumer(ConsumerView):
     """A consumer of one queue (prefetch or AMQP 1.0 credit); attaches on first use."""
 
-    def __init__(
-        self,
-        client: AsyncShell,
-        queue: str,
-        *,
-        prefetch: int = 100,
-        credited: bool = False,
-        priority: int = 0,
-        timeout_ms: int | None = None,
-        auto_ack: bool = False,
-        ack_batch: int | None = None,
-        tag: str | None = None,
-    ) -> None:
+    def __init__(self, client: AsyncShell, queue: str, **options: Unpack[ConsumerOptions]) -> None:
         self.client = client
-        self.core_state: ConsumerState = client.core.add_consumer(
-            queue,
-            prefetch=prefetch,
-            credited=credited,
-            priority=priority,
-            timeout_ms=timeout_ms,
-            auto_ack=auto_ack,
-            ack_batch=ack_batch,
-            tag=tag,
-        )
+        self.core_state: ConsumerState = client.core.add_consumer(queue, **options)
         self._attach: asyncio.Future[None] | None = None
 
     # --- attach ---------------------------------------------------------------------------

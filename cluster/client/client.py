@@ -15,7 +15,13 @@ from typing import TypeVar, Unpack, overload
 
 from cluster import protocol
 from cluster.client import results
-from cluster.client._options import ClientOptions, DataDirOptions, Settings, data_dir_connection
+from cluster.client._options import (
+    ClientOptions,
+    ConsumeOptions,
+    DataDirOptions,
+    Settings,
+    data_dir_connection,
+)
 from cluster.client._threaded import ThreadedShell
 from cluster.client._wire import Frame
 from cluster.client.consumer import Consumer, Message
@@ -220,23 +226,11 @@ class Client(ThreadedShell):
         self,
         queue: str,
         *,
-        prefetch: int = 100,
-        credited: bool = False,
-        priority: int = 0,
-        timeout_ms: int | None = None,
-        auto_ack: bool = False,
         on_message: Callable[[Message], None] | None = None,
+        **options: Unpack[ConsumeOptions],
     ) -> Consumer:
         """Attach a consumer; iterate it, or pass `on_message` to get a callback per message."""
-        consumer = Consumer(
-            self,
-            queue,
-            prefetch=prefetch,
-            credited=credited,
-            priority=priority,
-            timeout_ms=timeout_ms,
-            auto_ack=auto_ack,
-        )
+        consumer = Consumer(self, queue, **options)
         consumer.start(on_message)
         return consumer
 

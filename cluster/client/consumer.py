@@ -13,9 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Unpack
 
 from cluster.client._log import get_logger
+from cluster.client._options import ConsumerOptions
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
 from cluster.client._views import ConsumerView
@@ -95,30 +96,11 @@ class Consumer(ConsumerView):
     """A consumer of one queue, with prefetch (default) or AMQP 1.0 credit."""
 
     def __init__(
-        self,
-        client: ThreadedShell,
-        queue: str,
-        *,
-        prefetch: int = 100,
-        credited: bool = False,
-        priority: int = 0,
-        timeout_ms: int | None = None,
-        auto_ack: bool = False,
-        ack_batch: int | None = None,
-        tag: str | None = None,
+        self, client: ThreadedShell, queue: str, **options: Unpack[ConsumerOptions]
     ) -> None:
         self.client = client
         with client.lock:
-            self.core_state: ConsumerState = client.core.add_consumer(
-                queue,
-                prefetch=prefetch,
-                credited=credited,
-                priority=priority,
-                timeout_ms=timeout_ms,
-                auto_ack=auto_ack,
-                ack_batch=ack_batch,
-                tag=tag,
-            )
+            self.core_state: ConsumerState = client.core.add_consumer(queue, **options)
         self._thread: threading.Thread | None = None
 
     # --- the state, read-only ---------------------------------------------------------------
