@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Unpack
 
 from cluster import protocol
-from cluster.client._options import ClientOptions, Settings, SettingsView
+from cluster.client._options import ClientOptions, Settings, ShellView
 from cluster.client._wire import AnyFrame, Handshake, Welcome
 from cluster.client.errors import (
     AuthError,
@@ -99,7 +99,7 @@ class _Link(asyncio.Protocol):
             self.transport.close()
 
 
-class AsyncShell(SettingsView):
+class AsyncShell(ShellView):
     """Drives a `ClientProtocol` on an event loop; `AsyncClient` adds the user-facing calls."""
 
     def __init__(
@@ -153,22 +153,6 @@ class AsyncShell(SettingsView):
         self._handle(events)
         for task in list(self._tasks):
             task.cancel()
-
-    @property
-    def reconnects(self) -> int:
-        """How many times the client connected again after losing a connection."""
-        return self.core.reconnects
-
-    @property
-    def node(self) -> str | None:
-        """The node this client is connected to now (None while reconnecting)."""
-        welcome = self.core.welcome
-        return welcome.node if welcome else None
-
-    @property
-    def endpoints(self) -> list[str]:
-        """The endpoints known to this client (those given plus those learnt from nodes)."""
-        return list(self.core.endpoints)
 
     async def connection_id(self) -> ConnectionId:
         """This client's current ConnectionId, as assigned by its node (waits while away)."""

@@ -2,7 +2,7 @@
 
 `Client(...)`, `AsyncClient(...)` and their `from_data_dir(...)` take these as keyword
 arguments (`ClientOptions`, checked by mypy through `Unpack`); the shells keep them as one
-`Settings` value, read through `SettingsView` by the handles and the user.
+`Settings` value, read through `ShellView` by the handles and the user.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from cluster import config as cluster_config
+from cluster.client.sansio import ClientProtocol
 from cluster.client.tls import TlsOption, data_dir_ca
 
 
@@ -69,10 +70,11 @@ def data_dir_connection(
     return list(config.endpoints().values()), key, chosen
 
 
-class SettingsView:
-    """A shell's options, read from its `settings`."""
+class ShellView:
+    """A shell's options (from its `settings`) and connection (from its `core`), read-only."""
 
     settings: Settings
+    core: ClientProtocol
 
     @property
     def name(self) -> str:
@@ -103,6 +105,22 @@ class SettingsView:
     def prefer_leader(self) -> bool:
         """Whether the first connection moves to the leader."""
         return self.settings.prefer_leader
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the client connected again after losing a connection."""
+        return self.core.reconnects
+
+    @property
+    def node(self) -> str | None:
+        """The node this client is connected to now (None while reconnecting)."""
+        welcome = self.core.welcome
+        return welcome.node if welcome else None
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The endpoints known to this client (those given plus those learnt from nodes)."""
+        return list(self.core.endpoints)
 
 
 class ConsumeOptions(TypedDict, total=False):

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from cluster import protocol
 from cluster.client._log import get_logger
-from cluster.client._options import Settings, SettingsView
+from cluster.client._options import Settings, ShellView
 from cluster.client._wire import AnyFrame, Frame, Handshake, Welcome
 from cluster.client.errors import (
     AuthError,
@@ -129,7 +129,7 @@ class _Waiter:
         self.event.set()
 
 
-class ThreadedShell(SettingsView):
+class ThreadedShell(ShellView):
     """Drives a `ClientProtocol` with threads; `Client` adds the user-facing calls."""
 
     def __init__(self, endpoints: Sequence[str], client_key: bytes, settings: Settings) -> None:

@@ -109,17 +109,6 @@ class Client(ThreadedShell):
         self._shutdown()
 
     @property
-    def reconnects(self) -> int:
-        """How many times the client connected again after losing a connection."""
-        return self.core.reconnects
-
-    @property
-    def node(self) -> str | None:
-        """The node this client is connected to now (None while reconnecting)."""
-        welcome = self.core.welcome
-        return welcome.node if welcome else None
-
-    @property
     def connection_id(self) -> ConnectionId:
         """This client's current ConnectionId, as assigned by its node (waits while away)."""
         core = self.core
@@ -130,11 +119,6 @@ class Client(ThreadedShell):
         if connection is None:
             raise ClientClosed("the client was closed")
         return connection
-
-    @property
-    def endpoints(self) -> list[str]:
-        """The endpoints known to this client (those given plus those learnt from nodes)."""
-        return list(self.core.endpoints)
 
     # --- requests --------------------------------------------------------------------------
 
