@@ -6,9 +6,15 @@ differ only in how they wait; what they report is read here, once, from the core
 
 from __future__ import annotations
 
-from cluster.client._state import ConsumerState, PublisherState
+from collections.abc import Callable
+from typing import TypeVar
+
+from cluster.client._state import Buffered, ConsumerState, PublisherState
+from cluster.client._wire import group_of
 from fifo.commands import ConsumerKey
 from fifo.effects import CreditReply
+
+_M = TypeVar("_M")
 
 
 class ConsumerView:
@@ -70,6 +76,21 @@ class ConsumerView:
     def last_credit_reply(self) -> CreditReply | None:
         """The last AMQP 1.0 flow the queue sent back."""
         return self.core_state.last_credit_reply
+
+    def _message(self, make: Callable[..., _M], item: Buffered) -> _M:
+        """A buffered delivery as the shell's message type (`Message` / `AsyncMessage`)."""
+        key, delivery = item
+        return make(
+            self.core_state.queue,
+            delivery.msg_id,
+            delivery.body,
+            delivery.redelivered,
+            delivery.delivery_count,
+            key,
+            delivery.annotations,
+            group=group_of(delivery.annotations) if delivery.annotations else None,
+            consumer=self,
+        )
 
 
 class PublisherView:

@@ -16,7 +16,6 @@ from cluster.client._asyncio import AsyncShell, reply_of
 from cluster.client._options import ConsumerOptions
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._views import ConsumerView
-from cluster.client._wire import group_of
 from cluster.client.workpool_consumer import AsyncProcessing, OnError
 from fifo.commands import (
     Cancel,
@@ -161,18 +160,8 @@ class AsyncConsumer(ConsumerView):
             await client.wait_until(lambda: bool(state.buffer) or state.finished, left)
 
     def wrap(self, item: Buffered) -> AsyncMessage:
-        key, delivery = item
-        return AsyncMessage(
-            self.core_state.queue,
-            delivery.msg_id,
-            delivery.body,
-            delivery.redelivered,
-            delivery.delivery_count,
-            key,
-            delivery.annotations,
-            group=group_of(delivery.annotations) if delivery.annotations else None,
-            consumer=self,
-        )
+        """A buffered delivery as a `AsyncMessage` of this consumer."""
+        return self._message(AsyncMessage, item)
 
     def take_buffered(self) -> list[AsyncMessage]:
         """Remove and return the messages received but not yet handed out (not acked)."""

@@ -20,7 +20,6 @@ from cluster.client._options import ConsumerOptions
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
 from cluster.client._views import ConsumerView
-from cluster.client._wire import group_of
 from cluster.client.errors import CommandRefused
 from cluster.client.workpool_consumer import OnError, Processing
 from fifo.codec import decode
@@ -218,18 +217,8 @@ class Consumer(ConsumerView):
                 client.changed.wait(1.0 if left is None else min(left, 1.0))
 
     def wrap(self, item: Buffered) -> Message:
-        key, delivery = item
-        return Message(
-            self.core_state.queue,
-            delivery.msg_id,
-            delivery.body,
-            delivery.redelivered,
-            delivery.delivery_count,
-            key,
-            delivery.annotations,
-            group=group_of(delivery.annotations) if delivery.annotations else None,
-            consumer=self,
-        )
+        """A buffered delivery as a `Message` of this consumer."""
+        return self._message(Message, item)
 
     def _run_callback(self, on_message: Callable[[Message], None]) -> None:
         while True:
