@@ -11,10 +11,36 @@ from typing import TypeVar
 
 from cluster.client._state import Buffered, ConsumerState, PublisherState
 from cluster.client._wire import group_of
-from fifo.commands import ConsumerKey
+from fifo.commands import Command, ConsumerKey, Discard, Modify, RenewLocks, Return
 from fifo.effects import CreditReply
 
 _M = TypeVar("_M")
+Build = Callable[[ConsumerKey, tuple[int, ...]], Command]  # a settle command for (key, ids)
+Annotations = tuple[tuple[str, str | int], ...]
+
+
+def returning(queue: str, requeue: bool) -> Build:
+    """nack: Return (`requeue`: no failed delivery) or Discard."""
+    kind = Return if requeue else Discard
+    return lambda key, ids: kind(queue, key, ids)
+
+
+def discarding(queue: str) -> Build:
+    """reject: Discard, a failed delivery (dead-lettered when the queue has a target)."""
+    return lambda key, ids: Discard(queue, key, ids)
+
+
+def modifying(queue: str, delivery_failed: bool, undeliverable_here: bool,
+              annotations: Annotations) -> Build:  # fmt: skip
+    """The AMQP 1.0 modified outcome (machine v2)."""
+    return lambda key, ids: Modify(
+        queue, key, ids, delivery_failed, undeliverable_here, annotations
+    )
+
+
+def renewing(queue: str) -> Build:
+    """Extend the consumer-timeout locks (machine v2)."""
+    return lambda key, ids: RenewLocks(queue, key, ids)
 
 
 class ConsumerView:

@@ -15,17 +15,13 @@ from typing import Protocol, Unpack
 from cluster.client._asyncio import AsyncShell, reply_of
 from cluster.client._options import ConsumerOptions
 from cluster.client._state import Buffered, ConsumerState
-from cluster.client._views import ConsumerView
+from cluster.client._views import ConsumerView, discarding, modifying, renewing, returning
 from cluster.client.workpool_consumer import AsyncProcessing, OnError
 from fifo.commands import (
     Cancel,
     Command,
     ConsumerKey,
-    Discard,
-    Modify,
     Remove,
-    RenewLocks,
-    Return,
 )
 from fifo.replies import CancelOk
 
@@ -199,12 +195,11 @@ class AsyncConsumer(ConsumerView):
 
     async def nack(self, messages: Iterable[AsyncMessage | int], requeue: bool = True) -> None:
         """Return messages (`requeue`, no failed delivery) or reject them."""
-        kind = Return if requeue else Discard
-        self._settle(messages, lambda key, ids: kind(self.core_state.queue, key, ids))
+        self._settle(messages, returning(self.queue, requeue))
 
     async def reject(self, messages: Iterable[AsyncMessage | int]) -> None:
         """Discard messages: a failed delivery; dead-lettered when the queue has a target."""
-        self._settle(messages, lambda key, ids: Discard(self.core_state.queue, key, ids))
+        self._settle(messages, discarding(self.queue))
 
     async def modify(
         self,
@@ -215,16 +210,12 @@ class AsyncConsumer(ConsumerView):
         annotations: tuple[tuple[str, str | int], ...] = (),
     ) -> None:
         """AMQP 1.0 modified outcome (machine v2): return or dead-letter with annotations."""
-        self._settle(
-            messages,
-            lambda key, ids: Modify(
-                self.core_state.queue, key, ids, delivery_failed, undeliverable_here, annotations
-            ),
-        )
+        build = modifying(self.queue, delivery_failed, undeliverable_here, annotations)
+        self._settle(messages, build)
 
     async def renew(self, messages: Iterable[AsyncMessage | int]) -> None:
         """Extend the consumer-timeout locks of checked-out messages (machine v2)."""
-        self._settle(messages, lambda key, ids: RenewLocks(self.core_state.queue, key, ids))
+        self._settle(messages, renewing(self.queue))
 
     async def grant(self, credit: int, drain: bool = False) -> None:
         """Credited mode: grant `credit` more deliveries (AMQP 1.0 flow)."""

@@ -19,7 +19,7 @@ from cluster.client._log import get_logger
 from cluster.client._options import ConsumerOptions
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
-from cluster.client._views import ConsumerView
+from cluster.client._views import ConsumerView, discarding, modifying, renewing, returning
 from cluster.client.errors import CommandRefused
 from cluster.client.workpool_consumer import OnError, Processing
 from fifo.codec import decode
@@ -27,11 +27,7 @@ from fifo.commands import (
     Cancel,
     Command,
     ConsumerKey,
-    Discard,
-    Modify,
     Remove,
-    RenewLocks,
-    Return,
 )
 from fifo.replies import CancelOk, Error
 
@@ -264,12 +260,11 @@ class Consumer(ConsumerView):
 
     def nack(self, messages: Iterable[Message | int], requeue: bool = True) -> None:
         """Return messages (`requeue`, no failed delivery) or reject them."""
-        kind = Return if requeue else Discard
-        self._settle(messages, lambda key, ids: kind(self.core_state.queue, key, ids))
+        self._settle(messages, returning(self.queue, requeue))
 
     def reject(self, messages: Iterable[Message | int]) -> None:
         """Discard messages: a failed delivery; dead-lettered when the queue has a target."""
-        self._settle(messages, lambda key, ids: Discard(self.core_state.queue, key, ids))
+        self._settle(messages, discarding(self.queue))
 
     def modify(
         self,
@@ -280,16 +275,12 @@ class Consumer(ConsumerView):
         annotations: tuple[tuple[str, str | int], ...] = (),
     ) -> None:
         """AMQP 1.0 modified outcome (machine v2): return or dead-letter with annotations."""
-        self._settle(
-            messages,
-            lambda key, ids: Modify(
-                self.core_state.queue, key, ids, delivery_failed, undeliverable_here, annotations
-            ),
-        )
+        build = modifying(self.queue, delivery_failed, undeliverable_here, annotations)
+        self._settle(messages, build)
 
     def renew(self, messages: Iterable[Message | int]) -> None:
         """Extend the consumer-timeout locks of checked-out messages (machine v2)."""
-        self._settle(messages, lambda key, ids: RenewLocks(self.core_state.queue, key, ids))
+        self._settle(messages, renewing(self.queue))
 
     def grant(self, credit: int, drain: bool = False) -> None:
         """Credited mode: grant `credit` more deliveries (AMQP 1.0 flow)."""
