@@ -10,8 +10,10 @@ import asyncio
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Unpack
 
 from cluster import protocol
+from cluster.client._options import ClientOptions, Settings, ShellView
 from cluster.client._wire import AnyFrame, Handshake, Welcome
 from cluster.client.errors import (
     AuthError,
@@ -31,7 +33,7 @@ from cluster.client.sansio import (
     ReconnectNeeded,
     explain_timeout,
 )
-from cluster.client.tls import TlsOption, client_context, handshake_failed, server_hostname
+from cluster.client.tls import client_context, handshake_failed, server_hostname
 from fifo.codec import decode
 from fifo.commands import ConnectionId
 from fifo.replies import Error, Reply
@@ -58,7 +60,7 @@ class _Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.attached:
-            self.client._on_data(self, data)
+            self.client.on_data(self, data)
         elif self.ready.done():
             self.early += data
         else:
@@ -84,54 +86,35 @@ class _Link(asyncio.Protocol):
         if not self.ready.done():
             self.ready.set_exception(self.handshake.connection_closed())
         elif self.attached:
-            self.client._on_lost(self, exc)
+            self.client.on_lost(self, exc)
 
     def pause_writing(self) -> None:
-        self.client._pause_writing()
+        self.client.on_pause_writing()
 
     def resume_writing(self) -> None:
-        self.client._resume_writing()
+        self.client.on_resume_writing()
 
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 
 
-class AsyncShell:
+class AsyncShell(ShellView):
     """Drives a `ClientProtocol` on an event loop; `AsyncClient` adds the user-facing calls."""
 
     def __init__(
-        self,
-        endpoints: Sequence[str],
-        client_key: bytes,
-        *,
-        name: str = "quorumq-client",
-        connect_timeout_s: float = 2.0,
-        request_timeout_s: float = 30.0,
-        reconnect_timeout_s: float = 30.0,
-        reconnect: bool = True,
-        silence_timeout_s: float = 5.0,
-        connect_retry_s: float | None = None,
-        prefer_leader: bool = True,
-        tls: TlsOption = None,
-        no_leader_fail_s: float | None = None,
+        self, endpoints: Sequence[str], client_key: bytes, **options: Unpack[ClientOptions]
     ) -> None:
-        self._tls = client_context(tls)
-        self._core = ClientProtocol(
+        self.settings = settings = Settings(**options)
+        self._tls = client_context(settings.tls)
+        self.core = ClientProtocol(
             endpoints,
-            name=name,
-            reconnect=reconnect,
-            silence_timeout_s=silence_timeout_s,
-            no_leader_fail_s=no_leader_fail_s,
+            name=settings.name,
+            reconnect=settings.reconnect,
+            silence_timeout_s=settings.silence_timeout_s,
+            no_leader_fail_s=settings.no_leader_fail_s,
         )
         self._client_key = client_key
-        self.name = name
-        self.connect_timeout_s = connect_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.silence_timeout_s = silence_timeout_s
-        self.connect_retry_s = connect_timeout_s if connect_retry_s is None else connect_retry_s
-        self.prefer_leader = prefer_leader
         self._link: _Link | None = None
         self._waiters: dict[int, asyncio.Future[_Answer]] = {}
         self._waiting: list[asyncio.Future[None]] = []  # woken by the next event
@@ -145,9 +128,9 @@ class AsyncShell:
         """Connect (once) to the first node that answers, then to the leader it names."""
         if self._connected:
             return
-        self._core.check_usable()
-        self._core.tick(time.monotonic())
-        link = await self._connect_any(self._core.endpoints, self.connect_retry_s)
+        self.core.check_usable()
+        self.core.tick(time.monotonic())
+        link = await self._connect_any(self.core.endpoints, self.settings.retry_s)
         if self.prefer_leader:
             link = await self._leader_instead(link)
         self._attach(link)
@@ -156,13 +139,13 @@ class AsyncShell:
 
     async def _shutdown(self) -> None:
         """Flush pending acks, close the connection and fail every request still in flight."""
-        core = self._core
+        core = self.core
         if not core.closed and core.failure is None and self._link is not None:
             consumers = core.consumers()
             for consumer in consumers:
                 core.flush_acks(consumer)
-            self._flush()
-            await self._wait_until(lambda: all(c.outstanding <= 0 for c in consumers), 2.0)
+            self.flush()
+            await self.wait_until(lambda: all(c.outstanding <= 0 for c in consumers), 2.0)
         events = core.close()
         link, self._link = self._link, None
         if link is not None:
@@ -171,27 +154,11 @@ class AsyncShell:
         for task in list(self._tasks):
             task.cancel()
 
-    @property
-    def reconnects(self) -> int:
-        """How many times the client connected again after losing a connection."""
-        return self._core.reconnects
-
-    @property
-    def node(self) -> str | None:
-        """The node this client is connected to now (None while reconnecting)."""
-        welcome = self._core.welcome
-        return welcome.node if welcome else None
-
-    @property
-    def endpoints(self) -> list[str]:
-        """The endpoints known to this client (those given plus those learnt from nodes)."""
-        return list(self._core.endpoints)
-
     async def connection_id(self) -> ConnectionId:
         """This client's current ConnectionId, as assigned by its node (waits while away)."""
-        core = self._core
+        core = self.core
         core.check_usable()
-        await self._wait_until(lambda: core.connection_id is not None or _unusable(core), None)
+        await self.wait_until(lambda: core.connection_id is not None or _unusable(core), None)
         core.check_usable()
         if core.connection_id is None:
             raise ClientClosed("the client was closed")
@@ -233,7 +200,7 @@ class AsyncShell:
         deadline = time.monotonic() + retry_s
         errors: list[str] = []
         while True:
-            self._core.check_usable()
+            self.core.check_usable()
             for address in endpoints:
                 try:
                     return await self._open(address)
@@ -258,16 +225,16 @@ class AsyncShell:
         return leader
 
     def _attach(self, link: _Link) -> None:
-        if self._core.closed:
+        if self.core.closed:
             link.close()
             return
         if link.lost:
             raise ConnectionError("the connection closed right after its handshake")
         self._link, link.attached = link, True
-        events = self._core.connection_made(link.ready.result(), now=time.monotonic())
-        events += self._core.receive_data(link.early)
+        events = self.core.connection_made(link.ready.result(), now=time.monotonic())
+        events += self.core.receive_data(link.early)
         link.early = b""
-        self._flush()
+        self.flush()
         self._handle(events)
 
     async def _reconnect(self, endpoints: tuple[str, ...]) -> None:
@@ -279,34 +246,34 @@ class AsyncShell:
             except ConnectionError:
                 continue
             except ClusterError as err:
-                self._handle(self._core.fail(err))
+                self._handle(self.core.fail(err))
                 return
 
-    def _on_data(self, link: _Link, data: bytes) -> None:
+    def on_data(self, link: _Link, data: bytes) -> None:
         if link is not self._link:
             return
         try:
-            events = self._core.receive_data(data)
+            events = self.core.receive_data(data)
         except ClusterError as err:  # a broken stream: drop the connection, reconnect
             link.close()
-            self._on_lost(link, err)
+            self.on_lost(link, err)
             return
-        self._flush()
+        self.flush()
         self._handle(events)
 
-    def _on_lost(self, link: _Link, error: BaseException | None) -> None:
+    def on_lost(self, link: _Link, error: BaseException | None) -> None:
         if link is not self._link:
             return
         self._link = None
-        self._resume_writing()
-        self._handle(self._core.connection_lost(error))
+        self.on_resume_writing()
+        self._handle(self.core.connection_lost(error))
 
     async def _tick_loop(self) -> None:
-        core = self._core
+        core = self.core
         while not core.closed and core.failure is None:
             await asyncio.sleep(TICK_S)
             events = core.tick(time.monotonic())
-            self._flush()
+            self.flush()
             self._handle(events)
 
     def _spawn(self, coroutine: Awaitable[None]) -> None:
@@ -316,8 +283,8 @@ class AsyncShell:
 
     # --- bytes, events and waiting ------------------------------------------------------------
 
-    def _flush(self) -> None:
-        data = self._core.data_to_send()
+    def flush(self) -> None:
+        data = self.core.data_to_send()
         link = self._link
         if data and link is not None and link.transport is not None:
             link.transport.write(data)
@@ -334,14 +301,14 @@ class AsyncShell:
                 self._link.close()
             elif isinstance(event, ReconnectNeeded):
                 self._spawn(self._reconnect(event.endpoints))
-        self._notify()
+        self.notify()
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         waiting, self._waiting = self._waiting, []
         for waiter in waiting:
             _wake(waiter)
 
-    async def _wait_until(self, ready: Callable[[], bool], timeout_s: float | None) -> bool:
+    async def wait_until(self, ready: Callable[[], bool], timeout_s: float | None) -> bool:
         """Wait until `ready()` holds (checked after every event) or the timeout; False then."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         loop = asyncio.get_running_loop()
@@ -358,46 +325,46 @@ class AsyncShell:
                 timer.cancel()
         return True
 
-    def _pause_writing(self) -> None:
+    def on_pause_writing(self) -> None:
         if self._write_paused is None:
             self._write_paused = asyncio.get_running_loop().create_future()
 
-    def _resume_writing(self) -> None:
+    def on_resume_writing(self) -> None:
         paused, self._write_paused = self._write_paused, None
         if paused is not None and not paused.done():
             paused.set_result(None)
 
-    async def _writable(self) -> None:
+    async def writable(self) -> None:
         """Wait while the socket's send buffer is over its high-water mark."""
         if self._write_paused is not None:
             await asyncio.shield(self._write_paused)
 
-    async def _request(
+    async def request(
         self, send: Callable[[], int], timeout_s: float, what: str, *, explain: bool = True
     ) -> AnyFrame:
         request_id = send()
         waiter: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = waiter
-        self._flush()
+        self.flush()
         try:
             answer, error = await asyncio.wait_for(waiter, timeout_s + 1.0)
         except TimeoutError:
-            self._core.forget([request_id])
+            self.core.forget([request_id])
             self._waiters.pop(request_id, None)
             answer, error = None, RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s")
         if error is not None:
-            raise (await self._explain(error)) if explain else error
+            raise (await self.explain(error)) if explain else error
         assert answer is not None
         return answer
 
-    async def _explain(self, error: ClusterError) -> ClusterError:
+    async def explain(self, error: ClusterError) -> ClusterError:
         """A timeout becomes Unavailable when the node says it has no quorum (a status query,
         answered without the log); any other error, or no answer, stays as it is."""
-        if not isinstance(error, RequestTimeout) or self._core.closed:
+        if not isinstance(error, RequestTimeout) or self.core.closed:
             return error  # (only a timeout is explained, and never by a probe's own timeout)
-        core, frame = self._core, protocol.query(0, "status")
+        core, frame = self.core, protocol.query(0, "status")
         try:
-            answer = await self._request(
+            answer = await self.request(
                 lambda: core.submit(frame, PROBE_TIMEOUT_S, now=time.monotonic()),
                 PROBE_TIMEOUT_S,
                 "status",

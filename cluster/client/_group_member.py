@@ -15,7 +15,7 @@ from fifo.commands import Cancel, ConnectionId, ConsumerId, JoinGroup, LeaveGrou
 class _PartitionConsumer(Protocol):
     """The part of a (threaded or asyncio) consumer a group member uses."""
 
-    _state: Any
+    core_state: Any
 
     @property
     def active(self) -> bool: ...
@@ -93,7 +93,7 @@ class MemberState(Generic[C]):
         count = len(self.partitions)
         for step in range(count):
             consumer = self._consumers.get(self.partitions[(self._turn + step) % count])
-            item = core.next_delivery(consumer._state) if consumer is not None else None
+            item = core.next_delivery(consumer.core_state) if consumer is not None else None
             if consumer is not None and item is not None:
                 self._turn = (self._turn + step + 1) % count
                 return consumer, item
@@ -102,11 +102,11 @@ class MemberState(Generic[C]):
     def _all_cancelled(self) -> bool:
         """Every partition's consumer was cancelled: the machine deleted the partitioned
         queue (a group never cancels its members' consumers otherwise)."""
-        states = [c._state for c in self._consumers.values()]
+        states = [c.core_state for c in self._consumers.values()]
         return bool(states) and all(state.finished for state in states)
 
     def _forget_consumers(self, core: Any) -> None:
         for consumer in self._consumers.values():
-            core.remove_consumer(consumer._state)
+            core.remove_consumer(consumer.core_state)
         self._consumers = {}
         self._assigned = []

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from cluster import protocol
 from cluster.client._log import get_logger
+from cluster.client._options import Settings, ShellView
 from cluster.client._wire import AnyFrame, Frame, Handshake, Welcome
 from cluster.client.errors import (
     AuthError,
@@ -52,7 +53,7 @@ from cluster.client.sansio import (
     ReconnectNeeded,
     explain_timeout,
 )
-from cluster.client.tls import handshake_failed, server_hostname
+from cluster.client.tls import client_context, handshake_failed, server_hostname
 
 log = get_logger("quorumq.client")
 
@@ -128,54 +129,34 @@ class _Waiter:
         self.event.set()
 
 
-class ThreadedShell:
+class ThreadedShell(ShellView):
     """Drives a `ClientProtocol` with threads; `Client` adds the user-facing calls."""
 
-    def __init__(
-        self,
-        endpoints: Sequence[str],
-        client_key: bytes,
-        *,
-        name: str,
-        connect_timeout_s: float,
-        request_timeout_s: float,
-        reconnect_timeout_s: float,
-        reconnect: bool,
-        silence_timeout_s: float,
-        connect_retry_s: float | None,
-        prefer_leader: bool,
-        tls: ssl.SSLContext | None = None,
-        no_leader_fail_s: float | None = None,
-    ) -> None:
-        self._tls = tls
-        self._core = ClientProtocol(
+    def __init__(self, endpoints: Sequence[str], client_key: bytes, settings: Settings) -> None:
+        self.settings = settings
+        self._tls = client_context(settings.tls)
+        self.core = ClientProtocol(
             endpoints,
-            name=name,
-            reconnect=reconnect,
-            silence_timeout_s=silence_timeout_s,
+            name=settings.name,
+            reconnect=settings.reconnect,
+            silence_timeout_s=settings.silence_timeout_s,
             now=time.monotonic(),
-            no_leader_fail_s=no_leader_fail_s,
+            no_leader_fail_s=settings.no_leader_fail_s,
         )
         self._client_key = client_key
-        self.name = name
-        self.connect_timeout_s = connect_timeout_s
-        self.request_timeout_s = request_timeout_s
-        self.reconnect_timeout_s = reconnect_timeout_s
-        self.silence_timeout_s = silence_timeout_s
-        self.prefer_leader = prefer_leader
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
         self._send_lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._callbacks: dict[int, Callback] = {}
-        # who reads the socket (see the module docstring); all under self._lock
+        # who reads the socket (see the module docstring); all under self.lock
         self._io_owner: int | None = None  # thread ident
         self._io_owner_is_reader = False
         self._io_wanted = 0
         self._io_released_at = 0.0
         # the reader thread waits on its own condition: the many events callers wake each
         # other with must not wake it too (on two cores, every needless wake costs the GIL)
-        self._reader_wake = threading.Condition(self._lock)
+        self._reader_wake = threading.Condition(self.lock)
         self._reader_parked = False  # waiting for callers to finish (not lingering)
         self.reads_by_callers = 0  # socket reads made by calling threads ...
         self.reads_by_reader = 0  # ... and by the reader thread (observability, benchmarks)
@@ -185,10 +166,9 @@ class ThreadedShell:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        retry_s = connect_timeout_s if connect_retry_s is None else connect_retry_s
         try:
-            opened = self._connect_any(self._core.endpoints, time.monotonic() + retry_s)
-            self._attach(self._leader_instead(opened) if prefer_leader else opened)
+            opened = self._connect_any(self.core.endpoints, time.monotonic() + settings.retry_s)
+            self._attach(self._leader_instead(opened) if settings.prefer_leader else opened)
         except BaseException:
             self._close_wake()
             raise
@@ -200,7 +180,7 @@ class ThreadedShell:
     def _connect_any(self, endpoints: list[str], deadline: float) -> _Opened:
         errors: list[str] = []
         while True:
-            if self._core.closed:
+            if self.core.closed:
                 raise ClientClosed("the client was closed")
             for address in endpoints:
                 try:
@@ -235,26 +215,26 @@ class ThreadedShell:
 
     def _attach(self, opened: _Opened) -> None:
         sock, welcome, leftover = opened
-        with self._lock:
-            if self._core.closed:
+        with self.lock:
+            if self.core.closed:
                 _shut(sock)
                 return
             self._sock = sock
-            events = self._core.connection_made(welcome, now=time.monotonic())
-            events += self._core.receive_data(leftover)
-            self._changed.notify_all()
+            events = self.core.connection_made(welcome, now=time.monotonic())
+            events += self.core.receive_data(leftover)
+            self.changed.notify_all()
         threading.Thread(
             target=self._read_loop, args=(sock,), name=f"qq-reader-{welcome.address}", daemon=True
         ).start()
-        self._flush()
+        self.flush()
         self._handle(events)
 
     def _reconnect(self, endpoints: tuple[str, ...]) -> None:
         try:
             opened = self._connect_any(list(endpoints), time.monotonic() + self.reconnect_timeout_s)
         except ClusterError as err:
-            with self._lock:
-                events = self._core.fail(err)
+            with self.lock:
+                events = self.core.fail(err)
             self._handle(events)
             return
         self._attach(opened)
@@ -270,14 +250,14 @@ class ThreadedShell:
                 while poller is not None and self._io_step(poller, POLL_SLICE_S, by_reader=True):
                     pass
             finally:
-                with self._lock:
+                with self.lock:
                     if self._io_owner == me:
                         self._io_owner, self._io_owner_is_reader = None, False
-                        self._changed.notify_all()
+                        self.changed.notify_all()
 
     def _reader_takes(self, sock: socket.socket, me: int) -> bool:
         """Wait until the socket is free and no caller wants it; False once `sock` is gone."""
-        with self._lock:
+        with self.lock:
             while True:
                 if self._sock is not sock:
                     return False
@@ -300,19 +280,19 @@ class ThreadedShell:
             self._reader_wake.notify_all()
 
     @contextlib.contextmanager
-    def _reading(self) -> Iterator[None]:
+    def reading(self) -> Iterator[None]:
         """This caller will wait for what it sends: the reader thread must not read its answers.
 
         Enter before sending; the reader thread stops before its next read (woken if it polls).
         """
-        with self._lock:
+        with self.lock:
             self._io_wanted += 1
             if self._io_owner_is_reader:
                 self._wake()
         try:
             yield
         finally:
-            with self._lock:
+            with self.lock:
                 self._io_wanted -= 1
                 self._free_for_reader()
 
@@ -323,16 +303,16 @@ class ThreadedShell:
         does (leader/follower); otherwise it waits for the reading thread's events.
         """
         me = threading.get_ident()
-        with self._lock:
+        with self.lock:
             if ready():  # (the common case of a window with room: no hand-over of the socket)
                 return True
-        with self._reading():
-            with self._lock:
+        with self.reading():
+            with self.lock:
                 owned_before = self._io_owner == me
             poller: _Poller | None = None
             try:
                 while True:
-                    with self._lock:
+                    with self.lock:
                         if ready():
                             return True
                         left = None if deadline is None else deadline - time.monotonic()
@@ -343,7 +323,7 @@ class ThreadedShell:
                             self._io_owner, self._io_owner_is_reader = me, False
                         sock = self._sock if self._io_owner == me else None
                         if sock is None:  # another thread reads, or we are between connections
-                            self._changed.wait(slice_s)
+                            self.changed.wait(slice_s)
                             continue
                     if poller is None or poller.sock is not sock:
                         poller = self._poller(sock)
@@ -351,18 +331,18 @@ class ThreadedShell:
                         self._io_step(poller, slice_s, by_reader=False)
             finally:
                 if not owned_before:
-                    with self._lock:
+                    with self.lock:
                         if self._io_owner == me:
                             self._io_owner = None
                             self._io_released_at = time.monotonic()
-                            self._changed.notify_all()  # a waiting caller takes over
+                            self.changed.notify_all()  # a waiting caller takes over
 
     def _poller(self, sock: socket.socket) -> _Poller | None:
         """A poll set for `sock`; None (and the connection reported lost) once it is closed."""
         try:
             return _Poller(sock, self._wake_r)
         except (OSError, ValueError) as err:  # closed by another thread
-            with self._lock:
+            with self.lock:
                 events = self._lost(sock, err)
             self._handle(events)
             return None
@@ -377,7 +357,7 @@ class ThreadedShell:
         if by_reader and self._io_wanted:
             return False
         if self._unsent and self._unsent_sock is sock:
-            self._flush()
+            self.flush()
         if poller.flowing:  # the last read got data: more is likely there, no poll needed
             received = self._receive(sock, by_reader)
             if received is not None:
@@ -391,7 +371,7 @@ class ThreadedShell:
         if woken:
             self._drain_wake()
         if writable:
-            self._flush()
+            self.flush()
         if readable:
             received = self._receive(sock, by_reader)
             poller.flowing = received is True
@@ -404,7 +384,7 @@ class ThreadedShell:
         None when nothing was there to read; False when the caller should stop."""
         events: list[Event] = []
         error: BaseException | None = None
-        with self._lock:  # a caller registers in _io_wanted under it: no read after that
+        with self.lock:  # a caller registers in _io_wanted under it: no read after that
             if self._sock is not sock or (by_reader and self._io_wanted):
                 return False
             try:
@@ -424,12 +404,12 @@ class ThreadedShell:
                     error = ConnectionError("the node closed the connection")
                 else:
                     try:
-                        events = self._core.receive_data(chunk)
+                        events = self.core.receive_data(chunk)
                     except Exception as err:  # a broken stream cannot be resynchronised
                         error = err
             if error is not None:
                 events += self._lost(sock, error)
-        self._flush()
+        self.flush()
         self._handle(events)
         return error is None
 
@@ -439,9 +419,9 @@ class ThreadedShell:
         if self._sock is not sock:
             return []
         self._sock = None
-        self._changed.notify_all()
+        self.changed.notify_all()
         self._reader_wake.notify_all()  # its reader thread ends
-        return self._core.connection_lost(error)
+        return self.core.connection_lost(error)
 
     def _wake(self) -> None:
         """Wake the thread that polls the socket (to yield it, or to watch for writability)."""
@@ -460,19 +440,19 @@ class ThreadedShell:
     # --- the ticker thread ------------------------------------------------------------------
 
     def _tick_loop(self) -> None:
-        while not self._core.closed and self._core.failure is None:
+        while not self.core.closed and self.core.failure is None:
             time.sleep(TICK_S)
-            with self._lock:
-                events = self._core.tick(time.monotonic())
-            self._flush()
+            with self.lock:
+                events = self.core.tick(time.monotonic())
+            self.flush()
             self._handle(events)
 
     # --- writing and events -----------------------------------------------------------------
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """Write what the protocol has to send, without blocking; a thread already writing
         takes it instead, and what the socket cannot take now is left to the reading thread."""
-        while self._core.has_output or self._unsent:
+        while self.core.has_output or self._unsent:
             if not self._send_lock.acquire(blocking=False):
                 return  # its holder checks for more output after it lets go
             try:
@@ -480,7 +460,7 @@ class ThreadedShell:
             finally:
                 self._send_lock.release()
             if blocked:
-                with self._lock:
+                with self.lock:
                     if self._io_owner not in (None, threading.get_ident()):
                         self._wake()  # the owner polls for writability from now on
                 return
@@ -489,10 +469,10 @@ class ThreadedShell:
         """Send `_unsent` then the protocol's output (send lock held); True when the socket is
         full (the rest stays in `_unsent`)."""
         while True:
-            with self._lock:
+            with self.lock:
                 sock = self._sock
                 unsent = self._unsent if self._unsent_sock is sock else b""
-                data = unsent + self._core.data_to_send() if unsent else self._core.data_to_send()
+                data = unsent + self.core.data_to_send() if unsent else self.core.data_to_send()
                 self._unsent, self._unsent_sock = b"", sock
                 if not data or sock is None:
                     return False  # bytes of a lost connection are dropped (the reconnect resends)
@@ -512,7 +492,7 @@ class ThreadedShell:
             return
         calls: list[tuple[Callback, Frame | None, BaseException | None]] = []
         pending = list(events)
-        with self._lock:
+        with self.lock:
             while pending:
                 event = pending.pop(0)
                 if isinstance(event, Answered):
@@ -529,15 +509,15 @@ class ThreadedShell:
                         name="qq-reconnect",
                         daemon=True,
                     ).start()
-            self._changed.notify_all()
+            self.changed.notify_all()
         for callback, answer, error in calls:
             try:
                 callback(answer, error)
             except Exception:  # a failing callback must not kill the reading thread
                 log.exception("callback_failed")
         if calls:
-            with self._lock:  # waiters check what the callbacks set
-                self._changed.notify_all()
+            with self.lock:  # waiters check what the callbacks set
+                self.changed.notify_all()
 
     # --- requests and waiting ---------------------------------------------------------------
 
@@ -549,52 +529,52 @@ class ThreadedShell:
     ) -> list[int]:
         """Send frames (ids set here) in one write; each callback gets its answer frame once."""
         ids: list[int] = []
-        with self._lock:
+        with self.lock:
             for frame, callback in zip(frames, callbacks, strict=True):
-                request_id = self._core.submit(frame, timeout_s, now=time.monotonic())
+                request_id = self.core.submit(frame, timeout_s, now=time.monotonic())
                 self._callbacks[request_id] = callback
                 ids.append(request_id)
-        self._flush()
+        self.flush()
         return ids
 
     def forget(self, request_ids: Iterable[int]) -> None:
         """Stop tracking requests (a resend supersedes them); their late answers are ignored."""
         request_ids = list(request_ids)
-        with self._lock:
-            self._core.forget(request_ids)
+        with self.lock:
+            self.core.forget(request_ids)
             for request_id in request_ids:
                 self._callbacks.pop(request_id, None)
 
-    def _request(
+    def request(
         self, send: Callable[[], int], timeout_s: float, what: str, *, explain: bool = True
     ) -> AnyFrame:
         """Make one request with `send` (under the lock) and wait for its answer frame, reading
         it on this thread."""
         waiter = _Waiter()
-        with self._reading():
-            with self._lock:
+        with self.reading():
+            with self.lock:
                 request_id = send()
                 self._callbacks[request_id] = waiter
-            self._flush()
+            self.flush()
             answered = self._pump_until(waiter.event.is_set, time.monotonic() + timeout_s + 1.0)
         if not answered:
             self.forget([request_id])
             waiter.error = RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s")
         if isinstance(waiter.error, ClusterError) and explain:
-            raise self._explain(waiter.error)
+            raise self.explain(waiter.error)
         if waiter.error is not None:
             raise waiter.error
         assert waiter.answer is not None
         return dict(waiter.answer)
 
-    def _explain(self, error: ClusterError) -> ClusterError:
+    def explain(self, error: ClusterError) -> ClusterError:
         """A timeout becomes Unavailable when the node says it has no quorum (a status query,
         answered without the log); any other error, or no answer, stays as it is."""
-        if not isinstance(error, RequestTimeout) or self._core.closed:
+        if not isinstance(error, RequestTimeout) or self.core.closed:
             return error  # (only a timeout is explained, and never by a probe's own timeout)
-        core, frame = self._core, protocol.query(0, "status")
+        core, frame = self.core, protocol.query(0, "status")
         try:
-            status = self._request(
+            status = self.request(
                 lambda: core.submit(frame, PROBE_TIMEOUT_S, now=time.monotonic()),
                 PROBE_TIMEOUT_S,
                 "status",
@@ -604,17 +584,17 @@ class ThreadedShell:
             return error
         return explain_timeout(status, error)
 
-    def _wait_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
+    def wait_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
         """Block until `ready()` (checked under the lock) or the deadline; False on timeout.
         The waiting thread reads the socket itself while nobody else does."""
         return self._pump_until(ready, deadline)
 
     def _shutdown(self) -> None:
         """Close the socket and fail what is in flight with ClientClosed."""
-        with self._lock:
-            events = self._core.close()
+        with self.lock:
+            events = self.core.close()
             sock, self._sock = self._sock, None
-            self._changed.notify_all()
+            self.changed.notify_all()
             self._reader_wake.notify_all()
             if sock is not None:
                 _shut(sock)  # (under the lock: a TLS read may be using the socket)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TypeVar, overload
+from typing import TypeVar, Unpack, overload
 
-from cluster import config as cluster_config
 from cluster import protocol
 from cluster.client import results
 from cluster.client._asyncio import AsyncShell, reply_of
+from cluster.client._options import ConsumeOptions, DataDirOptions, data_dir_connection
 from cluster.client._wire import Frame
 from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
 from cluster.client.aio_groups import AsyncGroupConsumer, AsyncHandler, AsyncHook
@@ -29,7 +29,6 @@ from cluster.client.aio_groups import declare_partitioned_queue as _declare_part
 from cluster.client.aio_groups import join_group as _join_group
 from cluster.client.aio_publisher import AsyncPublisher
 from cluster.client.errors import CommandRefused
-from cluster.client.tls import TlsOption, data_dir_ca
 from fifo.codec import encode
 from fifo.commands import (
     Checkout,
@@ -63,37 +62,11 @@ class AsyncClient(AsyncShell):
     """
 
     @classmethod
-    def from_data_dir(
-        cls,
-        data_dir: Path,
-        *,
-        name: str = "quorumq-client",
-        connect_timeout_s: float = 2.0,
-        request_timeout_s: float = 30.0,
-        reconnect_timeout_s: float = 30.0,
-        reconnect: bool = True,
-        silence_timeout_s: float = 5.0,
-        connect_retry_s: float | None = None,
-        prefer_leader: bool = True,
-        tls: TlsOption = None,
-    ) -> AsyncClient:
+    def from_data_dir(cls, data_dir: Path, **options: Unpack[DataDirOptions]) -> AsyncClient:
         """A client for the endpoints of `D/cluster.toml` and the key in `D/client.key`; over
         TLS with `D/tls/ca.crt` when cluster.toml says `tls = true` (`tls` overrides it)."""
-        config = cluster_config.load(Path(data_dir))
-        key = cluster_config.read_client_key(Path(data_dir) / cluster_config.CLIENT_KEY_FILE)
-        return cls(
-            list(config.endpoints().values()),
-            key,
-            name=name,
-            connect_timeout_s=connect_timeout_s,
-            request_timeout_s=request_timeout_s,
-            reconnect_timeout_s=reconnect_timeout_s,
-            reconnect=reconnect,
-            silence_timeout_s=silence_timeout_s,
-            connect_retry_s=connect_retry_s,
-            prefer_leader=prefer_leader,
-            tls=tls if tls is not None else data_dir_ca(Path(data_dir), config.tls),
-        )
+        endpoints, key, chosen = data_dir_connection(data_dir, options)
+        return cls(endpoints, key, **chosen)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -117,8 +90,8 @@ class AsyncClient(AsyncShell):
     async def call(self, frame: Frame, timeout_s: float | None = None) -> Frame:
         """Send one request and wait for its answer frame (`reply` or `result`)."""
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
-        core = self._core
-        answer = await self._request(
+        core = self.core
+        answer = await self.request(
             lambda: core.submit(frame, timeout, now=time.monotonic()), timeout, str(frame.get("op"))
         )
         return dict(answer)
@@ -202,23 +175,10 @@ class AsyncClient(AsyncShell):
     def consume(
         self,
         queue: str,
-        *,
-        prefetch: int = 100,
-        credited: bool = False,
-        priority: int = 0,
-        timeout_ms: int | None = None,
-        auto_ack: bool = False,
+        **options: Unpack[ConsumeOptions],
     ) -> AsyncConsumer:
         """A consumer; `async for` over it, or `await` it to attach first (it attaches once)."""
-        return AsyncConsumer(
-            self,
-            queue,
-            prefetch=prefetch,
-            credited=credited,
-            priority=priority,
-            timeout_ms=timeout_ms,
-            auto_ack=auto_ack,
-        )
+        return AsyncConsumer(self, queue, **options)
 
     async def declare_partitioned_queue(
         self, queue: str, partitions: int, config: QueueConfig | None = None
@@ -249,7 +209,7 @@ class AsyncClient(AsyncShell):
 
     async def get(self, queue: str, *, settled: bool = False) -> AsyncMessage | None:
         """Take one ready message (basic.get); unless `settled`, ack or nack it like a delivery."""
-        tag = self._core.next_tag()
+        tag = self.core.next_tag()
         conn_id = await self.connection_id()
         reply = await self.command(Checkout(queue, ConsumerId(tag, conn_id), Dequeue(settled)))
         if not isinstance(reply, DequeueOk):

@@ -10,23 +10,19 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Unpack
 
 from cluster.client._asyncio import AsyncShell, reply_of
+from cluster.client._options import ConsumerOptions
 from cluster.client._state import Buffered, ConsumerState
-from cluster.client._wire import group_of
+from cluster.client._views import ConsumerView, discarding, modifying, renewing, returning
 from cluster.client.workpool_consumer import AsyncProcessing, OnError
 from fifo.commands import (
     Cancel,
     Command,
     ConsumerKey,
-    Discard,
-    Modify,
     Remove,
-    RenewLocks,
-    Return,
 )
-from fifo.effects import CreditReply
 from fifo.replies import CancelOk
 
 
@@ -79,89 +75,13 @@ def _pairs(messages: Iterable[AsyncMessage | int]) -> list[tuple[ConsumerKey | N
     ]
 
 
-class AsyncConsumer:
+class AsyncConsumer(ConsumerView):
     """A consumer of one queue (prefetch or AMQP 1.0 credit); attaches on first use."""
 
-    def __init__(
-        self,
-        client: AsyncShell,
-        queue: str,
-        *,
-        prefetch: int = 100,
-        credited: bool = False,
-        priority: int = 0,
-        timeout_ms: int | None = None,
-        auto_ack: bool = False,
-        ack_batch: int | None = None,
-        tag: str | None = None,
-    ) -> None:
+    def __init__(self, client: AsyncShell, queue: str, **options: Unpack[ConsumerOptions]) -> None:
         self.client = client
-        self._state: ConsumerState = client._core.add_consumer(
-            queue,
-            prefetch=prefetch,
-            credited=credited,
-            priority=priority,
-            timeout_ms=timeout_ms,
-            auto_ack=auto_ack,
-            ack_batch=ack_batch,
-            tag=tag,
-        )
+        self.core_state: ConsumerState = client.core.add_consumer(queue, **options)
         self._attach: asyncio.Future[None] | None = None
-
-    @property
-    def queue(self) -> str:
-        """The queue consumed from."""
-        return self._state.queue
-
-    @property
-    def tag(self) -> str:
-        """This consumer's tag, unique to the client."""
-        return self._state.tag
-
-    @property
-    def consumer_key(self) -> ConsumerKey | None:
-        """The key of the current checkout (a new one after every reconnect)."""
-        return self._state.consumer_key
-
-    @property
-    def active(self) -> bool:
-        """SAC: this is the active consumer; competing: it can receive."""
-        return self._state.active
-
-    @property
-    def status(self) -> str:
-        """up | waiting | timeout | suspected_down | single_active, as the queue last said."""
-        return self._state.status
-
-    @property
-    def cancelled(self) -> bool:
-        """Cancelled (by us or the queue): nothing new comes."""
-        return self._state.cancelled
-
-    @property
-    def released(self) -> set[int]:
-        """Ids taken back on a consumer timeout and not yet named in a settle."""
-        return self._state.released
-
-    @property
-    def settle_errors(self) -> int:
-        """Settles the queue refused."""
-        return self._state.settle_errors
-
-    @property
-    def delivered(self) -> int:
-        """Messages received."""
-        return self._state.delivered
-
-    @property
-    def delivery_count(self) -> int:
-        """The receiver's serial delivery count (credited mode)."""
-        return self._state.delivery_count
-
-    @property
-    def last_credit_reply(self) -> CreditReply | None:
-        """The last AMQP 1.0 flow the queue sent back."""
-        return self._state.last_credit_reply
 
     # --- attach ---------------------------------------------------------------------------
 
@@ -173,14 +93,16 @@ class AsyncConsumer:
         return self
 
     async def _checkout(self) -> None:
-        core, timeout = self.client._core, self.client.request_timeout_s
+        core, timeout = self.client.core, self.client.request_timeout_s
         try:
-            answer = await self.client._request(
-                lambda: core.attach(self._state, timeout, now=time.monotonic()), timeout, "checkout"
+            answer = await self.client.request(
+                lambda: core.attach(self.core_state, timeout, now=time.monotonic()),
+                timeout,
+                "checkout",
             )
             reply_of(answer)
         except BaseException:
-            core.remove_consumer(self._state)
+            core.remove_consumer(self.core_state)
             raise
 
     def __await__(self) -> Generator[object, None, AsyncConsumer]:
@@ -219,37 +141,27 @@ class AsyncConsumer:
             await self.start()
         else:
             attach.result()  # raises if the checkout failed
-        client, core, state = self.client, self.client._core, self._state
+        client, core, state = self.client, self.client.core, self.core_state
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             item = core.next_delivery(state)
-            client._flush()
+            client.flush()
             if item is not None:
-                return self._wrap(item)
+                return self.wrap(item)
             if state.finished:
                 return None
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            await client._wait_until(lambda: bool(state.buffer) or state.finished, left)
+            await client.wait_until(lambda: bool(state.buffer) or state.finished, left)
 
-    def _wrap(self, item: Buffered) -> AsyncMessage:
-        key, delivery = item
-        return AsyncMessage(
-            self._state.queue,
-            delivery.msg_id,
-            delivery.body,
-            delivery.redelivered,
-            delivery.delivery_count,
-            key,
-            delivery.annotations,
-            group=group_of(delivery.annotations) if delivery.annotations else None,
-            consumer=self,
-        )
+    def wrap(self, item: Buffered) -> AsyncMessage:
+        """A buffered delivery as a `AsyncMessage` of this consumer."""
+        return self._message(AsyncMessage, item)
 
     def take_buffered(self) -> list[AsyncMessage]:
         """Remove and return the messages received but not yet handed out (not acked)."""
-        return [self._wrap(item) for item in self.client._core.take_buffered(self._state)]
+        return [self.wrap(item) for item in self.client.core.take_buffered(self.core_state)]
 
     async def process(
         self,
@@ -273,22 +185,21 @@ class AsyncConsumer:
 
     async def ack(self, messages: Iterable[AsyncMessage | int]) -> None:
         """Settle messages (batched: sent once `ack_batch` are waiting or on `flush_acks`)."""
-        self.client._core.ack(self._state, _pairs(messages))
-        self.client._flush()
+        self.client.core.ack(self.core_state, _pairs(messages))
+        self.client.flush()
 
     async def flush_acks(self) -> None:
         """Send every buffered ack now."""
-        self.client._core.flush_acks(self._state)
-        self.client._flush()
+        self.client.core.flush_acks(self.core_state)
+        self.client.flush()
 
     async def nack(self, messages: Iterable[AsyncMessage | int], requeue: bool = True) -> None:
         """Return messages (`requeue`, no failed delivery) or reject them."""
-        kind = Return if requeue else Discard
-        self._settle(messages, lambda key, ids: kind(self._state.queue, key, ids))
+        self._settle(messages, returning(self.queue, requeue))
 
     async def reject(self, messages: Iterable[AsyncMessage | int]) -> None:
         """Discard messages: a failed delivery; dead-lettered when the queue has a target."""
-        self._settle(messages, lambda key, ids: Discard(self._state.queue, key, ids))
+        self._settle(messages, discarding(self.queue))
 
     async def modify(
         self,
@@ -299,43 +210,39 @@ class AsyncConsumer:
         annotations: tuple[tuple[str, str | int], ...] = (),
     ) -> None:
         """AMQP 1.0 modified outcome (machine v2): return or dead-letter with annotations."""
-        self._settle(
-            messages,
-            lambda key, ids: Modify(
-                self._state.queue, key, ids, delivery_failed, undeliverable_here, annotations
-            ),
-        )
+        build = modifying(self.queue, delivery_failed, undeliverable_here, annotations)
+        self._settle(messages, build)
 
     async def renew(self, messages: Iterable[AsyncMessage | int]) -> None:
         """Extend the consumer-timeout locks of checked-out messages (machine v2)."""
-        self._settle(messages, lambda key, ids: RenewLocks(self._state.queue, key, ids))
+        self._settle(messages, renewing(self.queue))
 
     async def grant(self, credit: int, drain: bool = False) -> None:
         """Credited mode: grant `credit` more deliveries (AMQP 1.0 flow)."""
         await self.start()
-        self.client._core.grant(self._state, credit, drain)
-        self.client._flush()
+        self.client.core.grant(self.core_state, credit, drain)
+        self.client.flush()
 
     def _settle(
         self,
         messages: Iterable[AsyncMessage | int],
         build: Callable[[ConsumerKey, tuple[int, ...]], Command],
     ) -> None:
-        self.client._core.settle(self._state, _pairs(messages), build)
-        self.client._flush()
+        self.client.core.settle(self.core_state, _pairs(messages), build)
+        self.client.flush()
 
     async def wait_settled(self, timeout_s: float = 10.0) -> bool:
         """Flush acks and wait until every settle sent so far is answered; False on timeout."""
         await self.flush_acks()
-        state = self._state
-        return await self.client._wait_until(lambda: state.outstanding <= 0, timeout_s)
+        state = self.core_state
+        return await self.client.wait_until(lambda: state.outstanding <= 0, timeout_s)
 
     # --- leaving ----------------------------------------------------------------------------
 
     async def cancel(self) -> CancelOk | None:
         """Soft cancel: nothing new; pending messages can still be settled. A no-op (None) on a
         consumer already cancelled (by `process(...).stop()`, say)."""
-        if self._state.cancelled:
+        if self.core_state.cancelled:
             return None
         return await self._leave(Cancel())
 
@@ -344,17 +251,19 @@ class AsyncConsumer:
         return await self._leave(Remove())
 
     async def _leave(self, spec: Cancel | Remove) -> CancelOk | None:
-        core, timeout = self.client._core, self.client.request_timeout_s
-        answer = await self.client._request(
-            lambda: core.leave(self._state, spec, timeout, now=time.monotonic()), timeout, "cancel"
+        core, timeout = self.client.core, self.client.request_timeout_s
+        answer = await self.client.request(
+            lambda: core.leave(self.core_state, spec, timeout, now=time.monotonic()),
+            timeout,
+            "cancel",
         )
         reply = reply_of(answer)
-        core.left(self._state)
-        self.client._notify()
+        core.left(self.core_state)
+        self.client.notify()
         return reply if isinstance(reply, CancelOk) else None
 
     def close(self) -> None:
         """Flush acks and stop iterating (the consumer stays attached until its connection ends)."""
-        self.client._core.close_consumer(self._state)
-        self.client._flush()
-        self.client._notify()
+        self.client.core.close_consumer(self.core_state)
+        self.client.flush()
+        self.client.notify()

@@ -53,7 +53,7 @@ class AsyncGroupConsumer(MemberState[AsyncConsumer]):
         on_assign: AsyncHook | None = None,
         on_revoke: AsyncHook | None = None,
     ) -> None:
-        base = member or client._core.next_tag()
+        base = member or client.core.next_tag()
         super().__init__(group, queue, base, prefetch, on_assign, on_revoke)
         self.client = client
         self.task: asyncio.Task[None] | None = None  # the handler task, if joined with one
@@ -72,7 +72,7 @@ class AsyncGroupConsumer(MemberState[AsyncConsumer]):
         self._new_incarnation(await self._query_partitions())
         for partition in self.partitions:
             consumer = AsyncConsumer(client, partition, prefetch=self.prefetch, tag=self.tag)
-            consumer._state.active, consumer._state.status = False, "waiting"
+            consumer.core_state.active, consumer.core_state.status = False, "waiting"
             self._consumers[partition] = consumer
         command = self._join_command(await client.connection_id())
         try:
@@ -92,7 +92,7 @@ class AsyncGroupConsumer(MemberState[AsyncConsumer]):
         if self.closed:
             return
         self.closed = True
-        self.client._notify()
+        self.client.notify()
         task, self.task = self.task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -141,7 +141,7 @@ class AsyncGroupConsumer(MemberState[AsyncConsumer]):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            await client._wait_until(
+            await client.wait_until(
                 self._anything_new, WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S)
             )
         return None
@@ -151,12 +151,12 @@ class AsyncGroupConsumer(MemberState[AsyncConsumer]):
             return True
         if self.assigned != self._assigned:
             return True
-        return any(c._state.buffer for c in self._consumers.values())
+        return any(c.core_state.buffer for c in self._consumers.values())
 
     def _next_buffered(self) -> AsyncMessage | None:
-        found = self._pick(self.client._core)
-        self.client._flush()
-        return None if found is None else found[0]._wrap(found[1])
+        found = self._pick(self.client.core)
+        self.client.flush()
+        return None if found is None else found[0].wrap(found[1])
 
     async def _run_hooks(self) -> None:
         gained, lost = self._changes()
@@ -175,7 +175,7 @@ class AsyncGroupConsumer(MemberState[AsyncConsumer]):
         return count
 
     def _drop_buffers(self) -> None:
-        self._forget_consumers(self.client._core)
+        self._forget_consumers(self.client.core)
 
 
 async def declare_partitioned_queue(
@@ -230,8 +230,8 @@ async def _invoke(function: Callable[[Any], object] | None, argument: object) ->
 async def _call(client: AsyncShell, frame: dict[str, Any]) -> dict[str, Any]:
     """One request and its answer frame (what `AsyncClient.call` does; this module is below
     `cluster.client.aio`, which imports it)."""
-    timeout, core = client.request_timeout_s, client._core
-    answer = await client._request(
+    timeout, core = client.request_timeout_s, client.core
+    answer = await client.request(
         lambda: core.submit(frame, timeout, now=time.monotonic()), timeout, str(frame.get("op"))
     )
     return dict(answer)

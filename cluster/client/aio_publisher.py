@@ -8,52 +8,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from cluster.client._asyncio import AsyncShell
+from cluster.client._views import PublisherView
 from cluster.client.errors import RequestTimeout
 
 
-class AsyncPublisher:
+class AsyncPublisher(PublisherView):
     """Publishes to one queue as one enqueuer; `async with` waits for confirms at the end."""
 
     def __init__(
         self, client: AsyncShell, queue: str, *, window: int = 100, enqueuer: str | None = None
     ) -> None:
         self.client = client
-        self._state = client._core.add_publisher(queue, window, enqueuer)
-
-    @property
-    def queue(self) -> str:
-        """The queue published to."""
-        return self._state.queue
-
-    @property
-    def window(self) -> int:
-        """The most unconfirmed messages at a time."""
-        return self._state.window
-
-    @property
-    def enqueuer(self) -> str:
-        """The enqueuer id the queue deduplicates on."""
-        return self._state.enqueuer
-
-    @property
-    def confirmed(self) -> int:
-        """Messages confirmed so far."""
-        return self._state.confirmed
-
-    @property
-    def resent(self) -> int:
-        """Messages sent again after a sequence gap."""
-        return self._state.resent
-
-    @property
-    def blocked(self) -> bool:
-        """True while the queue refuses publishes (overflow `reject_publish`)."""
-        return self._state.blocked
-
-    @property
-    def unconfirmed(self) -> int:
-        """Messages sent (or queued to send) and not yet confirmed."""
-        return len(self._state.pending)
+        self.core_state = client.core.add_publisher(queue, window, enqueuer)
 
     async def __aenter__(self) -> AsyncPublisher:
         return self
@@ -67,7 +33,7 @@ class AsyncPublisher:
 
     def close(self) -> None:
         """Stop tracking this publisher (unconfirmed messages are no longer resent)."""
-        self.client._core.remove_publisher(self._state)
+        self.client.core.remove_publisher(self.core_state)
 
     async def publish(
         self,
@@ -93,7 +59,7 @@ class AsyncPublisher:
         """Send many messages (all of `group`, if given), as many per write as the window
         allows; returns their seqs."""
         timeout = self.client.request_timeout_s if timeout_s is None else timeout_s
-        core, state = self.client._core, self._state
+        core, state = self.client.core, self.core_state
         seqs: list[int] = []
         batch: list[bytes] = []
         room = 0
@@ -105,31 +71,31 @@ class AsyncPublisher:
             batch.append(body)
             if len(batch) >= room:
                 seqs += core.publish(state, batch, ttl_ms, group)
-                self.client._flush()
+                self.client.flush()
                 batch = []
-                await self.client._writable()
+                await self.client.writable()
         if batch:
             seqs += core.publish(state, batch, ttl_ms, group)
-            self.client._flush()
+            self.client.flush()
         return seqs
 
     async def _wait_for_room(self, timeout_s: float) -> int:
-        core, state = self.client._core, self._state
-        if not await self.client._wait_until(lambda: core.room(state) > 0, timeout_s):
+        core, state = self.client.core, self.core_state
+        if not await self.client.wait_until(lambda: core.room(state) > 0, timeout_s):
             error = core.unconfirmed_error(state, timeout_s)
             if isinstance(error, RequestTimeout):
                 error = RequestTimeout(f"the publish window stayed full for {timeout_s:.1f}s")
-            raise await self.client._explain(error)
+            raise await self.client.explain(error)
         return core.room(state)
 
     async def wait_for_confirms(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far is confirmed; raises the first failure."""
         timeout = self.client.request_timeout_s if timeout_s is None else timeout_s
-        state = self._state
-        done = await self.client._wait_until(
+        state = self.core_state
+        done = await self.client.wait_until(
             lambda: not state.pending or state.error is not None, timeout
         )
         if state.error is not None:
             raise state.error
         if not done:
-            raise await self.client._explain(self.client._core.unconfirmed_error(state, timeout))
+            raise await self.client.explain(self.client.core.unconfirmed_error(state, timeout))

@@ -11,18 +11,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar, overload
+from typing import TypeVar, Unpack, overload
 
-from cluster import config as cluster_config
 from cluster import protocol
 from cluster.client import results
+from cluster.client._options import (
+    ClientOptions,
+    ConsumeOptions,
+    DataDirOptions,
+    Settings,
+    data_dir_connection,
+)
 from cluster.client._threaded import ThreadedShell
 from cluster.client._wire import Frame
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import ClientClosed, CommandRefused
 from cluster.client.publisher import Publisher
 from cluster.client.sansio import ClientProtocol
-from cluster.client.tls import TlsOption, client_context, data_dir_ca
 from fifo.codec import decode, encode
 from fifo.commands import (
     Checkout,
@@ -72,68 +77,16 @@ class Client(ThreadedShell):
     """
 
     def __init__(
-        self,
-        endpoints: Sequence[str],
-        client_key: bytes,
-        *,
-        name: str = "quorumq-client",
-        connect_timeout_s: float = 2.0,
-        request_timeout_s: float = 30.0,
-        reconnect_timeout_s: float = 30.0,
-        reconnect: bool = True,
-        silence_timeout_s: float = 5.0,
-        connect_retry_s: float | None = None,
-        prefer_leader: bool = True,
-        tls: TlsOption = None,
-        no_leader_fail_s: float | None = None,
+        self, endpoints: Sequence[str], client_key: bytes, **options: Unpack[ClientOptions]
     ) -> None:
-        super().__init__(
-            endpoints,
-            client_key,
-            name=name,
-            connect_timeout_s=connect_timeout_s,
-            request_timeout_s=request_timeout_s,
-            reconnect_timeout_s=reconnect_timeout_s,
-            reconnect=reconnect,
-            silence_timeout_s=silence_timeout_s,
-            connect_retry_s=connect_retry_s,
-            prefer_leader=prefer_leader,
-            tls=client_context(tls),
-            no_leader_fail_s=no_leader_fail_s,
-        )
+        super().__init__(endpoints, client_key, Settings(**options))
 
     @classmethod
-    def from_data_dir(
-        cls,
-        data_dir: Path,
-        *,
-        name: str = "quorumq-client",
-        connect_timeout_s: float = 2.0,
-        request_timeout_s: float = 30.0,
-        reconnect_timeout_s: float = 30.0,
-        reconnect: bool = True,
-        silence_timeout_s: float = 5.0,
-        connect_retry_s: float | None = None,
-        prefer_leader: bool = True,
-        tls: TlsOption = None,
-    ) -> Client:
+    def from_data_dir(cls, data_dir: Path, **options: Unpack[DataDirOptions]) -> Client:
         """Connect with the endpoints of `D/cluster.toml` and the key in `D/client.key`; over
         TLS with `D/tls/ca.crt` when cluster.toml says `tls = true` (`tls` overrides it)."""
-        config = cluster_config.load(Path(data_dir))
-        key = cluster_config.read_client_key(Path(data_dir) / cluster_config.CLIENT_KEY_FILE)
-        return cls(
-            list(config.endpoints().values()),
-            key,
-            name=name,
-            connect_timeout_s=connect_timeout_s,
-            request_timeout_s=request_timeout_s,
-            reconnect_timeout_s=reconnect_timeout_s,
-            reconnect=reconnect,
-            silence_timeout_s=silence_timeout_s,
-            connect_retry_s=connect_retry_s,
-            prefer_leader=prefer_leader,
-            tls=tls if tls is not None else data_dir_ca(Path(data_dir), config.tls),
-        )
+        endpoints, key, chosen = data_dir_connection(data_dir, options)
+        return cls(endpoints, key, **chosen)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -145,51 +98,35 @@ class Client(ThreadedShell):
 
     def close(self) -> None:
         """Flush pending acks, close the connection and fail every request still in flight."""
-        core = self._core
+        core = self.core
         if not core.closed and core.failure is None:
-            with self._lock:
+            with self.lock:
                 consumers = core.consumers()
                 for consumer in consumers:
                     core.flush_acks(consumer)
-            self._flush()
-            self._wait_until(lambda: all(c.outstanding <= 0 for c in consumers), _in(2.0))
+            self.flush()
+            self.wait_until(lambda: all(c.outstanding <= 0 for c in consumers), _in(2.0))
         self._shutdown()
-
-    @property
-    def reconnects(self) -> int:
-        """How many times the client connected again after losing a connection."""
-        return self._core.reconnects
-
-    @property
-    def node(self) -> str | None:
-        """The node this client is connected to now (None while reconnecting)."""
-        welcome = self._core.welcome
-        return welcome.node if welcome else None
 
     @property
     def connection_id(self) -> ConnectionId:
         """This client's current ConnectionId, as assigned by its node (waits while away)."""
-        core = self._core
+        core = self.core
         core.check_usable()
-        self._wait_until(lambda: core.connection_id is not None or not _usable(core), None)
+        self.wait_until(lambda: core.connection_id is not None or not _usable(core), None)
         core.check_usable()
         connection = core.connection_id
         if connection is None:
             raise ClientClosed("the client was closed")
         return connection
 
-    @property
-    def endpoints(self) -> list[str]:
-        """The endpoints known to this client (those given plus those learnt from nodes)."""
-        return list(self._core.endpoints)
-
     # --- requests --------------------------------------------------------------------------
 
     def call(self, frame: Frame, timeout_s: float | None = None) -> Frame:
         """Send one request and wait for its answer frame (`reply` or `result`)."""
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
-        core = self._core
-        return self._request(
+        core = self.core
+        return self.request(
             lambda: core.submit(frame, timeout, now=time.monotonic()), timeout, str(frame.get("op"))
         )
 
@@ -265,7 +202,7 @@ class Client(ThreadedShell):
     ) -> None:
         """Publish one message and wait for its confirm (a tracked enqueue, deduplicated);
         `group`: its message group (a grouped queue, machine v3)."""
-        with self._reading(), self.publisher(queue, window=1) as publisher:
+        with self.reading(), self.publisher(queue, window=1) as publisher:
             publisher.publish(body, ttl_ms=ttl_ms, group=group)
             publisher.wait_for_confirms(timeout_s or self.request_timeout_s)
 
@@ -273,29 +210,17 @@ class Client(ThreadedShell):
         self,
         queue: str,
         *,
-        prefetch: int = 100,
-        credited: bool = False,
-        priority: int = 0,
-        timeout_ms: int | None = None,
-        auto_ack: bool = False,
         on_message: Callable[[Message], None] | None = None,
+        **options: Unpack[ConsumeOptions],
     ) -> Consumer:
         """Attach a consumer; iterate it, or pass `on_message` to get a callback per message."""
-        consumer = Consumer(
-            self,
-            queue,
-            prefetch=prefetch,
-            credited=credited,
-            priority=priority,
-            timeout_ms=timeout_ms,
-            auto_ack=auto_ack,
-        )
+        consumer = Consumer(self, queue, **options)
         consumer.start(on_message)
         return consumer
 
     def get(self, queue: str, *, settled: bool = False) -> Message | None:
         """Take one ready message (basic.get); unless `settled`, ack or nack it like a delivery."""
-        tag = self._core.next_tag()
+        tag = self.core.next_tag()
         conn_id = self.connection_id
         reply = self.command(Checkout(queue, ConsumerId(tag, conn_id), Dequeue(settled)))
         if not isinstance(reply, DequeueOk):

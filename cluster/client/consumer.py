@@ -13,12 +13,13 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Unpack
 
 from cluster.client._log import get_logger
+from cluster.client._options import ConsumerOptions
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
-from cluster.client._wire import group_of
+from cluster.client._views import ConsumerView, discarding, modifying, renewing, returning
 from cluster.client.errors import CommandRefused
 from cluster.client.workpool_consumer import OnError, Processing
 from fifo.codec import decode
@@ -26,13 +27,8 @@ from fifo.commands import (
     Cancel,
     Command,
     ConsumerKey,
-    Discard,
-    Modify,
     Remove,
-    RenewLocks,
-    Return,
 )
-from fifo.effects import CreditReply
 from fifo.replies import CancelOk, Error
 
 log = get_logger("quorumq.client")
@@ -91,63 +87,34 @@ def pairs_of(messages: Iterable[Message | int]) -> Pairs:
     ]
 
 
-class Consumer:
+class Consumer(ConsumerView):
     """A consumer of one queue, with prefetch (default) or AMQP 1.0 credit."""
 
     def __init__(
-        self,
-        client: ThreadedShell,
-        queue: str,
-        *,
-        prefetch: int = 100,
-        credited: bool = False,
-        priority: int = 0,
-        timeout_ms: int | None = None,
-        auto_ack: bool = False,
-        ack_batch: int | None = None,
-        tag: str | None = None,
+        self, client: ThreadedShell, queue: str, **options: Unpack[ConsumerOptions]
     ) -> None:
         self.client = client
-        with client._lock:
-            self._state: ConsumerState = client._core.add_consumer(
-                queue,
-                prefetch=prefetch,
-                credited=credited,
-                priority=priority,
-                timeout_ms=timeout_ms,
-                auto_ack=auto_ack,
-                ack_batch=ack_batch,
-                tag=tag,
-            )
+        with client.lock:
+            self.core_state: ConsumerState = client.core.add_consumer(queue, **options)
         self._thread: threading.Thread | None = None
 
     # --- the state, read-only ---------------------------------------------------------------
 
     @property
-    def queue(self) -> str:
-        """The queue consumed from."""
-        return self._state.queue
-
-    @property
-    def tag(self) -> str:
-        """This consumer's tag, unique to the client."""
-        return self._state.tag
-
-    @property
     def prefetch(self) -> int:
         """Unsettled messages it may hold (prefetch mode)."""
-        return self._state.prefetch
+        return self.core_state.prefetch
 
     def set_prefetch(self, prefetch: int) -> None:
         """Change the prefetch: the same consumer checks out again and the queue updates it in
         place (credit = prefetch - checked out); a reconnect attaches with the new value."""
         if prefetch < 1:
             raise ValueError("prefetch must be at least 1")
-        core, timeout = self.client._core, self.client.request_timeout_s
-        with self.client._lock:
-            self._state.prefetch = prefetch
-        answer = self.client._request(
-            lambda: core.attach(self._state, timeout, now=time.monotonic()), timeout, "checkout"
+        core, timeout = self.client.core, self.client.request_timeout_s
+        with self.client.lock:
+            self.core_state.prefetch = prefetch
+        answer = self.client.request(
+            lambda: core.attach(self.core_state, timeout, now=time.monotonic()), timeout, "checkout"
         )
         reply = decode(answer["reply"])
         if isinstance(reply, Error):
@@ -156,88 +123,45 @@ class Consumer:
     @property
     def credited(self) -> bool:
         """True in AMQP 1.0 credit mode."""
-        return self._state.credited
+        return self.core_state.credited
 
     @property
     def priority(self) -> int:
         """Its consumer priority."""
-        return self._state.priority
+        return self.core_state.priority
 
     @property
     def timeout_ms(self) -> int | None:
         """Its consumer timeout (None: the queue's)."""
-        return self._state.timeout_ms
+        return self.core_state.timeout_ms
 
     @property
     def auto_ack(self) -> bool:
         """True when messages are acked as they are handed out."""
-        return self._state.auto_ack
+        return self.core_state.auto_ack
 
     @property
     def ack_batch(self) -> int:
         """Acks sent per batch."""
-        return self._state.ack_batch
-
-    @property
-    def consumer_key(self) -> ConsumerKey | None:
-        """The key of the current checkout (a new one after every reconnect)."""
-        return self._state.consumer_key
-
-    @property
-    def active(self) -> bool:
-        """SAC: this is the active consumer; competing: it can receive."""
-        return self._state.active
-
-    @property
-    def status(self) -> str:
-        """up | waiting | timeout | suspected_down | single_active, as the queue last said."""
-        return self._state.status
-
-    @property
-    def cancelled(self) -> bool:
-        """Cancelled (by us or the queue): nothing new comes."""
-        return self._state.cancelled
-
-    @property
-    def released(self) -> set[int]:
-        """Ids taken back on a consumer timeout and not yet named in a settle."""
-        return self._state.released
-
-    @property
-    def settle_errors(self) -> int:
-        """Settles the queue refused."""
-        return self._state.settle_errors
-
-    @property
-    def delivered(self) -> int:
-        """Messages received."""
-        return self._state.delivered
-
-    @property
-    def delivery_count(self) -> int:
-        """The receiver's serial delivery count (credited mode)."""
-        return self._state.delivery_count
-
-    @property
-    def last_credit_reply(self) -> CreditReply | None:
-        """The last AMQP 1.0 flow the queue sent back."""
-        return self._state.last_credit_reply
+        return self.core_state.ack_batch
 
     # --- attach ---------------------------------------------------------------------------
 
     def start(self, on_message: Callable[[Message], None] | None = None) -> None:
         """Attach to the queue (waits for the checkout); with `on_message`, start a thread."""
-        core, timeout = self.client._core, self.client.request_timeout_s
+        core, timeout = self.client.core, self.client.request_timeout_s
         try:
-            answer = self.client._request(
-                lambda: core.attach(self._state, timeout, now=time.monotonic()), timeout, "checkout"
+            answer = self.client.request(
+                lambda: core.attach(self.core_state, timeout, now=time.monotonic()),
+                timeout,
+                "checkout",
             )
             reply = decode(answer["reply"])
             if isinstance(reply, Error):
                 raise CommandRefused(reply.code, reply.message)
         except BaseException:
-            with self.client._lock:
-                core.remove_consumer(self._state)
+            with self.client.lock:
+                core.remove_consumer(self.core_state)
             raise
         if on_message is not None:
             self._thread = threading.Thread(
@@ -271,14 +195,14 @@ class Consumer:
     def get(self, timeout_s: float | None = None) -> Message | None:
         """The next message, waiting up to `timeout_s` (None: until cancelled or closed)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        client, core, state = self.client, self.client._core, self._state
+        client, core, state = self.client, self.client.core, self.core_state
         while True:
-            with client._lock:
+            with client.lock:
                 item = core.next_delivery(state)
-            client._flush()
+            client.flush()
             if item is not None:
-                return self._wrap(item)
-            with client._changed:
+                return self.wrap(item)
+            with client.changed:
                 if state.buffer:
                     continue
                 if state.finished:
@@ -286,21 +210,11 @@ class Consumer:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                client._changed.wait(1.0 if left is None else min(left, 1.0))
+                client.changed.wait(1.0 if left is None else min(left, 1.0))
 
-    def _wrap(self, item: Buffered) -> Message:
-        key, delivery = item
-        return Message(
-            self._state.queue,
-            delivery.msg_id,
-            delivery.body,
-            delivery.redelivered,
-            delivery.delivery_count,
-            key,
-            delivery.annotations,
-            group=group_of(delivery.annotations) if delivery.annotations else None,
-            consumer=self,
-        )
+    def wrap(self, item: Buffered) -> Message:
+        """A buffered delivery as a `Message` of this consumer."""
+        return self._message(Message, item)
 
     def _run_callback(self, on_message: Callable[[Message], None]) -> None:
         while True:
@@ -334,24 +248,23 @@ class Consumer:
     def ack(self, messages: Iterable[Message | int]) -> None:
         """Settle messages (batched: sent once `ack_batch` are waiting or on `flush_acks`)."""
         pairs = pairs_of(messages)
-        with self.client._lock:
-            self.client._core.ack(self._state, pairs)
-        self.client._flush()
+        with self.client.lock:
+            self.client.core.ack(self.core_state, pairs)
+        self.client.flush()
 
     def flush_acks(self) -> None:
         """Send every buffered ack now."""
-        with self.client._lock:
-            self.client._core.flush_acks(self._state)
-        self.client._flush()
+        with self.client.lock:
+            self.client.core.flush_acks(self.core_state)
+        self.client.flush()
 
     def nack(self, messages: Iterable[Message | int], requeue: bool = True) -> None:
         """Return messages (`requeue`, no failed delivery) or reject them."""
-        kind = Return if requeue else Discard
-        self._settle(messages, lambda key, ids: kind(self._state.queue, key, ids))
+        self._settle(messages, returning(self.queue, requeue))
 
     def reject(self, messages: Iterable[Message | int]) -> None:
         """Discard messages: a failed delivery; dead-lettered when the queue has a target."""
-        self._settle(messages, lambda key, ids: Discard(self._state.queue, key, ids))
+        self._settle(messages, discarding(self.queue))
 
     def modify(
         self,
@@ -362,22 +275,18 @@ class Consumer:
         annotations: tuple[tuple[str, str | int], ...] = (),
     ) -> None:
         """AMQP 1.0 modified outcome (machine v2): return or dead-letter with annotations."""
-        self._settle(
-            messages,
-            lambda key, ids: Modify(
-                self._state.queue, key, ids, delivery_failed, undeliverable_here, annotations
-            ),
-        )
+        build = modifying(self.queue, delivery_failed, undeliverable_here, annotations)
+        self._settle(messages, build)
 
     def renew(self, messages: Iterable[Message | int]) -> None:
         """Extend the consumer-timeout locks of checked-out messages (machine v2)."""
-        self._settle(messages, lambda key, ids: RenewLocks(self._state.queue, key, ids))
+        self._settle(messages, renewing(self.queue))
 
     def grant(self, credit: int, drain: bool = False) -> None:
         """Credited mode: grant `credit` more deliveries (AMQP 1.0 flow)."""
-        with self.client._lock:
-            self.client._core.grant(self._state, credit, drain)
-        self.client._flush()
+        with self.client.lock:
+            self.client.core.grant(self.core_state, credit, drain)
+        self.client.flush()
 
     def _settle(
         self,
@@ -385,28 +294,28 @@ class Consumer:
         build: Callable[[ConsumerKey, tuple[int, ...]], Command],
     ) -> None:
         pairs = pairs_of(messages)
-        with self.client._lock:
-            self.client._core.settle(self._state, pairs, build)
-        self.client._flush()
+        with self.client.lock:
+            self.client.core.settle(self.core_state, pairs, build)
+        self.client.flush()
 
     def wait_settled(self, timeout_s: float = 10.0) -> bool:
         """Flush acks and wait until every settle sent so far is answered; False on timeout."""
         self.flush_acks()
-        state = self._state
-        return self.client._wait_until(lambda: state.outstanding <= 0, time.monotonic() + timeout_s)
+        state = self.core_state
+        return self.client.wait_until(lambda: state.outstanding <= 0, time.monotonic() + timeout_s)
 
     def take_buffered(self) -> list[Message]:
         """Remove and return the messages received but not yet handed out (not acked)."""
-        with self.client._lock:
-            items = self.client._core.take_buffered(self._state)
-        return [self._wrap(item) for item in items]
+        with self.client.lock:
+            items = self.client.core.take_buffered(self.core_state)
+        return [self.wrap(item) for item in items]
 
     # --- leaving ----------------------------------------------------------------------------
 
     def cancel(self) -> CancelOk | None:
         """Soft cancel: nothing new; pending messages can still be settled. A no-op (None) on a
         consumer already cancelled (by `process(...).stop()`, say)."""
-        if self._state.cancelled:
+        if self.core_state.cancelled:
             return None
         return self._leave(Cancel())
 
@@ -415,24 +324,26 @@ class Consumer:
         return self._leave(Remove())
 
     def _leave(self, spec: Cancel | Remove) -> CancelOk | None:
-        core, timeout = self.client._core, self.client.request_timeout_s
-        answer = self.client._request(
-            lambda: core.leave(self._state, spec, timeout, now=time.monotonic()), timeout, "cancel"
+        core, timeout = self.client.core, self.client.request_timeout_s
+        answer = self.client.request(
+            lambda: core.leave(self.core_state, spec, timeout, now=time.monotonic()),
+            timeout,
+            "cancel",
         )
         reply = decode(answer["reply"])
         if isinstance(reply, Error):
             raise CommandRefused(reply.code, reply.message)
-        with self.client._changed:
-            core.left(self._state)
-            self.client._changed.notify_all()
+        with self.client.changed:
+            core.left(self.core_state)
+            self.client.changed.notify_all()
         return reply if isinstance(reply, CancelOk) else None
 
     def close(self) -> None:
         """Flush acks and stop iterating (the consumer stays attached until its connection ends)."""
-        with self.client._changed:
-            self.client._core.close_consumer(self._state)
-            self.client._changed.notify_all()
-        self.client._flush()
+        with self.client.changed:
+            self.client.core.close_consumer(self.core_state)
+            self.client.changed.notify_all()
+        self.client.flush()
 
     def __enter__(self) -> Consumer:
         return self

@@ -67,7 +67,7 @@ class GroupConsumer(MemberState[Consumer]):
         on_assign: Hook | None = None,
         on_revoke: Hook | None = None,
     ) -> None:
-        base = member or client._core.next_tag()
+        base = member or client.core.next_tag()
         super().__init__(group, queue, base, prefetch, on_assign, on_revoke)
         self.client = client
 
@@ -87,8 +87,8 @@ class GroupConsumer(MemberState[Consumer]):
         self._new_incarnation(count)
         for partition in self.partitions:
             consumer = Consumer(self.client, partition, prefetch=self.prefetch, tag=self.tag)
-            with self.client._lock:  # inactive until the machine says GroupAssigned
-                consumer._state.active, consumer._state.status = False, "waiting"
+            with self.client.lock:  # inactive until the machine says GroupAssigned
+                consumer.core_state.active, consumer.core_state.status = False, "waiting"
             self._consumers[partition] = consumer
         reply = self.client.command(self._join_command(self._connection()))
         if isinstance(reply, Error):
@@ -143,23 +143,23 @@ class GroupConsumer(MemberState[Consumer]):
                 self.closed = True  # the partitioned queue was deleted: nothing more comes
                 self._drop_buffers()
                 return None
-            with client._changed:
-                if any(c._state.buffer for c in self._consumers.values()):
+            with client.changed:
+                if any(c.core_state.buffer for c in self._consumers.values()):
                     continue
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return None
-                client._changed.wait(WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S))
+                client.changed.wait(WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S))
         return None
 
     def _next_buffered(self) -> Message | None:
-        with self.client._lock:
-            found = self._pick(self.client._core)
-        self.client._flush()
-        return None if found is None else found[0]._wrap(found[1])
+        with self.client.lock:
+            found = self._pick(self.client.core)
+        self.client.flush()
+        return None if found is None else found[0].wrap(found[1])
 
     def _deleted(self) -> bool:
-        with self.client._lock:
+        with self.client.lock:
             return self._all_cancelled()
 
     def _run_hooks(self) -> None:
@@ -176,8 +176,8 @@ class GroupConsumer(MemberState[Consumer]):
         return self.client.connection_id
 
     def _drop_buffers(self) -> None:
-        with self.client._lock:
-            self._forget_consumers(self.client._core)
+        with self.client.lock:
+            self._forget_consumers(self.client.core)
 
 
 def join_group(

@@ -13,53 +13,19 @@ import time
 from collections.abc import Iterable
 
 from cluster.client._threaded import ThreadedShell
+from cluster.client._views import PublisherView
 from cluster.client.errors import RequestTimeout
 
 
-class Publisher:
+class Publisher(PublisherView):
     """Publishes to one queue as one enqueuer; use as a context manager to wait for confirms."""
 
     def __init__(
         self, client: ThreadedShell, queue: str, *, window: int = 100, enqueuer: str | None = None
     ) -> None:
         self.client = client
-        with client._lock:
-            self._state = client._core.add_publisher(queue, window, enqueuer)
-
-    @property
-    def queue(self) -> str:
-        """The queue published to."""
-        return self._state.queue
-
-    @property
-    def window(self) -> int:
-        """The most unconfirmed messages at a time."""
-        return self._state.window
-
-    @property
-    def enqueuer(self) -> str:
-        """The enqueuer id the queue deduplicates on."""
-        return self._state.enqueuer
-
-    @property
-    def confirmed(self) -> int:
-        """Messages confirmed so far."""
-        return self._state.confirmed
-
-    @property
-    def resent(self) -> int:
-        """Messages sent again after a sequence gap."""
-        return self._state.resent
-
-    @property
-    def blocked(self) -> bool:
-        """True while the queue refuses publishes (overflow `reject_publish`)."""
-        return self._state.blocked
-
-    @property
-    def unconfirmed(self) -> int:
-        """Messages sent (or queued to send) and not yet confirmed."""
-        return len(self._state.pending)
+        with client.lock:
+            self.core_state = client.core.add_publisher(queue, window, enqueuer)
 
     def __enter__(self) -> Publisher:
         return self
@@ -73,8 +39,8 @@ class Publisher:
 
     def close(self) -> None:
         """Stop tracking this publisher (unconfirmed messages are no longer resent)."""
-        with self.client._lock:
-            self.client._core.remove_publisher(self._state)
+        with self.client.lock:
+            self.client.core.remove_publisher(self.core_state)
 
     def publish(
         self,
@@ -104,7 +70,7 @@ class Publisher:
         seqs: list[int] = []
         batch: list[bytes] = []
         room = 0
-        with self.client._reading():  # this thread reads the confirms (while it waits for room)
+        with self.client.reading():  # this thread reads the confirms (while it waits for room)
             for body in bodies:
                 if not batch:
                     room = self._wait_for_room(timeout)
@@ -117,13 +83,13 @@ class Publisher:
         return seqs
 
     def _send(self, bodies: list[bytes], ttl_ms: int | None, group: str | None) -> list[int]:
-        with self.client._lock:
-            seqs = self.client._core.publish(self._state, bodies, ttl_ms, group)
-        self.client._flush()
+        with self.client.lock:
+            seqs = self.client.core.publish(self.core_state, bodies, ttl_ms, group)
+        self.client.flush()
         return seqs
 
     def _wait_for_room(self, timeout_s: float) -> int:
-        core, state = self.client._core, self._state
+        core, state = self.client.core, self.core_state
         room = 0
 
         def has_room() -> bool:
@@ -131,24 +97,24 @@ class Publisher:
             room = core.room(state)  # raises the publisher's failure
             return room > 0
 
-        if not self.client._wait_until(has_room, time.monotonic() + timeout_s):
-            with self.client._lock:
+        if not self.client.wait_until(has_room, time.monotonic() + timeout_s):
+            with self.client.lock:
                 error = core.unconfirmed_error(state, timeout_s)
             if isinstance(error, RequestTimeout):
                 error = RequestTimeout(f"the publish window stayed full for {timeout_s:.1f}s")
-            raise self.client._explain(error)
+            raise self.client.explain(error)
         return room
 
     def wait_for_confirms(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far is confirmed; raises the first failure."""
         timeout = self.client.request_timeout_s if timeout_s is None else timeout_s
-        state = self._state
-        done = self.client._wait_until(
+        state = self.core_state
+        done = self.client.wait_until(
             lambda: not state.pending or state.error is not None, time.monotonic() + timeout
         )
         if state.error is not None:
             raise state.error
         if not done:
-            with self.client._lock:
-                error = self.client._core.unconfirmed_error(state, timeout)
-            raise self.client._explain(error)
+            with self.client.lock:
+                error = self.client.core.unconfirmed_error(state, timeout)
+            raise self.client.explain(error)

@@ -17,8 +17,15 @@ from fifo.queries import ConsumerInfo, GroupInfo, MessageInfo, QueueOverview
 _T = TypeVar("_T")
 _TYPES: dict[str, type[Any]] = {
     cls.__name__: cls
-    for cls in (QueueOverview, ConsumerInfo, MessageInfo, QueueConfig, ConsumerId, ConnectionId,
-                GroupInfo)
+    for cls in (
+        QueueOverview,
+        ConsumerInfo,
+        MessageInfo,
+        QueueConfig,
+        ConsumerId,
+        ConnectionId,
+        GroupInfo,
+    )
 }
 
 

@@ -46,7 +46,7 @@ M = TypeVar("M", bound=Delivered)
 class ThreadedSource(Protocol[M]):
     """The parts of `Consumer` that `Processing` uses (the consumer's own state included)."""
 
-    _state: ConsumerState
+    core_state: ConsumerState
 
     @property
     def queue(self) -> str: ...
@@ -74,7 +74,7 @@ class ThreadedSource(Protocol[M]):
 class AsyncSource(Protocol[M]):
     """The parts of `AsyncConsumer` that `AsyncProcessing` uses."""
 
-    _state: ConsumerState
+    core_state: ConsumerState
 
     @property
     def queue(self) -> str: ...
@@ -116,7 +116,7 @@ class Processing(Generic[M]):
         on_error: OnError,
         backlog: int | None,
     ) -> None:
-        _check(consumer._state.credited, on_error)
+        _check(consumer.core_state.credited, on_error)
         self.consumer = consumer
         self.on_error = on_error
         self._pool: OrderedWorkPool[M] = OrderedWorkPool(
@@ -157,7 +157,7 @@ class Processing(Generic[M]):
         while not self._stop_feeding.is_set():
             message = consumer.get(timeout_s=FEED_POLL_S)
             if message is None:
-                if consumer._state.finished:
+                if consumer.core_state.finished:
                     break  # cancelled or closed, and everything buffered was handed out
                 continue
             try:
@@ -241,7 +241,7 @@ class AsyncProcessing(Generic[M]):
         on_error: OnError,
         backlog: int | None,
     ) -> None:
-        _check(consumer._state.credited, on_error)
+        _check(consumer.core_state.credited, on_error)
         self.consumer = consumer
         self.on_error = on_error
         self._pool: AsyncOrderedWorkPool[M] = AsyncOrderedWorkPool(
@@ -278,7 +278,7 @@ class AsyncProcessing(Generic[M]):
         while not self._stop_feeding:
             message = await consumer.get(timeout_s=FEED_POLL_S)
             if message is None:
-                if consumer._state.finished:
+                if consumer.core_state.finished:
                     break
                 continue
             try:

@@ -116,5 +116,5 @@ def test_a_real_node_serves_a_client_that_lists_features_whatever_it_names(
         with client.publisher("features-q", window=50) as publisher:
             publisher.publish_many(b"m%d" % number for number in range(200))
         assert publisher.confirmed == 200
-        welcome = client._core.welcome
+        welcome = client.core.welcome
         assert welcome is not None and welcome.features <= set(protocol.CLIENT_FEATURES)

@@ -86,3 +86,32 @@ def test_no_public_signature_of_the_client_mentions_any() -> None:
             if mentions_any(member.fget if isinstance(member, property) else member):
                 offenders.append(label)
     assert not offenders, f"Any in public signatures: {offenders}"
+
+
+def foreign_privates(source: str) -> list[str]:
+    """`obj._name` uses in a source where `obj` is not `self` / `cls` (dunders aside)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__") or (
+            isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+        ):
+            continue
+        found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_private_check_catches_a_reach_into_another_object() -> None:
+    source = "def f(self, c):\n    self._x = c._core\n    return self.client._lock\n"
+    assert foreign_privates(source) == ["2: c._core", "3: self.client._lock"]
+
+
+def test_no_client_module_touches_another_objects_private_names() -> None:
+    """Handles use the shells' public port (`core`, `flush`, `request`, ...), never privates."""
+    offenders = [
+        f"{path.name}:{use}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        for use in foreign_privates(path.read_text())
+    ]
+    assert not offenders, "\n".join(offenders)

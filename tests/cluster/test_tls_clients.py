@@ -167,8 +167,8 @@ def test_tls_data_left_in_the_ssl_buffer_is_not_lost(
         for _ in range(5):
             answers = [threaded_shell._Waiter(), threaded_shell._Waiter()]
             client.submit([protocol.query(0, "status"), protocol.query(0, "status")], answers)
-            assert client._wait_until(answers[0].event.is_set, time.monotonic() + 10.0)
-            assert client._wait_until(answers[1].event.is_set, time.monotonic() + 3.0)
+            assert client.wait_until(answers[0].event.is_set, time.monotonic() + 10.0)
+            assert client.wait_until(answers[1].event.is_set, time.monotonic() + 3.0)
             assert answers[1].error is None
 
 
