@@ -429,15 +429,20 @@ def start_cluster(
             cluster.start_node(node.id, max_machine_version)
         wait_answering(cluster, stderr_from, timeout_s)
         if wait_leader:
-            wait_for_leader(config, cluster.key, timeout_s, tls=cluster.tls)
-            cluster.leader(timeout_s=timeout_s)
-            cluster.serving(timeout_s=timeout_s)
+            _wait_ready(cluster, timeout_s)
     except BaseException:
         for node in down:
             stop_node(node, grace_s=2.0)
             cluster.reap(node.id, wait_s=5.0)
         raise
     return cluster
+
+
+def _wait_ready(cluster: LocalCluster, timeout_s: float) -> None:
+    """Wait until every answering node agrees on one leader and serves reads."""
+    wait_for_leader(cluster.config, cluster.key, timeout_s, tls=cluster.tls)
+    cluster.leader(timeout_s=timeout_s)
+    cluster.serving(timeout_s=timeout_s)
 
 
 def _config_to_start(
