@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from fifo import limits
-from fifo.commands import Enqueue
+from fifo.commands import Enqueue, PublishToExchange
 from fifo.effects import Deliver, Delivery, Effect, RefDeliver, RefDelivery
 from fifo.errors import FifoError
 from fifo.replies import DequeuedMessage, DequeueOk, RefDequeueOk, Reply
@@ -54,8 +54,9 @@ def entry_index(ref: int) -> int:
 
 
 def body_of_command(command: object) -> bytes | None:
-    """The body a command carries (an Enqueue or one of its subclasses), else None."""
-    if isinstance(command, Enqueue) and type(command.body) is bytes:
+    """The body a command carries (an Enqueue or one of its subclasses, or a v4
+    PublishToExchange, whose one body every queue it was stored in refers to), else None."""
+    if isinstance(command, Enqueue | PublishToExchange) and type(command.body) is bytes:
         return command.body
     return None
 

@@ -30,6 +30,7 @@ from fifo.state import (
     Consumer,
     ConsumerGroup,
     Enqueuer,
+    Exchange,
     Group,
     Grouping,
     Membership,
@@ -57,6 +58,8 @@ CLASSES: tuple[type, ...] = (
     e.GroupRevoked,
     e.RefDelivery, e.RefDeliver, r.RefDequeuedMessage, r.RefDequeueOk,
     c.BoundSettle, c.BoundReturn, c.BoundDiscard, c.BoundModify, c.BoundRenewLocks,
+    c.DeclareExchange, c.DeleteExchange, c.BindQueue, c.UnbindQueue, c.PublishToExchange,
+    r.Routed, r.Unroutable,
 )  # fmt: skip
 SNAPSHOT_FORMAT = 1
 _NO_DEFAULT = object()
@@ -593,21 +596,37 @@ def _routing_in(cursor: int, enqueuers: Any) -> Routing:
     return r
 
 
+def _exchange_out(x: Exchange) -> list[Any]:
+    return [x.name, x.exchange_type,
+            [[queue, [[key, [list(pair) for pair in arguments]] for key, arguments in keys]]
+             for queue, keys in x.bindings.items()]]  # fmt: skip
+
+
+def _exchange_in(v: Any) -> Exchange:
+    x = Exchange(v[0], v[1])
+    for queue, keys in v[2]:
+        x.bindings[queue] = {(key, _tuples(arguments)): None for key, arguments in keys}
+    return x
+
+
 def snapshot(state: State) -> bytes:
     """Encode the whole state (with its machine version) as canonical CBOR.
 
     v3's partitioned queues (with their routing: round-robin cursor and publishers' dedup) and
     consumer groups are a fifth element, written only when there is any, so v1/v2 snapshots keep
-    their bytes."""
+    their bytes; v4's exchanges a sixth, written only when there is any (so v3 states keep
+    theirs)."""
     body = [SNAPSHOT_FORMAT, state.version, state.last_time,
             [_queue_out(q) for q in state.queues.values()]]  # fmt: skip
-    if state.partitioned or state.consumer_groups:
+    if state.partitioned or state.consumer_groups or state.exchanges:
         body.append([
             [[name, count] for name, count in state.partitioned.items()],
             [_consumer_group_out(g) for g in state.consumer_groups.values()],
             [[name, r.cursor, [_enqueuer_out(x) for x in r.enqueuers.values()]]
              for name, r in state.routing.items()],
         ])  # fmt: skip
+    if state.exchanges:
+        body.append([_exchange_out(x) for x in state.exchanges.values()])
     return bytes(cbor2.dumps(body, default=_default, canonical=True))
 
 
@@ -628,6 +647,8 @@ def restore(data: bytes) -> State:
                              for name, cursor, enqueuers in routed}  # fmt: skip
             for name in state.partitioned:  # a pre-release v3 snapshot had no routing yet
                 state.routing.setdefault(name, Routing())
+        if len(v) > 5:
+            state.exchanges = {x.name: x for x in map(_exchange_in, v[5])}
         return state
     except Exception as exc:  # any shape error in the snapshot
         raise CodecError(f"bad snapshot: {_codec_error(exc)}") from exc

@@ -393,6 +393,70 @@ BOUND_SETTLES: dict[type, type] = {  # the unbound command -> its bound form
 UNBOUND_SETTLES: dict[type, type] = {bound: plain for plain, bound in BOUND_SETTLES.items()}
 
 
+# --- machine v4: exchanges and bindings (issue 27) --------------------------------------------
+# Replicated exchanges: routing is decided by the machine when the entry is applied, and a
+# publish through an exchange is ONE log entry stored in every queue it matches (each copy refers
+# to the same body). Machines before v4 answer these `unknown_command`.
+
+ExchangeType = Literal["direct", "fanout", "topic", "headers"]
+EXCHANGE_TYPES: tuple[str, ...] = ("direct", "fanout", "topic", "headers")
+EXCHANGES_SINCE_VERSION = 4  # the first machine version that knows the commands below
+HeaderPairs = tuple[tuple[str, str | int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareExchange:
+    """Create an exchange (v4); an equal re-declare is a no-op, another type is refused
+    (`exchange_exists`, RabbitMQ's 406); `passive` only checks that it exists."""
+
+    exchange: str
+    exchange_type: str = "direct"
+    passive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteExchange:
+    """Delete an exchange with its bindings (v4); `if_unused` refuses while it has bindings."""
+
+    exchange: str
+    if_unused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BindQueue:
+    """Bind a queue to an exchange with a binding key and arguments (v4; idempotent). A headers
+    exchange matches on `arguments` (`x-match` all, any, all-with-x or any-with-x)."""
+
+    queue: str
+    exchange: str
+    routing_key: str = ""
+    arguments: HeaderPairs = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UnbindQueue:
+    """Remove one binding (v4); removing a binding that does not exist is a no-op."""
+
+    queue: str
+    exchange: str
+    routing_key: str = ""
+    arguments: HeaderPairs = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PublishToExchange:
+    """basic.publish through an exchange (v4; "" is the default exchange): the machine routes it
+    and stores it in every matching queue, in this one entry. `headers` are what a headers
+    exchange matches; `mandatory` makes a publish that reaches no queue answer `Unroutable`."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    headers: HeaderPairs = ()
+    mandatory: bool = False
+    ttl_ms: int | None = None
+
+
 Command = (
     DeclareQueue
     | DeleteQueue
@@ -424,4 +488,9 @@ Command = (
     | BoundDiscard
     | BoundModify
     | BoundRenewLocks
+    | DeclareExchange
+    | DeleteExchange
+    | BindQueue
+    | UnbindQueue
+    | PublishToExchange
 )

@@ -31,3 +31,11 @@ group_name_bytes_max = 255  # v3: consumer group and member names
 # v4: a message's body reference is the meta index of its enqueuing command, which raft gives as
 # raft index * commands_per_entry_max + position (raft.entry.SUB_INDEX_SPAN, tested equal)
 commands_per_entry_max = 1024
+# v4: exchanges and bindings (issue 27)
+exchanges_max = 10_000  # declared exchanges (the default exchange is implicit, not counted)
+exchange_name_bytes_max = 255  # AMQP shortstr
+routing_key_bytes_max = 255  # AMQP shortstr: a publish's routing key and a binding key
+bindings_per_exchange_max = 10_000  # (queue, binding key, arguments) triples of one exchange
+binding_arguments_max = 32  # pairs in one binding's arguments (headers: the matched headers)
+headers_per_publish_max = 64  # message headers a publish carries for headers-exchange routing
+queues_per_publish_max = 1_024  # queues one publish may be stored in (more: refused)

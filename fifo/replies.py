@@ -19,6 +19,10 @@ ErrorCode = Literal[
     "member_exists",  # v3: the member joined already, from another consumer id
     "fenced",  # v3: the command names an ended (or older) membership
     "not_owner",  # v4: a bound settle from a connection other than its consumer's
+    "unknown_exchange",  # v4: no exchange of that name (RabbitMQ's 404)
+    "exchange_exists",  # v4: declared again with another type (RabbitMQ's 406)
+    "exchange_in_use",  # v4: delete if-unused of an exchange with bindings (RabbitMQ's 406)
+    "access_refused",  # v4: a reserved exchange name (`amq.*`, the default exchange; 403)
 ]
 
 
@@ -137,6 +141,25 @@ class JoinGroupOk:
     partitions: int
 
 
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A publish through an exchange (v4) was stored in `queues` (sorted; empty: it matched no
+    queue and was dropped, not being mandatory); `refused` names matching queues that refused
+    it (the publisher's confirm is then negative, as RabbitMQ's)."""
+
+    queues: tuple[str, ...]
+    refused: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Unroutable:
+    """A mandatory publish (v4) matched no queue: nothing was stored; the AMQP layer returns it
+    (`basic.return` 312 NO_ROUTE) before confirming it."""
+
+    exchange: str
+    routing_key: str
+
+
 Reply = (
     Ok
     | Error
@@ -150,4 +173,6 @@ Reply = (
     | RefDequeueOk
     | PurgeOk
     | JoinGroupOk
+    | Routed
+    | Unroutable
 )

@@ -442,6 +442,27 @@ class Routing:
         self.enqueuers: dict[str, Enqueuer] = {}
 
 
+
+BindingKey = tuple[str, Annotations]  # (binding key, sorted binding arguments)
+
+
+class Exchange:
+    """A declared exchange (v4): its type and its bindings, by queue name (insertion order, the
+    order they were bound) to that queue's (binding key, arguments) pairs (insertion order).
+    Keyed by queue so a queue's deletion drops its bindings in one step per exchange."""
+
+    __slots__ = ("bindings", "exchange_type", "name")
+
+    def __init__(self, name: str, exchange_type: str) -> None:
+        self.name = name
+        self.exchange_type = exchange_type
+        self.bindings: dict[str, dict[BindingKey, None]] = {}
+
+    def binding_count(self) -> int:
+        """How many bindings the exchange has (over every queue)."""
+        return sum(len(keys) for keys in self.bindings.values())
+
+
 LockEntry = tuple[int, int, str, ConsumerKey, int]  # (lock expiry, push number, queue, key, id)
 
 
@@ -467,8 +488,8 @@ class LockIndex:
 class State:
     """The whole replicated machine: a registry of queues plus the monotonic clock."""
 
-    __slots__ = ("consumer_groups", "deadlines", "last_time", "partitioned", "queues", "routing",
-                 "version")  # fmt: skip
+    __slots__ = ("consumer_groups", "deadlines", "exchanges", "last_time", "partitioned", "queues",
+                 "routing", "version")  # fmt: skip
 
     def __init__(self, version: int) -> None:
         self.version = version
@@ -479,3 +500,4 @@ class State:
         self.consumer_groups: dict[str, ConsumerGroup] = {}
         self.routing: dict[str, Routing] = {}  # v3: per partitioned queue, same keys
         self.deadlines: LockIndex | None = None  # v4: derived lock index (None: not built yet)
+        self.exchanges: dict[str, Exchange] = {}  # v4: declared exchanges by name

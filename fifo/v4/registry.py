@@ -15,11 +15,14 @@ from fifo import limits
 from fifo import validate as v
 from fifo.commands import (
     AnnotatedEnqueue,
+    BindQueue,
     Command,
     ConnectionDown,
+    DeclareExchange,
     DeclareGroupedQueue,
     DeclarePartitionedQueue,
     DeclareQueue,
+    DeleteExchange,
     DeleteQueue,
     Enqueue,
     EvalConsumerTimeouts,
@@ -28,7 +31,9 @@ from fifo.commands import (
     LeaveGroup,
     NodeDown,
     NodeUp,
+    PublishToExchange,
     RegisterEnqueuer,
+    UnbindQueue,
     UpdateConfig,
 )
 from fifo.effects import Effect
@@ -37,6 +42,7 @@ from fifo.replies import DeclareOk, DeleteOk, Error, Reply
 from fifo.shared import OK, Ctx, invalid
 from fifo.state import Grouping, Queue, State
 from fifo.v4 import timers
+from fifo.v4.exchanges import Exchanges
 from fifo.v4.machine import QueueMachine
 from fifo.v4.partitioned import ConsumerGroups
 from fifo.v4.routing import Router, partition_name, partitioned_of
@@ -67,6 +73,7 @@ class MachineV4:
         self.queue_handlers = self.queues.handlers
         self.groups = ConsumerGroups(self.queues)
         self.router = Router(self.queues)
+        self.exchanges = Exchanges(self.queues)
         self.global_handlers: dict[type, Callable[[Ctx, Any], Reply]] = {
             DeclareQueue: self.declare,
             DeclareGroupedQueue: self.declare,
@@ -78,6 +85,11 @@ class MachineV4:
             DeclarePartitionedQueue: self.groups.declare_partitioned,
             JoinGroup: self.groups.join_group,
             LeaveGroup: self.groups.leave_group,
+            DeclareExchange: self.exchanges.declare,
+            DeleteExchange: self.exchanges.delete,
+            BindQueue: self.exchanges.bind,
+            UnbindQueue: self.exchanges.unbind,
+            PublishToExchange: self.exchanges.publish,
         }
 
     def init(self) -> State:
@@ -210,6 +222,8 @@ class MachineV4:
             return Error("unknown_queue", f"no queue {name!r}")
         lost = self.queues.delete(ctx, queue)
         del ctx.state.queues[queue.name]
+        if ctx.state.exchanges:
+            self.exchanges.queue_deleted(ctx.state, queue.name)
         return DeleteOk(lost)
 
     def delete_partitioned(self, ctx: Ctx, base: str) -> Reply:

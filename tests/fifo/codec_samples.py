@@ -85,4 +85,12 @@ SAMPLES: tuple[object, ...] = (
     c.BoundDiscard("q", 7, (4, 5)),
     c.BoundModify("q", 5, (6,), True, False, (("x-reason", "bad"), ("n", 2)), CONN),
     c.BoundRenewLocks("q", 2048, (7, 8), CONN),
+    # machine v4: exchanges and bindings (issue 27)
+    c.DeclareExchange("celeryev", "topic", True),
+    c.DeleteExchange("celeryev", True),
+    c.BindQueue("q", "celeryev", "worker.#", (("x-match", "any"), ("n", 2))),
+    c.UnbindQueue("q", "celeryev", "worker.*", (("k", "v"),)),
+    c.PublishToExchange("celeryev", "worker.heartbeat", b"m", (("h", 1),), True, 1_000),
+    r.Routed(("q1", "q2"), ("q3",)),
+    r.Unroutable("celeryev", "worker.heartbeat"),
 )

@@ -53,6 +53,10 @@ SAMPLES: list[object] = [
     c.BoundSettle("q", 5, (1, 2), CONN), c.BoundReturn("q", CID, (3,), CONN),
     c.BoundDiscard("q", 5, (), None), c.BoundModify("q", 5, (1,), True, False, (), CONN),
     c.BoundRenewLocks("q", CID, (0,), CONN),
+    c.DeclareExchange("x"), c.DeleteExchange("x"), c.BindQueue("q", "x"),
+    c.UnbindQueue("q", "x", "k", (("x-match", "any"),)),
+    c.PublishToExchange("", "q", b"m", (("h", "v"),), True, None), r.Routed(()),
+    r.Unroutable("x", ""),
 ]  # fmt: skip
 
 

@@ -1,0 +1,313 @@
+"""Machine v4: replicated exchanges and bindings, routing decided in the publish's apply.
+
+- **Types.** The default exchange ("": the queue named by the routing key, implicit, cannot be
+  declared, deleted or bound), `direct` (binding key == routing key), `fanout` (every bound
+  queue), `topic` (RabbitMQ's dot-separated words: `*` is exactly one word, `#` zero or more;
+  the empty key has no words) and `headers` (the binding's arguments against the message's
+  headers: `x-match` `all` (the default) or `any`, keys starting `x-` ignored, or `all-with-x`
+  / `any-with-x`, which count them).
+- **One entry, several queues.** A publish is matched against the bindings, then stored in each
+  matching queue, in queue-name order, as a plain enqueue of this same command: every copy
+  refers to this entry's body (`fifo.bodies`), and the entry stays live while any copy does.
+- **Refusals.** Input errors and `queues_per_publish_max` are refused before anything changes;
+  a queue refusing its copy is named in `Routed.refused` (the others keep theirs); a mandatory
+  publish matching no queue answers `Unroutable` (nothing stored).
+- **Determinism.** Matches are collected per queue name and sorted: never set or hash order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fifo import limits
+from fifo import validate as v
+from fifo.commands import (
+    EXCHANGE_TYPES,
+    BindQueue,
+    DeclareExchange,
+    DeleteExchange,
+    Enqueue,
+    HeaderPairs,
+    PublishToExchange,
+    UnbindQueue,
+)
+from fifo.replies import DeclareOk, Error, Ok, Reply, Routed, Unroutable
+from fifo.shared import OK, Ctx, invalid
+from fifo.state import Exchange, Queue, State
+from fifo.v4.routing import partitioned_of
+
+if TYPE_CHECKING:
+    from fifo.v4.machine import QueueMachine
+
+DEFAULT_EXCHANGE = ""
+RESERVED_PREFIX = "amq."
+X_MATCH = "x-match"
+X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
+
+
+# --- matching (pure) ---------------------------------------------------------------------------
+
+
+def topic_words(key: str) -> list[str]:
+    """A topic key's words, as RabbitMQ splits them: "" has none, "a." is ["a", ""]."""
+    return key.split(".") if key else []
+
+
+def topic_matches(pattern: str, routing_key: str) -> bool:
+    """Whether a topic binding key matches a routing key (`*` one word, `#` zero or more)."""
+    words = topic_words(routing_key)
+    reachable = [True] + [False] * len(words)  # reachable[i]: the pattern so far consumed i words
+    for part in topic_words(pattern):
+        if part == "#":
+            first = reachable.index(True) if True in reachable else len(reachable)
+            reachable = [i >= first for i in range(len(reachable))]
+        else:
+            reachable = [False] + [
+                reachable[i] and (part == "*" or words[i] == part) for i in range(len(words))
+            ]
+        if True not in reachable:
+            return False
+    return reachable[-1]
+
+
+def headers_match(arguments: HeaderPairs, headers: HeaderPairs) -> bool:
+    """Whether a headers binding's arguments match a message's headers (the last pair of a
+    repeated header counts). Values match when equal and of the same type."""
+    mode = "all"
+    for key, value in arguments:
+        if key == X_MATCH:
+            mode = str(value)
+    with_x = mode.endswith("-with-x")
+    wanted = [(key, value) for key, value in arguments
+              if key != X_MATCH and (with_x or not key.startswith("x-"))]  # fmt: skip
+    have = dict(headers)
+    hits = (key in have and type(have[key]) is type(value) and have[key] == value
+            for key, value in wanted)  # fmt: skip
+    return all(hits) if mode.startswith("all") else any(hits)
+
+
+def binding_matches(exchange_type: str, binding: tuple[str, HeaderPairs],
+                    cmd: PublishToExchange) -> bool:  # fmt: skip
+    """Whether one binding (key, arguments) of an exchange of `exchange_type` takes `cmd`."""
+    key, arguments = binding
+    if exchange_type == "fanout":
+        return True
+    if exchange_type == "direct":
+        return key == cmd.routing_key
+    if exchange_type == "topic":
+        return topic_matches(key, cmd.routing_key)
+    return headers_match(arguments, cmd.headers)
+
+
+def route(state: State, cmd: PublishToExchange) -> list[str] | None:
+    """The sorted names of the queues `cmd` goes to, or None: no such exchange."""
+    if cmd.exchange == DEFAULT_EXCHANGE:
+        return [cmd.routing_key] if cmd.routing_key in state.queues else []
+    exchange = state.exchanges.get(cmd.exchange)
+    if exchange is None:
+        return None
+    kind = exchange.exchange_type
+    return sorted(queue for queue, keys in exchange.bindings.items()
+                  if any(binding_matches(kind, binding, cmd) for binding in keys))  # fmt: skip
+
+
+# --- validation --------------------------------------------------------------------------------
+
+
+def pairs_error(value: object, what: str, count_max: int) -> str | None:
+    """Check header or argument pairs: at most `count_max` (str, str | int) pairs."""
+    if type(value) is not tuple or len(value) > count_max:
+        return f"{what} must be a tuple of at most {count_max} pairs"
+    if value and (err := v.annotations_error(value)):
+        return f"{what}: {err.replace('annotation', 'header')}"
+    return None
+
+
+def key_error(value: object, what: str) -> str | None:
+    """Check a routing or binding key: a str of at most `routing_key_bytes_max` bytes."""
+    if type(value) is not str or len(value.encode("utf-8", "surrogatepass")) > (
+            limits.routing_key_bytes_max):  # fmt: skip
+        return f"{what} must be a str of at most {limits.routing_key_bytes_max} bytes"
+    return None
+
+
+def exchange_name_error(name: object) -> str | None:
+    """Check a declared exchange's name (non-empty, short)."""
+    return v.name_error(name, "exchange", limits.exchange_name_bytes_max)
+
+
+def binding_error(cmd: BindQueue | UnbindQueue) -> str | None:
+    """What is wrong with a bind or unbind's fields, or None."""
+    err = v.name_error(cmd.queue, "queue", limits.queue_name_bytes_max)
+    if err is None and cmd.exchange != DEFAULT_EXCHANGE:
+        err = exchange_name_error(cmd.exchange)
+    err = err or key_error(cmd.routing_key, "routing_key")
+    return err or pairs_error(cmd.arguments, "arguments", limits.binding_arguments_max)
+
+
+def publish_error(cmd: PublishToExchange) -> str | None:
+    """What is wrong with a publish's fields, or None."""
+    err = None
+    if cmd.exchange != DEFAULT_EXCHANGE:
+        err = exchange_name_error(cmd.exchange)
+    err = err or key_error(cmd.routing_key, "routing_key")
+    if err is None and (type(cmd.body) is not bytes or len(cmd.body) > limits.body_bytes_max):
+        err = f"body must be bytes of at most {limits.body_bytes_max}"
+    if err is None and not v.is_bool(cmd.mandatory):
+        err = "mandatory must be a bool"
+    if err is None and cmd.ttl_ms is not None and not v.int_in(cmd.ttl_ms, 0, limits.ttl_ms_max):
+        err = "ttl_ms out of range"
+    return err or pairs_error(cmd.headers, "headers", limits.headers_per_publish_max)
+
+
+def sorted_arguments(arguments: HeaderPairs) -> HeaderPairs:
+    """Binding arguments in key order (last pair of a repeated key wins), so equal tables given
+    in another order are one binding, as RabbitMQ sorts them."""
+    table = dict(arguments)
+    return tuple((key, table[key]) for key in sorted(table))
+
+
+def x_match_error(exchange: Exchange, arguments: HeaderPairs) -> str | None:
+    """A headers binding's `x-match` must be one RabbitMQ knows."""
+    if exchange.exchange_type != "headers":
+        return None
+    for key, value in arguments:
+        if key == X_MATCH and value not in X_MATCH_MODES:
+            return f"Invalid x-match field value {value!r}; expected one of {X_MATCH_MODES}"
+    return None
+
+
+# --- handlers ----------------------------------------------------------------------------------
+
+
+class Exchanges:
+    """Registry-level handlers of v4's exchange commands (declare, delete, bind, unbind,
+    publish) over `ctx.state.exchanges`; stores copies through the per-queue machine."""
+
+    def __init__(self, queues: QueueMachine) -> None:
+        self.queues = queues
+
+    def declare(self, ctx: Ctx, cmd: DeclareExchange) -> Reply:
+        """Create an exchange; the same type again is a no-op, another is refused (406)."""
+        if err := exchange_name_error(cmd.exchange):
+            return invalid(err)
+        if not v.is_bool(cmd.passive):
+            return invalid("passive must be a bool")
+        existing = ctx.state.exchanges.get(cmd.exchange)
+        if cmd.passive:
+            return DeclareOk(False) if existing is not None else _no_exchange(cmd.exchange)
+        if not v.one_of(cmd.exchange_type, EXCHANGE_TYPES):
+            return invalid(f"unknown exchange type {cmd.exchange_type!r}; "
+                           f"one of {EXCHANGE_TYPES}")  # fmt: skip
+        if existing is not None:
+            if existing.exchange_type == cmd.exchange_type:
+                return DeclareOk(False)
+            return Error("exchange_exists", f"inequivalent arg 'type' for exchange "
+                         f"'{cmd.exchange}' in vhost '/': received '{cmd.exchange_type}' but "
+                         f"current is '{existing.exchange_type}'")  # fmt: skip
+        if cmd.exchange.startswith(RESERVED_PREFIX):
+            return Error("access_refused", f"exchange name '{cmd.exchange}' contains reserved "
+                         f"prefix '{RESERVED_PREFIX}*'")  # fmt: skip
+        if len(ctx.state.exchanges) >= limits.exchanges_max:
+            return Error("unsupported", "exchanges_max reached")
+        ctx.state.exchanges[cmd.exchange] = Exchange(cmd.exchange, cmd.exchange_type)
+        return DeclareOk(True)
+
+    def delete(self, ctx: Ctx, cmd: DeleteExchange) -> Reply:
+        """Delete an exchange and its bindings (`if_unused`: only without bindings)."""
+        if cmd.exchange == DEFAULT_EXCHANGE:
+            return _default_refused("delete")
+        if err := exchange_name_error(cmd.exchange):
+            return invalid(err)
+        if not v.is_bool(cmd.if_unused):
+            return invalid("if_unused must be a bool")
+        exchange = ctx.state.exchanges.get(cmd.exchange)
+        if exchange is None:
+            return _no_exchange(cmd.exchange)
+        if cmd.if_unused and exchange.bindings:
+            return Error("exchange_in_use", f"exchange '{cmd.exchange}' in vhost '/' in use")
+        del ctx.state.exchanges[cmd.exchange]
+        return OK
+
+    def bind(self, ctx: Ctx, cmd: BindQueue) -> Reply:
+        """Bind a queue (idempotent); the exchange and the queue must exist."""
+        found = self.binding_target(ctx.state, cmd)
+        if not isinstance(found, Exchange):
+            return found
+        arguments = sorted_arguments(cmd.arguments)
+        if err := x_match_error(found, arguments):
+            return invalid(err)
+        keys = found.bindings.get(cmd.queue)
+        if keys is not None and (cmd.routing_key, arguments) in keys:
+            return OK
+        if found.binding_count() >= limits.bindings_per_exchange_max:
+            return Error("unsupported", "bindings_per_exchange_max reached")
+        found.bindings.setdefault(cmd.queue, {})[(cmd.routing_key, arguments)] = None
+        return OK
+
+    def unbind(self, ctx: Ctx, cmd: UnbindQueue) -> Reply:
+        """Remove one binding; one that does not exist is a no-op."""
+        found = self.binding_target(ctx.state, cmd)
+        if not isinstance(found, Exchange):
+            return found
+        keys = found.bindings.get(cmd.queue)
+        if keys is not None:
+            keys.pop((cmd.routing_key, sorted_arguments(cmd.arguments)), None)
+            if not keys:
+                del found.bindings[cmd.queue]
+        return OK
+
+    def binding_target(self, state: State, cmd: BindQueue | UnbindQueue) -> Exchange | Error:
+        """The exchange a bind or unbind names, or the Error refusing it."""
+        if err := binding_error(cmd):
+            return invalid(err)
+        if cmd.exchange == DEFAULT_EXCHANGE:
+            return _default_refused("bind to or unbind from")
+        exchange = state.exchanges.get(cmd.exchange)
+        if exchange is None:
+            return _no_exchange(cmd.exchange)
+        if cmd.queue not in state.queues:
+            return Error("unknown_queue", f"no queue '{cmd.queue}' in vhost '/'")
+        base = partitioned_of(state, cmd.queue)
+        if base is not None:
+            return Error("unsupported", f"{cmd.queue!r} is a partition of {base!r}: it cannot "
+                         "be bound")  # fmt: skip
+        return exchange
+
+    def publish(self, ctx: Ctx, cmd: PublishToExchange) -> Reply:
+        """Route a publish and store it in every matching queue (one body, N references)."""
+        if err := publish_error(cmd):
+            return invalid(err)
+        names = route(ctx.state, cmd)
+        if names is None:
+            return _no_exchange(cmd.exchange)
+        if len(names) > limits.queues_per_publish_max:
+            return Error("unsupported", f"the publish matches {len(names)} queues, more than "
+                         f"queues_per_publish_max ({limits.queues_per_publish_max})")  # fmt: skip
+        if not names:
+            return Unroutable(cmd.exchange, cmd.routing_key) if cmd.mandatory else Routed(())
+        stored: list[str] = []
+        refused: list[str] = []
+        for name in names:
+            queue = ctx.state.queues[name]
+            reply = self.store(ctx, queue, cmd)
+            (stored if reply.__class__ is Ok else refused).append(name)
+        return Routed(tuple(stored), tuple(refused))
+
+    def store(self, ctx: Ctx, queue: Queue, cmd: PublishToExchange) -> Reply:
+        """One queue's copy: a plain enqueue whose message refers to this entry's body."""
+        copy = Enqueue(queue.name, cmd.body, ttl_ms=cmd.ttl_ms)
+        return self.queues.handlers[Enqueue](ctx, queue, copy)
+
+    def queue_deleted(self, state: State, queue: str) -> None:
+        """A deleted queue's bindings go with it (exchanges in name order)."""
+        for name in sorted(state.exchanges):
+            state.exchanges[name].bindings.pop(queue, None)
+
+
+def _no_exchange(name: str) -> Error:
+    return Error("unknown_exchange", f"no exchange '{name}' in vhost '/'")
+
+
+def _default_refused(what: str) -> Error:
+    return Error("access_refused", f"operation not permitted on the default exchange ({what})")
