@@ -63,6 +63,12 @@ class SyncObjAdapter(SyncObj):  # type: ignore[misc]
     _SyncObj__raftCommitIndex: int
     _SyncObj__raftLeader: Any
 
+    def __dir__(self) -> list[str]:
+        """Without our properties: SyncObj.__init__ reads every name dir() lists (looking for
+        @replicated methods) before it has set the private state they return."""
+        cls = type(self)
+        return [n for n in super().__dir__() if not isinstance(getattr(cls, n, None), property)]
+
     # --- state ---------------------------------------------------------------------------------
 
     @property
