@@ -452,11 +452,18 @@ class ClientSession:
         if bound is not command:  # re-encode only what changed (the codec is the hot path)
             blob = self._rebound_blob(blob, command, bound)
         self.used = True
-        reply_sink = self._reply_sink(request_id)
-        if isinstance(bound, Settle):
-            reply_sink = self._settle_sink(bound, reply_sink)
-        sink = self.server.metrics.count(bound, reply_sink)
+        sink = self._command_sink(bound, self._reply_sink(request_id))
         self.server.replica.propose(bound, sink, blob)
+
+    def _command_sink(
+        self, command: Any, reply_sink: Callable[[Reply], None]
+    ) -> Callable[[Reply], None]:
+        """What receives `command`'s reply: the settle fence, then the metrics, then the client
+        (the metrics count what the client is told: a settle the fence refuses is no ack)."""
+        sink = self.server.metrics.count(command, reply_sink)
+        if isinstance(command, Settle):
+            sink = self._settle_sink(command, sink)
+        return sink
 
     def _effective_version(self) -> int:
         """The machine version the cluster applies entries with now (it only ever grows, so a

@@ -2,11 +2,12 @@
 
 The real node code reads time and randomness through module globals; inside a simulation they
 answer from the virtual clock and the seeded generator instead:
-- `pysyncobj.syncobj.monotonicTime`, `raft.node.monotonic_time`, `raft.transport.monotonic_time`
-  (Raft's timers) and the `time` module as `raft.node`, `raft.batcher` and `raft.durability` see
-  it (submitter clock, proposal timeouts, disk probes), and as `cluster.node.timers` and
-  `cluster.node.server` see it (the leader timers and the connection reconciliation that
-  `raft.sim.session` runs);
+- `pysyncobj.syncobj.monotonicTime`, `monotonic_time` in `raft.node`, `raft.appends`,
+  `raft.elections`, `raft.node_status` and `raft.transport` (Raft's timers) and the `time` module
+  as `raft.node`, its parts `raft.node_base` and `raft.node_status`, `raft.batcher` and
+  `raft.durability` see it (submitter clock, proposal timeouts, disk probes), and as
+  `cluster.node.timers` and `cluster.node.server` see it (the leader timers and the connection
+  reconciliation that `raft.sim.session` runs);
 - `raft.batcher._Batch` (its `submitted_s` default was bound to `time.monotonic` at import);
 - `pysyncobj.syncobj.random` (election timeouts);
 - `raft.durability.DurableFileJournal.deleteEntriesFrom` is wrapped: a cut of the log at or
@@ -20,8 +21,8 @@ answer from the virtual clock and the seeded generator instead:
 - `raft.durability.DurableFileJournal._note_synced` (the power-loss layer) records the synced
   length in `SYNCED` instead of a marker file per fsync; a crash writes the marker from it and
   `raft.storage.power_loss` drops what was not fsynced;
-- `raft.node.SNAPSHOT_IN_CHILD` is False: a snapshot is encoded, retained and renamed inside
-  the tick (a forked child and a thread would make a run depend on real time);
+- `raft.snapshot_hooks.SNAPSHOT_IN_CHILD` is False: a snapshot is encoded, retained and renamed
+  inside the tick (a forked child and a thread would make a run depend on real time);
 - structlog and the logging module (pysyncobj's warnings) are quiet (the nodes log every
   election; a campaign would print millions of lines).
 No file of `raft/` or `cluster/` is edited: this module is the whole seam.
@@ -45,9 +46,14 @@ import structlog
 
 import cluster.node.server
 import cluster.node.timers
+import raft.appends
 import raft.batcher
 import raft.durability
+import raft.elections
 import raft.node
+import raft.node_base
+import raft.node_status
+import raft.snapshot_hooks
 import raft.transport
 from raft.sim.network import SimTransport
 
@@ -127,7 +133,12 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.node, "time", clock_time),
         (raft.node, "_LoopQuorumTransport", SimTransport),
         (raft.node, "transport_name", lambda: "quorumq"),
-        (raft.node, "SNAPSHOT_IN_CHILD", False),
+        (raft.snapshot_hooks, "SNAPSHOT_IN_CHILD", False),
+        (raft.appends, "monotonic_time", clock),
+        (raft.elections, "monotonic_time", clock),
+        (raft.node_status, "monotonic_time", clock),
+        (raft.node_status, "time", clock_time),
+        (raft.node_base, "time", clock_time),
         (raft.transport, "monotonic_time", clock),
         (raft.batcher, "time", clock_time),
         (raft.batcher, "_Batch", _virtual_batch(clock)),

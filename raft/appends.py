@@ -1,0 +1,195 @@
+"""AppendEntries on both sides of `raft.node.RaftNode`: durable acks, one send per tick, guards.
+
+- a follower's acks are collected during a tick and sent after one fsync covers them all
+  (`send_ack`, `_flush_acks`): entries are on disk before the leader counts them;
+- the leader's AppendEntries (pysyncobj sends after every appended entry, every apply and every
+  heartbeat) go out once per tick, then the leader fsyncs (`send_append_entries`,
+  `_flush_sends`); one that would carry only a new commit index waits up to
+  COMMIT_SEND_DELAY_S for the next entry's to carry it (`_commit_send_due`);
+- Raft's log matching, which pysyncobj skips: a follower cuts its log only at the first
+  conflicting entry (`_trim_present_entries`), and a snapshot chunk never advances its commit
+  index over its own unverified entries (`_without_commit_advance`);
+- contact (raft.contact): which follower answered the leader, and acknowledged its leadership.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import structlog
+from pysyncobj.monotonic import monotonic as monotonic_time
+from pysyncobj.syncobj import _RAFT_STATE
+
+from raft.contact import Contact
+from raft.errors import DiskFullError
+from raft.node_base import NodeBase
+from raft.settings import int_or
+
+log = structlog.get_logger("raft")
+
+# how long the leader may hold back an AppendEntries that would only carry a new commit index:
+# the next entry's AppendEntries (usually sooner, under load) carries it for free
+COMMIT_SEND_DELAY_S = 0.002
+
+
+class Appends(NodeBase):
+    """RaftNode's AppendEntries steps (module doc)."""
+
+    def send_ack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A follower ack: collected, and sent at the next tick (or the end of this one) after
+        one fsync for all of them: entries must be on disk before the leader counts them."""
+        self._deferred_acks.append((args, kwargs))
+
+    def _flush_acks(self) -> None:
+        if not self._deferred_acks:
+            return
+        self.sync_journal()
+        acks, self._deferred_acks = self._deferred_acks, []
+        for args, kwargs in acks:
+            self.syncobj_send_ack(args, kwargs)
+
+    def _hold_commit_send(self, applied: bool) -> None:
+        """After an apply: pysyncobj (unbatched) sends an AppendEntries after every apply, only
+        to carry the new commit index; it costs a message and an ack per follower per entry, so
+        the leader holds it back up to COMMIT_SEND_DELAY_S for a new entry's to carry it."""
+        if applied and self._commit_send_at is None and self._isLeader():
+            self._commit_send_at = monotonic_time() + COMMIT_SEND_DELAY_S
+
+    def _commit_send_due(self, timeout: float) -> float:
+        """Schedule the held-back commit index: now if due (or if entries go out anyway), else
+        poll no longer than until it is due."""
+        if self._commit_send_at is None:
+            return timeout
+        left = self._commit_send_at - float(monotonic_time())
+        if self._send_pending or left <= 0:
+            self._commit_send_at = None
+            self._send_pending = self._send_pending or bool(self._isLeader())
+            return timeout
+        return min(timeout, left)
+
+    def send_append_entries(self) -> None:
+        """pysyncobj (unbatched) sends after every appended entry, after every apply and on
+        each heartbeat: collect them and send once, before the tick ends in `_end_of_tick`."""
+        self._send_pending = True
+
+    def _flush_sends(self) -> None:
+        if not self._send_pending:
+            return
+        self._send_pending = False
+        # leader: send first so the followers' fsyncs overlap ours; ours still completes before
+        # the loop reads any ack (we return to it after this), so an entry is never counted as
+        # committed, nor its commit index sent out, before the leader's copy is on disk
+        self.syncobj_send_append_entries()
+        self.sync_journal()
+
+    def _receive_append(self, node: Any, message: Any) -> None:
+        """An AppendEntries or snapshot chunk (or any message pysyncobj handles): guarded, then
+        pysyncobj's. A follower appends the leader's entries here: on ENOSPC it does not ack
+        them, and the leader sends them again (after the conflicting tail is cut) until space
+        returns."""
+        snapshot_chunk = (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "prevLogIdx" not in message
+        )
+        if snapshot_chunk:
+            self._snapshots.cancel()  # its rename must never land over the leader's snapshot
+            message = self._without_commit_advance(message)
+        elif self._is_checked_append(message):
+            message = self._trim_present_entries(node, message)
+            if message is None:
+                return
+        with contextlib.suppress(DiskFullError):
+            self.syncobj_on_message(node, message)
+        if snapshot_chunk:
+            self._commit_loaded_snapshot()
+
+    def _is_checked_append(self, message: Any) -> bool:
+        """An AppendEntries pysyncobj checks against our log (prevLogIdx), of a current term."""
+        return (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "prevLogIdx" in message
+            and "transmission" not in message
+            and int(message.get("term", -1)) >= int(self.current_term)
+        )
+
+    def _trim_present_entries(self, node: Any, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Raft's rule, which pysyncobj skips: a follower cuts its log only at the first entry
+        that conflicts (same index, other term), never entries it holds that match. pysyncobj
+        cut everything after prevLogIdx on every AppendEntries, so a late or repeated one
+        (reconnects, a leader resending from an older next index) took entries this follower
+        had already acknowledged, and applied, off its log: the leader had counted them, so a
+        confirmed entry could be on fewer nodes than a majority. Entries we already hold are
+        dropped from the message (prevLogIdx moves past them); when all of them are held and
+        our log goes further, nothing is cut: the message is answered here with the index the
+        leader verified, and the commit index moves no further than that."""
+        entries = list(message.get("entries", []))
+        prev = int(message["prevLogIdx"])
+        ours = self.get_entries(prev)
+        if not ours or ours[0][2] != message["prevLogTerm"]:
+            return message  # pysyncobj answers the mismatch (and cuts nothing)
+        held = 0
+        for entry in entries:
+            position = held + 1
+            if position >= len(ours) or ours[position][2] != entry[2]:
+                break
+            held += 1
+        verified = prev + held
+        if held < len(entries) or len(ours) - 1 == held:
+            prev_term = entries[held - 1][2] if held else message["prevLogTerm"]
+            return {**message, "prevLogIdx": verified, "prevLogTerm": prev_term,
+                    "entries": entries[held:]}  # fmt: skip
+        # every entry held and our log goes further: cut nothing; commit at most `verified`
+        header = {
+            key: value for key, value in message.items() if key not in ("prevLogIdx", "entries")
+        }
+        header["commit_index"] = min(int(message["commit_index"]), verified)
+        with contextlib.suppress(DiskFullError):
+            self.syncobj_on_message(node, header)
+        self.send_next_node_idx(node, nextNodeIdx=verified + 1, success=True)
+        return None
+
+    def _without_commit_advance(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A snapshot chunk checks nothing of this node's log (no prevLogIdx), yet pysyncobj
+        sets the commit index to min(the leader's, our last index) on every chunk: a follower
+        holding entries no leader committed (appended while it led, cut off by a partition)
+        applied them and answered their publishes Ok, and the snapshot then replaced them: a
+        confirmed message lost (seed-5 chaos run). Such a message may not advance it."""
+        own = int(self.commit_index)
+        leader_commit = int(message.get("commit_index", 0))
+        if leader_commit <= own:
+            return message
+        log_end = int(self.current_log_index())
+        if log_end > own:  # entries of ours pysyncobj would have taken as committed
+            log.info(
+                "snapshot_chunk_commit_held", commit=own, log_end=log_end, leader=leader_commit
+            )
+        return {**message, "commit_index": own}
+
+    def _commit_loaded_snapshot(self) -> None:
+        """After a snapshot load the log is the leader's committed prefix up to the snapshot:
+        commit up to it (what pysyncobj did on the last chunk)."""
+        applied = int(self.last_applied)
+        if applied > int(self.commit_index):
+            self.commit_index = applied
+            self.raft_log.setRaftCommitIndex(applied)
+
+    def _heard_follower(self, peer: str | None, message: dict[str, Any]) -> None:
+        """A follower answered our AppendEntries (raft.contact): heard; and, when it holds the
+        first entry of this leadership (the no-op appended when elected), acknowledged."""
+        if peer is None:
+            return
+        now = monotonic_time()
+        contact = self._follower_contacts.setdefault(peer, Contact())
+        contact.heard(peer, now)
+        first = int(self.noop_index or 0)
+        if (
+            self._elected_at is not None
+            and self.raft_state == _RAFT_STATE.LEADER
+            and message.get("success") is True
+            and first > 0
+            and int_or(message.get("next_node_idx"), 0) > first
+        ):
+            contact.acknowledged(now, self._elected_at)
