@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import SyncObj
+from pysyncobj.config import FAIL_REASON
 from pysyncobj.pipe_notifier import PipeNotifier
 from pysyncobj.serializer import Serializer
 from pysyncobj.tcp_connection import TcpConnection
@@ -29,10 +30,11 @@ from pysyncobj.tcp_connection import TcpConnection
 # the owner's constructor; the test builds one to check them)
 PRIVATE_NAMES: dict[type, tuple[str, ...]] = {
     SyncObj: (
-        "applyLogEntries", "changeCluster", "conf", "connectedNodes", "connectedToAnyone",
+        "applyLogEntries", "changeCluster", "commandsWaitingReply", "conf", "connectedNodes",
+        "connectedToAnyone",
         "doApplyCommand", "doChangeCluster", "generateRaftTimeout", "getCurrentLogIndex",
         "getCurrentLogTerm", "getEntries", "leaderCommitIndex", "newAppendEntriesTime",
-        "noopIDx", "onLeaderChanged", "onMessageReceived", "otherNodes",
+        "noopIDx", "onLeaderChanged", "onMessageReceived", "onNodeDisconnected", "otherNodes",
         "parseChangeClusterRequest", "pipeNotifier", "raftCommitIndex", "raftCurrentTerm",
         "raftElectionDeadline", "raftLastApplied", "raftLeader", "raftLog", "raftState",
         "selfNode", "sendAppendEntries", "sendNextNodeIdx", "serializer", "setCurrentTerm",
@@ -180,6 +182,39 @@ class SyncObjAdapter(SyncObj):  # type: ignore[misc]
     def leader_changed(self) -> None:
         """pysyncobj's reaction to a leader change (fails the commands waiting on it)."""
         self._SyncObj__onLeaderChanged()
+
+    def waiting_forwards(self) -> dict[int, Callable[[Any, int], None]]:
+        """The callbacks of commands forwarded to the leader, by request id, awaiting its answer."""
+        waiting: dict[int, Callable[[Any, int], None]] = self._SyncObj__commandsWaitingReply
+        return waiting
+
+    def guard_forwards(self) -> None:
+        """Fail a forwarded command that nothing will answer, as a leader change fails it.
+
+        pysyncobj sends a follower's command to the leader it knows, ignores the send's result
+        and fails the waiting ones only on a leader change: a command forwarded while the link
+        to the leader was down (a follower just resumed from a pause redials it) or waiting when
+        the link dropped waited for the committer's 10 s sweep. Both fail at once now with
+        LEADER_CHANGED: outcome unknown (a send that failed after writing may have arrived), so
+        the client retries, deduplicated."""
+        transport = self.raft_transport
+        send = transport.send
+
+        def send_or_fail(node: Any, message: Any) -> bool:
+            sent = bool(send(node, message))
+            if not sent and isinstance(message, dict) and message.get("type") == "apply_command":
+                callback = self.waiting_forwards().pop(message.get("request_id", -1), None)
+                if callback is not None:
+                    callback(None, FAIL_REASON.LEADER_CHANGED)
+            return sent
+
+        def disconnected(node: Any) -> None:
+            self._SyncObj__onNodeDisconnected(node)
+            if node == self.raft_leader and self.waiting_forwards():
+                self.leader_changed()  # fails every command waiting on the leader
+
+        transport.send = send_or_fail
+        transport.setOnNodeDisconnectedCallback(disconnected)
 
     def generate_raft_timeout(self) -> Any:
         """A random election timeout, as pysyncobj draws them."""

@@ -13,6 +13,7 @@ from typing import Any
 import cbor2
 import pysyncobj.journal as pysyncobj_journal
 import pytest
+from pysyncobj.config import FAIL_REASON
 from pysyncobj.syncobj import _COMMAND_TYPE
 
 import fifo
@@ -387,5 +388,51 @@ def test_a_conflicting_entry_still_cuts_the_log_from_there(tmp_path: Path) -> No
             assert node._SyncObj__getCurrentLogIndex() == last + 2
             assert node._SyncObj__getEntries(last + 2)[0][2] == term + 1
             assert node._SyncObj__getEntries(last + 1)[0][2] == term
+    finally:
+        node.destroy_synchronous()
+
+
+def _follower_of_an_unreachable_leader(tmp_path: Path) -> RaftNode:
+    """A follower that believes n2 leads, with no link to it (n2 never starts) and no election
+    due for a minute: what a follower resumed from a pause looks like while it redials."""
+    node, _last, _term = _follower_with_tail(tmp_path, 0)
+    with node.lock:
+        node.raft_leader = node._peer_nodes["n2"]
+        node.election_deadline = time.monotonic() + 60.0
+    return node
+
+
+def test_a_command_forwarded_to_an_unreachable_leader_fails_at_once(tmp_path: Path) -> None:
+    """pysyncobj forwards a follower's command to the leader it knows and ignores the send's
+    result: with the link down, the callback waited until a leader change or the committer's
+    10 s sweep (issue 24: a command forwarded by a just-resumed follower). It fails now, as a
+    leader change does (outcome unknown: the client retries, deduplicated)."""
+    node = _follower_of_an_unreachable_leader(tmp_path)
+    failed: list[int] = []
+    done = threading.Event()
+
+    def callback(_result: Any, reason: int) -> None:
+        failed.append(reason)
+        done.set()
+
+    try:
+        node.submit(Entry("cmds", int(time.time() * 1000), ("n1", 1, 1), cmds=()), callback)
+        assert done.wait(2.0), "the forwarded command waited on a leader it cannot reach"
+        assert failed == [FAIL_REASON.LEADER_CHANGED]
+    finally:
+        node.destroy_synchronous()
+
+
+def test_commands_waiting_on_the_leader_fail_when_the_link_to_it_drops(tmp_path: Path) -> None:
+    """A forward sent, then the link to the leader dropped before its answer: nothing answers
+    it any more (pysyncobj fails the waiting ones only on a leader change)."""
+    node = _follower_of_an_unreachable_leader(tmp_path)
+    failed: list[int] = []
+    leader = node._peer_nodes["n2"]
+    with node.lock:
+        node.waiting_forwards()[7] = lambda _result, reason: failed.append(reason)
+        node.raft_transport._onNodeDisconnected(leader)
+    try:
+        assert failed == [FAIL_REASON.LEADER_CHANGED]
     finally:
         node.destroy_synchronous()

@@ -59,11 +59,12 @@ def test_a_bounded_campaign_finds_nothing_on_the_fixed_code(seed: int) -> None:
 # each fix undone (tests/raft/sim/plants.py; `python -m tests.raft.sim.find_planted NAME`), found
 # again once raft ticked on its own deadlines (raft/ticker.py) instead of a 20 ms grid; the
 # empty last snapshot chunk (`empty_snapshot_chunk`, `--wire pysyncobj`) is not found by 340
-# seeds of that campaign since, so it is not pinned here (issue 26)
+# seeds of that campaign since, so it is not pinned here (issue 26); hello_order moved from 16
+# to 9 when a forward to an unreachable leader began to fail at once (raft/syncobj_adapter.py)
 PLANTED_BUGS = [
     ("late_append_truncation", 2, "quorumq", "committed entries cut"),
     ("snapshot_chunk_commit", 1, "quorumq", "state-machine safety"),
-    ("hello_order", 16, "quorumq", "state-machine safety"),
+    ("hello_order", 9, "quorumq", "state-machine safety"),
     ("dropped_connection_down", 1, "quorumq", "liveness: the drain left"),
     ("leader_own_node_up", 10, "quorumq", "liveness: n1 still lists ['n2'] down"),
 ]
