@@ -25,7 +25,8 @@ import structlog
 import fifo
 from cluster import config, nodelock, protocol
 from cluster.amqp.listener import AmqpListener
-from cluster.config import UNRELEASED_FLAG, ClusterConfig, NodeConfig
+from cluster.config import UNRELEASED_FLAG as UNRELEASED_FLAG  # re-exported: tests, benches
+from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.client_tls import TlsClientListener
 from cluster.node.deadletters import DropReporter
