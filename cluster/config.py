@@ -27,6 +27,9 @@ USER_RIGHTS: tuple[UserRights, ...] = ("read", "admin")
 USERS_MAX = 100
 CONFIG_FILE = "cluster.toml"
 SNAPSHOT_EVERY_ENTRIES_DEFAULT = 5000
+# set to 1 in a node's environment, lets `--max-machine-version` name an unreleased machine
+# version (development and tests only; never the default)
+UNRELEASED_FLAG = "QUORUMQ_ALLOW_UNRELEASED_MACHINE"
 SNAPSHOT_EVERY_ENTRIES_MIN = 10
 SNAPSHOT_EVERY_ENTRIES_MAX = 10_000_000
 # ... and at the latest this long after the last one (pysyncobj's logCompactionMinTime)

@@ -19,7 +19,9 @@ from typing import Any
 import click
 import structlog
 
+import fifo
 from cluster.chaos import group_workload
+from cluster.chaos.backlog import BODY_BYTES_MAX, BODY_BYTES_MIN, MESSAGES_MAX, BacklogParams
 from cluster.chaos.nemesis import FAULT_KINDS, LEADER_TOKEN, expand_faults
 from cluster.chaos.run import RunParams, run
 from cluster.chaos.workload import WorkloadParams
@@ -106,6 +108,28 @@ def _quiet_logs(verbose: bool) -> None:
     help="The queues' disconnected timeout (default: the machine's). Short (e.g. 1000): a "
     "paused or cut-off node's consumers lose their messages while it may still deliver them.",
 )
+@click.option(
+    "--backlog",
+    type=click.IntRange(1, MESSAGES_MAX),
+    default=None,
+    help="A standing backlog of N messages in a queue of its own, published before the faults "
+    "and drained after them through every node in turn, each body checked byte for byte "
+    "(with --machine-version 4 the bodies live only in the journal's live entries).",
+)
+@click.option(
+    "--backlog-body",
+    type=click.IntRange(BODY_BYTES_MIN, BODY_BYTES_MAX),
+    default=1024,
+    show_default=True,
+    help="Bytes per backlog message.",
+)
+@click.option(
+    "--machine-version",
+    type=click.IntRange(1, max(fifo.UNRELEASED_VERSIONS or (fifo.LATEST_VERSION,))),
+    default=None,
+    help="The nodes' machine version cap (default: the newest released); the run waits until "
+    "the cluster applies it. The unreleased 4 is allowed here, for these nodes only.",
+)
 @click.option("--keep-data", is_flag=True, help="Keep the cluster data dir under /tmp.")
 @click.option(
     "--tls",
@@ -135,6 +159,9 @@ def main(
     fsync: str | None,
     snapshot_every: int,
     queue_disconnected_timeout_ms: int | None,
+    backlog: int | None,
+    backlog_body: int,
+    machine_version: int | None,
     keep_data: bool,
     tls: bool,
     netns: bool,
@@ -146,6 +173,8 @@ def main(
     Example:
       python scripts/chaos.py --duration 60 --faults kill,pause --seed 7 --json
       python scripts/chaos.py --netns --faults kill,partition,membership --duration 120
+      python scripts/chaos.py --backlog 200000 --machine-version 4 \\
+          --faults kill,partition,power-loss --duration 120 --json
     """
     tokens = [] if faults.strip() in ("", "none") else [t.strip() for t in faults.split(",")]
     try:
@@ -178,6 +207,8 @@ def main(
         snapshot_every_entries=snapshot_every,
         groups=groups,
         queue_disconnected_timeout_ms=queue_disconnected_timeout_ms,
+        backlog=None if backlog is None else BacklogParams(backlog, backlog_body),
+        machine_version=machine_version,
     )
     report = _run_netns(params) if netns else run(params)
     click.echo(json.dumps(report, indent=2, default=str) if as_json else _summary(report))
@@ -228,6 +259,14 @@ def _summary(report: dict[str, Any]) -> str:
             f"violations {g['key_order_violation_count']}, duplicated {g['duplicated_count']} "
             f"(of resent {g['resend_duplicated_count']}), lost {g['lost_count']}, "
             f"unexpected {g['unexpected_count']}"
+        )
+    if report.get("backlog"):
+        b = report["backlog"]
+        lines.append(
+            f"backlog: {b['confirmed']} of {b['messages']} x {b['body_bytes']} B confirmed; "
+            f"lost {b['lost']}, unexpected {b['unexpected']}, bad bodies {b['bad_bodies']}, "
+            f"duplicates {b['duplicates']}; delivered per node {b['delivered_per_node']}; "
+            f"snapshots installed per node {b['restored_by_snapshot']}"
         )
     lines += [f"note: {note}" for note in report["notes"]]
     lines.append(f"report: {report['files']['report']}  timeline: {report['files']['timeline']}")

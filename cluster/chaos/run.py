@@ -20,11 +20,14 @@ from typing import Any, cast
 
 import structlog
 
+import fifo
 from cluster import config as cluster_config
 from cluster import launcher
 from cluster import tls as cluster_tls
 from cluster.chaos import availability, group_workload
 from cluster.chaos.availability import FaultWindow
+from cluster.chaos.backlog import QUEUE as BACKLOG_QUEUE
+from cluster.chaos.backlog import BacklogCheck, BacklogParams
 from cluster.chaos.checker import check
 from cluster.chaos.control import LauncherCluster, route_through_proxies
 from cluster.chaos.group_workload import GroupMember, GroupParams, GroupProducer, MemberCrasher
@@ -83,6 +86,12 @@ class RunParams:
     # the queues' disconnected timeout (None: the machine's default); short ones return a
     # paused or cut-off node's consumers' messages while that node still has them to deliver
     queue_disconnected_timeout_ms: int | None = None
+    # a standing backlog (issue 32): published before the faults, drained after them through
+    # every node, each body checked against what was published (cluster/chaos/backlog.py)
+    backlog: BacklogParams | None = None
+    # the nodes' machine version cap (None: the newest released); an unreleased one (4) is
+    # allowed for the run's nodes only (UNRELEASED_FLAG in their environment)
+    machine_version: int | None = None
 
 
 @dataclass(slots=True)
@@ -112,11 +121,18 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
         # the nodes record how much of their journal is fsynced (test-only layer), so that
         # the power-loss fault can drop the rest
         os.environ[durability.FAULT_POWER_LOSS_ENV] = "1"
+    if params.machine_version in fifo.UNRELEASED_VERSIONS:
+        os.environ[cluster_config.UNRELEASED_FLAG] = "1"
     stage = _Stage()
     every = params.snapshot_every_entries
     fsync: dict[str, Any] = {} if params.fsync is None else {"fsync": params.fsync}
     config = launcher.init_cluster(
-        data_dir, params.nodes, snapshot_every_entries=every, tls=params.tls, **fsync
+        data_dir,
+        params.nodes,
+        snapshot_every_entries=every,
+        tls=params.tls,
+        max_machine_version=params.machine_version,
+        **fsync,
     )
     cluster_tls.ensure_certificates(data_dir, config)
     mesh = _make_mesh(data_dir, kinds, stage)
@@ -127,21 +143,30 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     recorder = Recorder(out_dir / "history.jsonl")
     nemesis = Nemesis(cluster, recorder, mesh)
     replicas: ReplicaCheck | None = None
+    backlog = BacklogCheck(params.backlog) if params.backlog is not None else None
     try:
         cluster.start_all()
         launcher.wait_for_leader(
             cluster.config, cluster.key, params.leader_timeout_s, tls=cluster.tls
         )
+        if params.machine_version is not None:
+            _wait_for_machine(cluster, params.machine_version, params.leader_timeout_s)
         _declare_queues(
             cluster, params.workload.queues, params.groups, params.queue_disconnected_timeout_ms
         )
+        if backlog is not None:
+            backlog.fill(list(cluster.endpoints().values()), cluster.key, cluster.tls)
         schedule = make_schedule(kinds, params.duration_s, params.seed, params.schedule)
         if during is not None:
             threading.Thread(target=during, args=(cluster, recorder), daemon=True).start()
         workload_end_s = _run_workload(params, cluster, recorder, nemesis, schedule, stage)
         _recover(params, cluster, nemesis, recorder, stage)
         _drain(params, cluster, recorder, stage)
-        replicas = check_replicas(cluster, params.workload.queues)
+        queues = params.workload.queues
+        if backlog is not None:
+            backlog.drain(cluster.endpoints(), cluster.key, cluster.tls)
+            queues = (*queues, BACKLOG_QUEUE)
+        replicas = check_replicas(cluster, queues)
     finally:
         nemesis.heal_everything()
         cluster.shutdown()
@@ -156,8 +181,24 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
         if not params.keep_data:
             shutil.rmtree(data_dir, ignore_errors=True)
     report = _report(params, kinds, recorder, nemesis, replicas, stage, workload_end_s, data_dir)
+    if backlog is not None:
+        report["backlog"] = backlog.to_dict(out_dir / "nodes")
+        report["valid"] = report["valid"] and backlog.valid
     _write_json(out_dir / "report.json", report)
     return report
+
+
+def _wait_for_machine(cluster: LauncherCluster, version: int, timeout_s: float) -> None:
+    """Wait until the cluster applies machine `version` (the leader upgrades a new cluster once
+    every node said what it supports): the workload runs on the version asked for."""
+
+    def effective() -> bool:
+        with Client(
+            list(cluster.endpoints().values()), cluster.key, name="chaos-machine", tls=cluster.tls
+        ) as client:
+            return int(str(client.machine()["effective_version"])) >= version
+
+    launcher.wait_until(effective, timeout_s, f"machine version {version}")
 
 
 def _keep_node_logs(data_dir: Path, into: Path) -> None:

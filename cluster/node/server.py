@@ -25,6 +25,7 @@ import structlog
 import fifo
 from cluster import config, nodelock, protocol
 from cluster.amqp.listener import AmqpListener
+from cluster.config import UNRELEASED_FLAG as UNRELEASED_FLAG  # re-exported: tests, benches
 from cluster.config import ClusterConfig, NodeConfig
 from cluster.errors import ConfigError
 from cluster.node.client_tls import TlsClientListener
@@ -67,8 +68,6 @@ EX_CONFIG = 78
 TIMER_PERIOD_S = 0.1
 STATUS_PERIOD_S = 2.0
 RAFT_BIND_TIMEOUT_S = 10.0
-# lets `--max-machine-version` name an unreleased machine version (development only)
-UNRELEASED_FLAG = "QUORUMQ_ALLOW_UNRELEASED_MACHINE"
 GIL_SWITCH_INTERVAL_S = 0.001
 # the cyclic garbage collector: its youngest generation is collected after this many net
 # container allocations (Python's default: 700). A node allocates a few per command and its
