@@ -115,26 +115,9 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
         raise RuntimeError(missing)  # say so now, not after the whole run
     out_dir = params.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(tempfile.mkdtemp(prefix="quorumq-chaos-", dir="/tmp"))
     kinds = expand_faults(params.faults)
-    if any(kind.startswith("power-loss") for kind in kinds):
-        # the nodes record how much of their journal is fsynced (test-only layer), so that
-        # the power-loss fault can drop the rest
-        os.environ[durability.FAULT_POWER_LOSS_ENV] = "1"
-    if params.machine_version in fifo.UNRELEASED_VERSIONS:
-        os.environ[cluster_config.UNRELEASED_FLAG] = "1"
+    data_dir = _init_data_dir(params, kinds)
     stage = _Stage()
-    every = params.snapshot_every_entries
-    fsync: dict[str, Any] = {} if params.fsync is None else {"fsync": params.fsync}
-    config = launcher.init_cluster(
-        data_dir,
-        params.nodes,
-        snapshot_every_entries=every,
-        tls=params.tls,
-        max_machine_version=params.machine_version,
-        **fsync,
-    )
-    cluster_tls.ensure_certificates(data_dir, config)
     mesh = _make_mesh(data_dir, kinds, stage)
     if mesh is None:
         kinds = [k for k in kinds if not k.startswith("partition")]
@@ -145,17 +128,7 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     replicas: ReplicaCheck | None = None
     backlog = BacklogCheck(params.backlog) if params.backlog is not None else None
     try:
-        cluster.start_all()
-        launcher.wait_for_leader(
-            cluster.config, cluster.key, params.leader_timeout_s, tls=cluster.tls
-        )
-        if params.machine_version is not None:
-            _wait_for_machine(cluster, params.machine_version, params.leader_timeout_s)
-        _declare_queues(
-            cluster, params.workload.queues, params.groups, params.queue_disconnected_timeout_ms
-        )
-        if backlog is not None:
-            backlog.fill(list(cluster.endpoints().values()), cluster.key, cluster.tls)
+        _prepare(params, cluster, backlog)
         schedule = make_schedule(kinds, params.duration_s, params.seed, params.schedule)
         if during is not None:
             threading.Thread(target=during, args=(cluster, recorder), daemon=True).start()
@@ -170,12 +143,7 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
     finally:
         nemesis.heal_everything()
         cluster.shutdown()
-        if mesh is not None:
-            stage.proxy_bytes = {
-                f"{source}->{target}": sum(proxy.bytes_forwarded())
-                for (source, target), proxy in mesh.proxies.items()
-            }
-            mesh.close()
+        _close_mesh(mesh, stage)
         recorder.close()
         _keep_node_logs(data_dir, out_dir / "nodes")
         if not params.keep_data:
@@ -186,6 +154,53 @@ def run(params: RunParams, during: DuringHook | None = None) -> dict[str, Any]:
         report["valid"] = report["valid"] and backlog.valid
     _write_json(out_dir / "report.json", report)
     return report
+
+
+def _init_data_dir(params: RunParams, kinds: list[str]) -> Path:
+    """A fresh cluster data dir under /tmp (config, secret, certificates), and what the node
+    processes need in their environment for the faults and the machine version asked for."""
+    data_dir = Path(tempfile.mkdtemp(prefix="quorumq-chaos-", dir="/tmp"))
+    if any(kind.startswith("power-loss") for kind in kinds):
+        # the nodes record how much of their journal is fsynced (test-only layer), so that
+        # the power-loss fault can drop the rest
+        os.environ[durability.FAULT_POWER_LOSS_ENV] = "1"
+    if params.machine_version in fifo.UNRELEASED_VERSIONS:
+        os.environ[cluster_config.UNRELEASED_FLAG] = "1"
+    fsync: dict[str, Any] = {} if params.fsync is None else {"fsync": params.fsync}
+    config = launcher.init_cluster(
+        data_dir,
+        params.nodes,
+        snapshot_every_entries=params.snapshot_every_entries,
+        tls=params.tls,
+        max_machine_version=params.machine_version,
+        **fsync,
+    )
+    cluster_tls.ensure_certificates(data_dir, config)
+    return data_dir
+
+
+def _prepare(params: RunParams, cluster: LauncherCluster, backlog: BacklogCheck | None) -> None:
+    """Start the nodes, wait for a leader (and the machine version asked for), declare the
+    queues and publish the standing backlog, if any: everything before the faults."""
+    cluster.start_all()
+    launcher.wait_for_leader(cluster.config, cluster.key, params.leader_timeout_s, tls=cluster.tls)
+    if params.machine_version is not None:
+        _wait_for_machine(cluster, params.machine_version, params.leader_timeout_s)
+    _declare_queues(
+        cluster, params.workload.queues, params.groups, params.queue_disconnected_timeout_ms
+    )
+    if backlog is not None:
+        backlog.fill(list(cluster.endpoints().values()), cluster.key, cluster.tls)
+
+
+def _close_mesh(mesh: ProxyMesh | None, stage: _Stage) -> None:
+    """Close the link proxies, keeping the bytes each forwarded for the report."""
+    if mesh is not None:
+        stage.proxy_bytes = {
+            f"{source}->{target}": sum(proxy.bytes_forwarded())
+            for (source, target), proxy in mesh.proxies.items()
+        }
+        mesh.close()
 
 
 def _wait_for_machine(cluster: LauncherCluster, version: int, timeout_s: float) -> None:
