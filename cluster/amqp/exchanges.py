@@ -32,7 +32,8 @@ from fifo.commands import (
     UnbindQueue,
 )
 from fifo.replies import DeclareOk, Error, Ok
-from raft.replica import ReplicaView, Reply
+from fifo.v4 import exchanges as v4_exchanges
+from raft.replica import Reply
 
 if TYPE_CHECKING:
     from cluster.amqp.channel import Channel
@@ -186,10 +187,7 @@ def _header_value(value: Any) -> str | int | None:
 
 
 def exchange_type_here(server: NodeServer, name: str) -> str | None:
-    """The type of exchange `name` in this node's state, None when it has none."""
+    """The type of exchange `name` (declared or built-in) in this node's state, None when it
+    has none."""
 
-    def type_of(view: ReplicaView) -> str | None:
-        found = view.state.exchanges.get(name)
-        return None if found is None else str(found.exchange_type)
-
-    return node_link.read(server, type_of)
+    return node_link.read(server, lambda view: v4_exchanges.exchange_type(view.state, name))

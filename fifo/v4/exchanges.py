@@ -9,6 +9,10 @@
 - **One entry, several queues.** A publish is matched against the bindings, then stored in each
   matching queue, in queue-name order, as a plain enqueue of this same command: every copy
   refers to this entry's body (`fifo.bodies`), and the entry stays live while any copy does.
+- **Built-ins.** RabbitMQ's `amq.direct`, `amq.fanout`, `amq.topic`, `amq.headers` and
+  `amq.match` (headers) exist implicitly: a passive declare finds them, declaring one with its
+  own type is a no-op, deleting one is refused (403). One is stored in `state.exchanges` when a
+  queue is first bound to it; until then it routes nowhere.
 - **Refusals.** Input errors and `queues_per_publish_max` are refused before anything changes;
   a queue refusing its copy is named in `Routed.refused` (the others keep theirs); a mandatory
   publish matching no queue answers `Unroutable` (nothing stored).
@@ -41,6 +45,13 @@ if TYPE_CHECKING:
 
 DEFAULT_EXCHANGE = ""
 RESERVED_PREFIX = "amq."
+BUILT_IN_EXCHANGES: dict[str, str] = {
+    "amq.direct": "direct",
+    "amq.fanout": "fanout",
+    "amq.headers": "headers",
+    "amq.match": "headers",
+    "amq.topic": "topic",
+}
 X_MATCH = "x-match"
 X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 
@@ -99,11 +110,25 @@ def binding_matches(exchange_type: str, binding: tuple[str, HeaderPairs],
     return headers_match(arguments, cmd.headers)
 
 
+def find_exchange(state: State, name: str) -> Exchange | None:
+    """The exchange `name`: a declared one, or a built-in never bound (a fresh, unstored one)."""
+    exchange = state.exchanges.get(name)
+    if exchange is None and name in BUILT_IN_EXCHANGES:
+        return Exchange(name, BUILT_IN_EXCHANGES[name])
+    return exchange
+
+
+def exchange_type(state: State, name: str) -> str | None:
+    """The type of exchange `name` (declared or built-in), None when there is none."""
+    exchange = find_exchange(state, name)
+    return None if exchange is None else exchange.exchange_type
+
+
 def route(state: State, cmd: PublishToExchange) -> list[str] | None:
     """The sorted names of the queues `cmd` goes to, or None: no such exchange."""
     if cmd.exchange == DEFAULT_EXCHANGE:
         return [cmd.routing_key] if cmd.routing_key in state.queues else []
-    exchange = state.exchanges.get(cmd.exchange)
+    exchange = find_exchange(state, cmd.exchange)
     if exchange is None:
         return None
     kind = exchange.exchange_type
@@ -193,7 +218,7 @@ class Exchanges:
             return invalid(err)
         if not v.is_bool(cmd.passive):
             return invalid("passive must be a bool")
-        existing = ctx.state.exchanges.get(cmd.exchange)
+        existing = find_exchange(ctx.state, cmd.exchange)
         if cmd.passive:
             return DeclareOk(False) if existing is not None else _no_exchange(cmd.exchange)
         if not v.one_of(cmd.exchange_type, EXCHANGE_TYPES):
@@ -221,6 +246,9 @@ class Exchanges:
             return invalid(err)
         if not v.is_bool(cmd.if_unused):
             return invalid("if_unused must be a bool")
+        if cmd.exchange.startswith(RESERVED_PREFIX):
+            return Error("access_refused", f"deletion of system exchange '{cmd.exchange}' in "
+                         "vhost '/' not allowed")  # fmt: skip
         exchange = ctx.state.exchanges.get(cmd.exchange)
         if exchange is None:
             return _no_exchange(cmd.exchange)
@@ -242,6 +270,7 @@ class Exchanges:
             return OK
         if found.binding_count() >= limits.bindings_per_exchange_max:
             return Error("unsupported", "bindings_per_exchange_max reached")
+        found = ctx.state.exchanges.setdefault(found.name, found)  # a built-in's first binding
         found.bindings.setdefault(cmd.queue, {})[(cmd.routing_key, arguments)] = None
         return OK
 
@@ -263,7 +292,7 @@ class Exchanges:
             return invalid(err)
         if cmd.exchange == DEFAULT_EXCHANGE:
             return _default_refused("bind to or unbind from")
-        exchange = state.exchanges.get(cmd.exchange)
+        exchange = find_exchange(state, cmd.exchange)
         if exchange is None:
             return _no_exchange(cmd.exchange)
         if cmd.queue not in state.queues:

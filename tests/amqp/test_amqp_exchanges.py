@@ -212,6 +212,24 @@ def test_the_return_frames_come_before_the_ack(v4: AmqpCluster) -> None:
         raw.close()
 
 
+def test_built_in_exchanges_route_and_cannot_be_deleted(channel: BlockingChannel) -> None:
+    """amq.direct, amq.fanout, amq.topic, amq.headers, amq.match: declared passively or with
+    their own type, used without a declare, never deleted (403)."""
+    for name, kind in (("amq.direct", "direct"), ("amq.fanout", "fanout"),
+                       ("amq.topic", "topic"), ("amq.headers", "headers"),
+                       ("amq.match", "headers")):  # fmt: skip
+        channel.exchange_declare(name, passive=True)
+        channel.exchange_declare(name, kind, durable=True)
+    [queue] = _queues(channel, 1)
+    channel.queue_bind(queue, "amq.topic", f"{queue}.#")
+    channel.basic_publish("amq.topic", f"{queue}.a.b", b"routed")
+    channel.basic_publish("amq.topic", "elsewhere", b"not")
+    assert _drain(channel, queue) == [b"routed"]
+    with pytest.raises(ChannelClosedByBroker) as info:
+        channel.exchange_delete("amq.fanout")
+    assert info.value.reply_code == 403 and "deletion of system exchange" in info.value.reply_text
+
+
 def test_exchange_delete_if_unused_and_publish_after_delete(v4: AmqpCluster) -> None:
     """if_unused refuses an exchange with bindings (406); deleted, a publish to it is 404."""
     connection = pika.BlockingConnection(v4.params(2))

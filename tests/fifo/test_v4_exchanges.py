@@ -127,6 +127,48 @@ def test_a_passive_declare_checks_existence_only() -> None:
     assert log.ok(c.DeclareExchange("x", "direct", passive=True)) == DeclareOk(False)
 
 
+BUILT_INS = [("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"),
+             ("amq.headers", "headers"), ("amq.match", "headers")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "kind"), BUILT_INS)
+def test_built_in_exchanges_exist_implicitly_and_cannot_be_deleted(name: str, kind: str) -> None:
+    """RabbitMQ's amq.* exchanges: passive declare finds them, their own type is a no-op,
+    another type is 406, deleting is 403; nothing is stored until a queue is bound."""
+    log = Log()
+    assert log.ok(c.DeclareExchange(name, "direct", passive=True)) == DeclareOk(False)
+    assert log.ok(c.DeclareExchange(name, kind)) == DeclareOk(False)
+    other = "fanout" if kind != "fanout" else "topic"
+    reply, _ = log.run(c.DeclareExchange(name, other))
+    assert reply.code == "exchange_exists" and f"current is '{kind}'" in reply.message
+    for if_unused in (False, True):
+        reply, _ = log.run(c.DeleteExchange(name, if_unused))
+        assert reply.code == "access_refused"
+        assert reply.message == f"deletion of system exchange '{name}' in vhost '/' not allowed"
+    assert log.ok(c.PublishToExchange(name, "k", b"m")) == Routed(())
+    assert log.state.exchanges == {}
+
+
+def test_built_in_exchanges_route_once_bound_and_survive_snapshots() -> None:
+    """A queue bound to amq.topic / amq.match gets what matches; the state restores equal."""
+    log = Log()
+    for name in ("a", "b"):
+        log.ok(c.DeclareQueue(name))
+    log.ok(c.BindQueue("a", "amq.topic", "log.#"))
+    log.ok(c.BindQueue("b", "amq.match", "", (("x-match", "any"), ("k", 1))))
+    assert log.ok(c.PublishToExchange("amq.topic", "log.x", b"m")) == Routed(("a",))
+    assert log.ok(c.PublishToExchange("amq.match", "", b"m", (("k", 1),))) == Routed(("b",))
+    reply, _ = log.run(c.PublishToExchange("amq.fanout", "", b"m", mandatory=True))
+    assert reply == Unroutable("amq.fanout", "")
+    assert list(log.state.exchanges) == ["amq.topic", "amq.match"]
+    log.ok(c.UnbindQueue("a", "amq.topic", "log.#"))
+    log.ok(c.UnbindQueue("a", "amq.direct", "never-bound"))
+    reply, _ = log.run(c.DeleteExchange("amq.topic"))
+    assert reply.code == "access_refused"
+    restored = fifo.restore(fifo.snapshot(log.state))
+    assert fifo.digest(restored) == fifo.digest(log.state)
+
+
 def test_delete_if_unused_refuses_while_bound_and_delete_drops_bindings() -> None:
     """if-unused is refused with bindings (406); a plain delete removes them with it."""
     log = setup("fanout")
@@ -373,9 +415,11 @@ def test_the_digest_is_the_same_in_processes_with_other_hash_seeds() -> None:
         "cmds = [c.DeclareExchange('t', 'topic'), c.DeclareExchange('h', 'headers')]\n"
         "for n in range(20):\n"
         "    cmds += [c.DeclareQueue(f'q{n}'), c.BindQueue(f'q{n}', 't', f'k.{n % 3}.#'),\n"
-        "             c.BindQueue(f'q{n}', 'h', '', (('a', n % 2), ('x-match', 'any')))]\n"
+        "             c.BindQueue(f'q{n}', 'h', '', (('a', n % 2), ('x-match', 'any'))),\n"
+        "             c.BindQueue(f'q{n}', f'amq.{\"topic\" if n % 2 else \"fanout\"}', 'k.#')]\n"
         "for n in range(30):\n"
         "    cmds += [c.PublishToExchange('t', f'k.{n % 4}.z', b'm'),\n"
+        "             c.PublishToExchange('amq.topic', f'k.{n}', b't'),\n"
         "             c.PublishToExchange('h', '', b'h', (('a', n % 3),))]\n"
         "for i, cmd in enumerate(cmds):\n"
         "    r, _ = fifo.apply(fifo.Meta((i + 1) * 1024, 1, 1, 4), cmd, s)\n"
