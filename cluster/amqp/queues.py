@@ -19,6 +19,7 @@ from cluster.amqp.errors import (
     not_implemented,
 )
 from fifo.commands import (
+    EXCHANGES_SINCE_VERSION,
     DeclareGroupedQueue,
     DeclareQueue,
     DeleteQueue,
@@ -59,6 +60,13 @@ async def declare(server: NodeServer, method: commands.Queue.Declare) -> command
     )
     groups = arguments.group_config(queue, args)
     config = arguments.queue_config(queue, args)
+    dead_letter_exchange = arguments.dead_letter_exchange_of(config)
+    if dead_letter_exchange and node_link.effective_version(server) < EXCHANGES_SINCE_VERSION:
+        raise not_implemented(
+            f"x-dead-letter-exchange '{dead_letter_exchange}': exchanges other "
+            f"than the default one need machine v{EXCHANGES_SINCE_VERSION} (quorumq machine "
+            f"upgrade --to {EXCHANGES_SINCE_VERSION})"
+        )
     command = DeclareQueue(queue, config) if groups is None else DeclareGroupedQueue(
         queue, config, groups
     )  # fmt: skip

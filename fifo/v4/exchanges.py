@@ -16,6 +16,10 @@
 - **Refusals.** Input errors and `queues_per_publish_max` are refused before anything changes;
   a queue refusing its copy is named in `Routed.refused` (the others keep theirs); a mandatory
   publish matching no queue answers `Unroutable` (nothing stored).
+- **Dead-lettering through an exchange.** A queue's `dead_letter_queue` may name an exchange
+  and a routing key (`dead_letter_target`: NUL, exchange, NUL, key; a queue of that very name
+  wins): its dead letters are routed like a publish with that key (their annotations are a
+  headers exchange's headers) into every matching queue but the source (`dead_letter_route`).
 - **Determinism.** Matches are collected per queue name and sorted: never set or hash order.
 """
 
@@ -52,6 +56,7 @@ BUILT_IN_EXCHANGES: dict[str, str] = {
     "amq.match": "headers",
     "amq.topic": "topic",
 }
+DEAD_LETTER_MARK = "\x00"  # begins and splits a dead-letter target through an exchange
 X_MATCH = "x-match"
 X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 
@@ -129,8 +134,37 @@ def route(state: State, cmd: PublishToExchange) -> list[str] | None:
     if cmd.exchange == DEFAULT_EXCHANGE:
         return [cmd.routing_key] if cmd.routing_key in state.queues else []
     exchange = find_exchange(state, cmd.exchange)
-    if exchange is None:
+    return None if exchange is None else _matching(exchange, cmd)
+
+
+def dead_letter_target(exchange: str, routing_key: str) -> str:
+    """The `dead_letter_queue` value that dead-letters through `exchange` with `routing_key`."""
+    return f"{DEAD_LETTER_MARK}{exchange}{DEAD_LETTER_MARK}{routing_key}"
+
+
+def dead_letter_exchange(target: str) -> tuple[str, str] | None:
+    """(exchange, routing key) of a `dead_letter_target` value, None for a plain queue name."""
+    if not target.startswith(DEAD_LETTER_MARK) or DEAD_LETTER_MARK not in target[1:]:
         return None
+    exchange, routing_key = target[1:].split(DEAD_LETTER_MARK, 1)
+    return exchange, routing_key
+
+
+def dead_letter_route(state: State, through: tuple[str, str], source: str,
+                      annotations: HeaderPairs) -> list[str]:  # fmt: skip
+    """The sorted queues a dead letter of `source` goes to through (exchange, routing key):
+    none when the exchange is gone; never `source` itself."""
+    exchange, routing_key = through
+    if exchange == DEFAULT_EXCHANGE:
+        names = [routing_key] if routing_key in state.queues else []
+    else:
+        found = find_exchange(state, exchange)
+        publish = PublishToExchange(exchange, routing_key, b"", annotations)
+        names = [] if found is None else _matching(found, publish)
+    return [name for name in names if name != source]
+
+
+def _matching(exchange: Exchange, cmd: PublishToExchange) -> list[str]:
     kind = exchange.exchange_type
     return sorted(queue for queue, keys in exchange.bindings.items()
                   if any(binding_matches(kind, binding, cmd) for binding in keys))  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pamqp import body, commands, header
 
-from cluster.launcher import start_cluster
+from cluster.launcher import start_cluster, wait_until
 from tests.amqp.conftest import AmqpCluster, restart_at_v4
 from tests.amqp.test_protocol import RawAmqp
 
@@ -82,6 +82,11 @@ def _drain(channel: BlockingChannel, queue: str) -> list[bytes]:
         bodies.append(body)
 
 
+def _got(got: tuple[Any, Any, Any]) -> tuple[Any, Any, Any] | None:
+    """basic_get's answer when it got a message, else None (for wait_until)."""
+    return got if got[0] is not None else None
+
+
 def test_before_v4_exchanges_are_refused_with_540_naming_v4(before_v4: AmqpCluster) -> None:
     """On a cluster still before v4 (this module's first test: the `v4` fixture upgrades the
     same cluster later), declaring, binding and publishing to an exchange are 540."""
@@ -89,7 +94,9 @@ def test_before_v4_exchanges_are_refused_with_540_naming_v4(before_v4: AmqpClust
         lambda ch: ch.exchange_declare("early", "fanout"),
         lambda ch: ch.queue_bind("any", "early"),
         lambda ch: ch.basic_publish("early", "k", b"x"),
-    ]
+        lambda ch: ch.queue_declare("early-q", durable=True, arguments={
+            "x-dead-letter-exchange": "early", "x-dead-letter-routing-key": "k"}),
+    ]  # fmt: skip
     for refused in refusals:
         connection = pika.BlockingConnection(before_v4.params(0))
         opened = connection.channel()
@@ -228,6 +235,29 @@ def test_built_in_exchanges_route_and_cannot_be_deleted(channel: BlockingChannel
     with pytest.raises(ChannelClosedByBroker) as info:
         channel.exchange_delete("amq.fanout")
     assert info.value.reply_code == 403 and "deletion of system exchange" in info.value.reply_text
+
+
+def test_nack_without_requeue_dead_letters_through_the_exchange(channel: BlockingChannel) -> None:
+    """x-dead-letter-exchange + x-dead-letter-routing-key: a rejected message lands in every
+    queue bound to the dead-letter exchange with that key, properties kept; others get none."""
+    dlx = _name("dlx")
+    channel.exchange_declare(dlx, "direct")
+    dead, also_dead, elsewhere = _queues(channel, 3)
+    channel.queue_bind(dead, dlx, "dead")
+    channel.queue_bind(also_dead, dlx, "dead")
+    channel.queue_bind(elsewhere, dlx, "other")
+    [work] = _queues(channel, 1)
+    channel.queue_delete(work)
+    channel.queue_declare(work, durable=True, arguments={
+        "x-queue-type": "quorum", "x-dead-letter-exchange": dlx,
+        "x-dead-letter-routing-key": "dead"})  # fmt: skip
+    channel.basic_publish("", work, b"job", pika.BasicProperties(message_id="m-1"))
+    method, _properties, _body = channel.basic_get(work)
+    channel.basic_nack(method.delivery_tag, requeue=False)
+    for queue in (dead, also_dead):
+        got = wait_until(lambda q=queue: _got(channel.basic_get(q, auto_ack=True)), 10, queue)
+        assert (got[2], got[1].message_id) == (b"job", "m-1")
+    assert _drain(channel, elsewhere) == [] and _drain(channel, work) == []
 
 
 def test_exchange_delete_if_unused_and_publish_after_delete(v4: AmqpCluster) -> None:

@@ -18,10 +18,16 @@ import fifo
 from fifo import commands as c
 from fifo import limits
 from fifo.bodies import BodyMissingError, body_of_command, resolve_effects
-from fifo.effects import Deliver
+from fifo.effects import DeadLettered, Deliver
 from fifo.replies import DeclareOk, Error, Ok, Routed, Unroutable
 from fifo.state import State
-from fifo.v4.exchanges import headers_match, sorted_arguments, topic_matches
+from fifo.v4.exchanges import (
+    dead_letter_exchange,
+    dead_letter_target,
+    headers_match,
+    sorted_arguments,
+    topic_matches,
+)
 
 CONN = c.ConnectionId("n1", 1, 1)
 SPAN = limits.commands_per_entry_max
@@ -355,6 +361,83 @@ def test_one_publish_is_one_entry_referred_to_by_every_copy() -> None:
     log.ok(c.DeleteQueue("b"))
     log.ok(c.DeleteQueue("c"))
     assert fifo.live_entry_indexes(log.state) == []
+
+
+def dead_letter_log(kind: str, key: str) -> Log:
+    """Queue "src" dead-letters through exchange "dlx" (of `kind`) with routing key `key`;
+    queues a, b, c exist; the test binds them."""
+    log = setup(kind)
+    log.ok(c.DeclareExchange("dlx", kind))
+    target = dead_letter_target("dlx", key)
+    log.ok(c.DeclareQueue("src", c.QueueConfig(dead_letter_queue=target)))
+    return log
+
+
+def reject_one(log: Log, body: bytes = b"job") -> list[Any]:
+    """Publish `body` to src, take it and discard it (a nack without requeue); the effects."""
+    log.ok(c.Enqueue("src", body))
+    key = log.ok(c.Checkout("src", c.ConsumerId("r", CONN), c.SimplePrefetch(1))).consumer_key
+    msg_id = max(log.state.queues["src"].consumers[key].checked_out)
+    _, effects = log.run(c.Discard("src", key, (msg_id,)))
+    return effects
+
+
+def test_dead_lettering_through_an_exchange_routes_with_the_configured_key() -> None:
+    """x-dead-letter-exchange + routing key: the message goes to every queue bound to match
+    the key (one body, refs), with why and from where; one DeadLettered effect per queue."""
+    log = dead_letter_log("topic", "dead.src")
+    log.ok(c.BindQueue("a", "dlx", "dead.#"))
+    log.ok(c.BindQueue("b", "dlx", "*.src"))
+    log.ok(c.BindQueue("c", "dlx", "alive.#"))
+    effects = reject_one(log)
+    assert log.ready() == {"a": 1, "b": 1, "c": 0, "src": 0}
+    copy = log.state.queues["a"].ready[0]
+    assert ("x-death-reason", "rejected") in copy.annotations
+    assert ("x-death-queue", "src") in copy.annotations
+    dead = [e for e in effects if isinstance(e, DeadLettered)]
+    assert dead == [
+        DeadLettered("src", "rejected", 1, "a"),
+        DeadLettered("src", "rejected", 1, "b"),
+    ]
+    assert log.state.queues["src"].messages_total == 0
+
+
+def test_dead_lettering_to_no_bound_queue_or_a_missing_exchange_drops() -> None:
+    """Nothing bound to match, or the exchange deleted: the message is dropped (RabbitMQ's
+    unroutable dead letter), counted once without a target."""
+    log = dead_letter_log("direct", "k")
+    log.ok(c.BindQueue("a", "dlx", "other"))
+    effects = reject_one(log)
+    assert [e for e in effects if isinstance(e, DeadLettered)] == [
+        DeadLettered("src", "rejected", 1, None)
+    ]
+    log.ok(c.DeleteExchange("dlx"))
+    effects = reject_one(log)
+    assert [e for e in effects if isinstance(e, DeadLettered)] == [
+        DeadLettered("src", "rejected", 1, None)
+    ]
+    assert log.ready() == {"a": 0, "b": 0, "c": 0, "src": 0}
+
+
+def test_a_queue_never_dead_letters_into_itself_through_an_exchange() -> None:
+    """The source bound to its own dead-letter exchange gets no copy (as a dead_letter_queue
+    naming itself is refused); the other bound queues do."""
+    log = dead_letter_log("fanout", "")
+    log.ok(c.BindQueue("src", "dlx"))
+    log.ok(c.BindQueue("a", "dlx"))
+    reject_one(log)
+    assert log.ready() == {"a": 1, "b": 0, "c": 0, "src": 0}
+
+
+def test_a_queue_named_like_a_dead_letter_target_wins() -> None:
+    """The target form cannot be mistaken: a queue of exactly that name is the target."""
+    log = dead_letter_log("fanout", "")
+    log.ok(c.BindQueue("a", "dlx"))
+    log.ok(c.DeclareQueue(dead_letter_target("dlx", "")))
+    reject_one(log)
+    assert log.ready()["a"] == 0 and log.ready()[dead_letter_target("dlx", "")] == 1
+    assert dead_letter_exchange("plain-queue") is None
+    assert dead_letter_exchange(dead_letter_target("d.x", "a\x00b")) == ("d.x", "a\x00b")
 
 
 def test_a_copy_to_a_waiting_consumer_carries_the_body_in_hand() -> None:
