@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 DEFAULT_EXCHANGE = ""
 UPGRADE_HINT = f"quorumq machine upgrade --to {EXCHANGES_SINCE_VERSION}"
+# the headers of a publish a headers exchange matches (the machine stores header pairs as
+# annotations: at most this many)
+HEADERS_MATCHED = min(fifo_limits.headers_per_publish_max, fifo_limits.annotations_per_message_max)
 # the machine's refusal codes as AMQP reply codes (RabbitMQ's texts come from the machine)
 REPLY_CODE_OF = {
     "unknown_exchange": NOT_FOUND,
@@ -154,8 +157,8 @@ def binding_arguments(table: Mapping[str, Any] | None) -> HeaderPairs:
         if converted is None:
             raise ChannelRefusal(
                 PRECONDITION_FAILED,
-                f"binding argument '{key}' of type {type(value).__name__}: quorumq matches "
-                "str and int values only",
+                f"binding argument '{key}' ({type(value).__name__}): quorumq matches str "
+                f"values of at most {fifo_limits.annotation_bytes_max} bytes and int values only",
             )
         pairs.append((str(key), converted))
     if len(pairs) > fifo_limits.binding_arguments_max:
@@ -166,14 +169,15 @@ def binding_arguments(table: Mapping[str, Any] | None) -> HeaderPairs:
 
 
 def header_pairs(headers: Mapping[str, Any] | None) -> HeaderPairs:
-    """A message's headers as the pairs a headers exchange matches: str and int values (bytes
-    decoded); others are left out (no binding can name them: `binding_arguments`)."""
+    """A message's headers as the pairs a headers exchange matches: the first HEADERS_MATCHED
+    with str or int values (bytes decoded); others are left out (no binding can name them:
+    `binding_arguments` refuses what the machine could not store)."""
     pairs = []
     for key, value in (headers or {}).items():
         converted = _header_value(value)
-        if converted is not None and key:
+        if converted is not None and _fits(str(key)):
             pairs.append((str(key), converted))
-    return tuple(pairs[: fifo_limits.headers_per_publish_max])
+    return tuple(pairs[:HEADERS_MATCHED])
 
 
 def _header_value(value: Any) -> str | int | None:
@@ -183,7 +187,11 @@ def _header_value(value: Any) -> str | int | None:
         return None
     if isinstance(value, int) and abs(value) > fifo_limits.int_field_max:
         return None
-    return value
+    return value if isinstance(value, int) or _fits(value) else None
+
+
+def _fits(text: str) -> bool:
+    return 0 < len(text.encode("utf-8", "surrogatepass")) <= fifo_limits.annotation_bytes_max
 
 
 def exchange_type_here(server: NodeServer, name: str) -> str | None:
