@@ -15,15 +15,18 @@ from pamqp import commands
 from cluster.amqp import node_link
 from cluster.amqp.errors import (
     ACCESS_REFUSED,
+    COMMAND_INVALID,
     NOT_FOUND,
     PRECONDITION_FAILED,
     AmqpError,
     ChannelRefusal,
+    ConnectionRefusal,
     not_implemented,
 )
 from cluster.amqp.queues import cluster_failure
 from fifo import limits as fifo_limits
 from fifo.commands import (
+    EXCHANGE_TYPES,
     EXCHANGES_SINCE_VERSION,
     BindQueue,
     DeclareExchange,
@@ -95,6 +98,10 @@ async def declare(channel: Channel, method: commands.Exchange.Declare) -> None:
         require_exchanges(channel, what)
         if not method.passive:
             _check_declare_flags(method)
+            if method.exchange_type not in EXCHANGE_TYPES:  # RabbitMQ: a connection error
+                raise ConnectionRefusal(
+                    COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'"
+                )
         command = DeclareExchange(name, method.exchange_type, bool(method.passive))
         reply = await _submit(channel, command, what)
         assert isinstance(reply, DeclareOk), reply
