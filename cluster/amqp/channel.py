@@ -22,6 +22,7 @@ from cluster.amqp.errors import (
 from cluster.amqp.queues import cluster_failure, not_found
 from fifo.codec import constructor
 from fifo.commands import (
+    EXCHANGES_SINCE_VERSION,
     AnnotatedEnqueue,
     Cancel,
     Checkout,
@@ -131,15 +132,17 @@ class Channel:
     ) -> None:
         """One PublishToExchange: the machine stores it in every queue bound to match it."""
         what = f"publishing to exchange '{method.exchange}'"
-        exchange_type = exchanges.exchange_type_here(self.server, method.exchange)
+        version, exchange_type = exchanges.exchange_type_here(self.server, method.exchange)
+        if version < EXCHANGES_SINCE_VERSION:
+            raise exchanges.exchanges_need_v4(what)
         if exchange_type is None:
-            exchanges.require_exchanges(self, what)
             raise ChannelRefusal(NOT_FOUND, f"no exchange '{method.exchange}' in vhost '/'")
         headers: HeaderPairs = ()
         if exchange_type == "headers":
             headers = exchanges.header_pairs(envelope.properties_of(properties).headers)
         command = PublishToExchange(
-            method.exchange, method.routing_key, envelope.wrap(properties, body), headers,
+            method.exchange, method.routing_key,
+            envelope.wrap(properties, body, (method.exchange, method.routing_key)), headers,
             method.mandatory, ttl_ms,
         )  # fmt: skip
         seq = self._next_publish_seq() if self.confirming else 0
@@ -278,13 +281,17 @@ class Channel:
                 tag = self.unacked.skip_tag()
             else:
                 tag = self.unacked.add(effect.queue, effect.consumer_key, message.msg_id)
+            properties, body, route = envelope.unwrap(message.body)
+            exchange, key = route or ("", effect.queue)
             method = frames.encode_deliver(
-                self.number, consumer.tag, tag, message.redelivered, effect.queue
+                self.number, consumer.tag, tag, message.redelivered, key, exchange
             )
-            self._send_message(method, message)
+            self._send_message(method, message, properties, body)
 
-    def _send_message(self, method: base.Frame | bytes, message: Delivery | Any) -> None:
-        properties, body = envelope.split(message.body)
+    def _send_message(
+        self, method: base.Frame | bytes, message: Delivery | Any, properties: bytes | None,
+        body: bytes,
+    ) -> None:  # fmt: skip
         if message.delivery_count > 0:
             properties = _with_delivery_count(properties, message.delivery_count)
         elif properties is None:
@@ -325,8 +332,10 @@ class Channel:
             tag = self.unacked.skip_tag()
         else:
             tag = self.unacked.add(method.queue, reply.consumer_key, message.msg_id)
-        get_ok = commands.Basic.GetOk(tag, message.redelivered, "", method.queue, reply.ready)
-        self._send_message(get_ok, message)
+        properties, body, route = envelope.unwrap(message.body)
+        exchange, key = route or ("", method.queue)
+        get_ok = commands.Basic.GetOk(tag, message.redelivered, exchange, key, reply.ready)
+        self._send_message(get_ok, message, properties, body)
 
     # --- acknowledgements ---------------------------------------------------------------------
 

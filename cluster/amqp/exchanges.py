@@ -36,7 +36,7 @@ from fifo.commands import (
 )
 from fifo.replies import DeclareOk, Error, Ok
 from fifo.v4 import exchanges as v4_exchanges
-from raft.replica import Reply
+from raft.replica import ReplicaView, Reply
 
 if TYPE_CHECKING:
     from cluster.amqp.channel import Channel
@@ -201,8 +201,14 @@ def _fits(text: str) -> bool:
     return 0 < len(text.encode("utf-8", "surrogatepass")) <= fifo_limits.annotation_bytes_max
 
 
-def exchange_type_here(server: NodeServer, name: str) -> str | None:
-    """The type of exchange `name` (declared or built-in) in this node's state, None when it
-    has none."""
+def exchange_type_here(server: NodeServer, name: str) -> tuple[int, str | None]:
+    """The machine version this node applies and the type of exchange `name` (declared or
+    built-in) in its state (None: there is none), read at once."""
 
-    return node_link.read(server, lambda view: v4_exchanges.exchange_type(view.state, name))
+    def read(view: ReplicaView) -> tuple[int, str | None]:
+        version = int(view.meta.effective_version)
+        if version < EXCHANGES_SINCE_VERSION:
+            return version, None
+        return version, v4_exchanges.exchange_type(view.state, name)
+
+    return node_link.read(server, read)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 
 import fifo
+from cluster.errors import ProtocolError
 from cluster.launcher import LocalCluster, start_cluster, wait_until
 from cluster.node.server import UNRELEASED_FLAG
 
@@ -74,13 +77,32 @@ def restart_at_v4(cluster: LocalCluster) -> None:
 
 
 def wait_for_version(cluster: LocalCluster, version: int) -> None:
-    """Wait until the cluster applies entries with machine `version`."""
-    client = cluster.raw_client(cluster.config.nodes[0].id)
+    """Wait until every node applies entries with machine `version` and accepts AMQP
+    connections (a client may reach any node next)."""
+    for node in cluster.config.nodes:
+        client = cluster.raw_client(node.id)
+        try:
+            wait_until(lambda c=client: _version_on(c) == version or None, 30,
+                       f"machine v{version} on {node.id}")  # fmt: skip
+        finally:
+            client.close()
+        port = node.amqp_port
+        assert port is not None
+        wait_until(lambda p=port: _accepts(p), 30, f"{node.id}'s AMQP port")
+
+
+def _version_on(client: Any) -> int | None:
+    """The effective machine version a node applies, None while it catches up."""
     try:
-        wait_until(lambda: client.query("machine")["effective_version"] == version or None, 30,
-                   f"machine v{version}")  # fmt: skip
-    finally:
-        client.close()
+        return int(client.query("machine")["effective_version"])
+    except ProtocolError:  # "no leader/quorum on nX: it is catching up"
+        return None
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+        return True
+    return False
 
 
 @pytest.fixture(scope="package")

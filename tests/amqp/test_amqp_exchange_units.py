@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import fifo
+from cluster.amqp import envelope, frames
 from cluster.amqp.errors import PRECONDITION_FAILED, ChannelRefusal
 from cluster.amqp.exchanges import HEADERS_MATCHED, binding_arguments, header_pairs
 from fifo import commands as c
@@ -40,3 +41,26 @@ def test_binding_arguments_refuse_values_that_cannot_match() -> None:
         with pytest.raises(ChannelRefusal) as info:
             binding_arguments({"k": value})
         assert info.value.code == PRECONDITION_FAILED and "'k'" in info.value.text
+
+
+def test_the_routed_envelope_keeps_exchange_and_key_and_split_still_reads_it() -> None:
+    """Published through an exchange: always wrapped, with the exchange and routing key (UTF-8,
+    up to 255 bytes each); `split` (what the native client calls) gives properties and body."""
+    for properties in (b"\x00\x00", b"\x10\x00\x02"):
+        for route in (("ex", "rk"), ("é" * 127, "k" * 255), ("x", "")):
+            stored = envelope.wrap(properties, b"body", route)
+            assert stored.startswith(envelope.ROUTED_MAGIC)
+            assert envelope.unwrap(stored) == (properties, b"body", route)
+            assert envelope.split(stored) == (properties, b"body")
+    bare = envelope.ROUTED_MAGIC + b"\x00"  # a bare body that looks like one: wrapped
+    assert envelope.unwrap(envelope.wrap(b"\x00\x00", bare)) == (b"\x00\x00", bare, None)
+    broken = envelope.ROUTED_MAGIC + b"\x00\x00\x09ex"  # exchange longer than what follows
+    assert envelope.unwrap(broken) == (None, broken, None)
+
+
+def test_deliver_names_the_exchange_as_pamqp_writes_it() -> None:
+    """The hand-encoded basic.deliver with an exchange is pamqp's bytes."""
+    from pamqp import commands, frame
+
+    deliver = commands.Basic.Deliver("ctag", 7, True, "amq.topic", "rk")
+    assert frames.encode_deliver(3, "ctag", 7, True, "rk", "amq.topic") == frame.marshal(deliver, 3)

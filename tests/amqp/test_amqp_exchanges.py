@@ -94,6 +94,7 @@ def test_before_v4_exchanges_are_refused_with_540_naming_v4(before_v4: AmqpClust
         lambda ch: ch.exchange_declare("early", "fanout"),
         lambda ch: ch.queue_bind("any", "early"),
         lambda ch: ch.basic_publish("early", "k", b"x"),
+        lambda ch: ch.basic_publish("amq.topic", "k", b"x"),  # built-ins come with v4 too
         lambda ch: ch.queue_declare("early-q", durable=True, arguments={
             "x-dead-letter-exchange": "early", "x-dead-letter-routing-key": "k"}),
     ]  # fmt: skip
@@ -122,8 +123,8 @@ def test_fanout_with_confirms_stores_each_publish_in_three_queues(
         channel.basic_publish(exchange, "ignored", f"m{number}".encode(), properties)
     expected = [f"m{number}".encode() for number in range(10)]
     for queue in queues:
-        _method, got, body = channel.basic_get(queue, auto_ack=True)
-        assert body == b"m0"
+        method, got, body = channel.basic_get(queue, auto_ack=True)
+        assert (method.exchange, method.routing_key, body) == (exchange, "ignored", b"m0")
         assert (got.content_type, got.headers) == ("text/plain", {"h": "v"})
         assert [body, *_drain(channel, queue)] == expected
 
@@ -364,12 +365,16 @@ async def _aio_pika_exchanges(url: str) -> None:
         await fanout.publish(aio_pika.Message(b"all", headers={"n": 1}), routing_key="")
         for key in ("log.db.error", "log.db.info", "log.error"):
             await topic.publish(aio_pika.Message(key.encode()), routing_key=key)
-        for queue in queues[:3]:
-            got = await queue.get(timeout=5)
-            assert got is not None and (got.body, got.headers) == (b"all", {"n": 1})
-            await got.ack()
+        for queue in queues[:3]:  # consumed: basic.deliver names the exchange and key
+            async with queue.iterator() as messages:
+                async for got in messages:
+                    assert (got.body, got.headers) == (b"all", {"n": 1})
+                    assert (got.exchange, got.routing_key) == (fanout.name, "")
+                    await got.ack()
+                    break
         got = await queues[3].get(timeout=5)
         assert got is not None and got.body == b"log.db.error"
+        assert (got.exchange, got.routing_key) == (topic.name, "log.db.error")
         await got.ack()
         assert await queues[3].get(fail=False) is None
 
