@@ -14,8 +14,9 @@
   own type is a no-op, deleting one is refused (403). One is stored in `state.exchanges` when a
   queue is first bound to it; until then it routes nowhere.
 - **Refusals.** Input errors and `queues_per_publish_max` are refused before anything changes;
-  a queue refusing its copy is named in `Routed.refused` (the others keep theirs); a mandatory
-  publish matching no queue answers `Unroutable` (nothing stored).
+  a queue refusing its copy (at its `reject_publish` limit) is named in `Routed.refused` (the
+  others keep theirs); a mandatory publish matching no queue answers `Unroutable` (nothing
+  stored).
 - **Dead-lettering through an exchange.** A queue's `dead_letter_queue` may name an exchange
   and a routing key (`dead_letter_target`: NUL, exchange, NUL, key; a queue of that very name
   wins): its dead letters are routed like a publish with that key (their annotations are a
@@ -39,7 +40,7 @@ from fifo.commands import (
     PublishToExchange,
     UnbindQueue,
 )
-from fifo.replies import DeclareOk, Error, Ok, Reply, Routed, Unroutable
+from fifo.replies import DeclareOk, Error, Ok, RejectPublish, Reply, Routed, Unroutable
 from fifo.shared import OK, Ctx, invalid
 from fifo.state import Exchange, Queue, State
 from fifo.v4.routing import partitioned_of
@@ -358,9 +359,19 @@ class Exchanges:
         return Routed(tuple(stored), tuple(refused))
 
     def store(self, ctx: Ctx, queue: Queue, cmd: PublishToExchange) -> Reply:
-        """One queue's copy: a plain enqueue whose message refers to this entry's body."""
+        """One queue's copy: a plain enqueue whose message refers to this entry's body; refused
+        (RejectPublish) by a queue at its x-overflow reject-publish limit."""
+        if queue.config.overflow == "reject_publish" and self.at_limit(queue):
+            return RejectPublish()
         copy = Enqueue(queue.name, cmd.body, ttl_ms=cmd.ttl_ms)
         return self.queues.handlers[Enqueue](ctx, queue, copy)
+
+    def at_limit(self, queue: Queue) -> bool:
+        """Whether `queue` holds max_length waiting messages, or max_bytes, already."""
+        length_max, bytes_max = queue.config.max_length, queue.config.max_bytes
+        return (length_max is not None and self.queues.waiting_count(queue) >= length_max) or (
+            bytes_max is not None and queue.bytes_ready >= bytes_max
+        )
 
     def queue_deleted(self, state: State, queue: str) -> None:
         """A deleted queue's bindings go with it (exchanges in name order)."""

@@ -25,6 +25,7 @@ from pika.adapters.blocking_connection import BlockingChannel  # noqa: E402
 from pika.exceptions import (  # noqa: E402
     ChannelClosedByBroker,
     ConnectionClosedByBroker,
+    NackError,
     UnroutableError,
 )
 
@@ -194,6 +195,23 @@ def test_mandatory_unroutable_publish_is_returned_before_its_ack(
     channel.basic_publish(exchange, "bound", b"kept", mandatory=True)
     channel.basic_publish(exchange, "nobody", b"dropped")
     assert _drain(channel, queue) == [b"kept"]
+
+
+def test_a_copy_refused_by_a_full_queue_nacks_the_publish(channel: BlockingChannel) -> None:
+    """x-overflow reject-publish on one bound queue: the publish that finds it full is nacked
+    (pika's NackError), while the other bound queue keeps its copy, as RabbitMQ does."""
+    exchange = _name("fan")
+    channel.exchange_declare(exchange, "fanout")
+    [roomy] = _queues(channel, 1)
+    full = _name("q")
+    channel.queue_declare(full, durable=True, arguments={
+        "x-queue-type": "quorum", "x-max-length": 1, "x-overflow": "reject-publish"})  # fmt: skip
+    for queue in (roomy, full):
+        channel.queue_bind(queue, exchange)
+    channel.basic_publish(exchange, "", b"first")
+    with pytest.raises(NackError):
+        channel.basic_publish(exchange, "", b"second")
+    assert (_drain(channel, roomy), _drain(channel, full)) == ([b"first", b"second"], [b"first"])
 
 
 def test_the_return_frames_come_before_the_ack(v4: AmqpCluster) -> None:

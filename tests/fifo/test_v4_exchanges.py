@@ -440,6 +440,22 @@ def test_a_queue_named_like_a_dead_letter_target_wins() -> None:
     assert dead_letter_exchange(dead_letter_target("d.x", "a\x00b")) == ("d.x", "a\x00b")
 
 
+def test_a_queue_at_its_reject_publish_limit_refuses_its_copy_only() -> None:
+    """x-overflow reject-publish: a queue at max_length (or max_bytes) refuses the copy, named
+    in `refused` (the publisher's nack); the other matching queues store theirs."""
+    log = Log()
+    log.ok(c.DeclareQueue("a"))
+    limited = c.QueueConfig(max_length=1, overflow="reject_publish")
+    log.ok(c.DeclareQueue("full", limited))
+    log.ok(c.DeclareQueue("bytes", c.QueueConfig(max_bytes=3, overflow="reject_publish")))
+    log.ok(c.DeclareExchange("x", "fanout"))
+    for name in ("a", "full", "bytes"):
+        log.ok(c.BindQueue(name, "x"))
+    assert publish(log, "k") == Routed(("a", "bytes", "full"))
+    assert publish(log, "k") == Routed(("a",), ("bytes", "full"))
+    assert log.ready() == {"a": 2, "full": 1, "bytes": 1}
+
+
 def test_a_copy_to_a_waiting_consumer_carries_the_body_in_hand() -> None:
     """A copy handed straight to a consumer delivers the publish's body."""
     log = setup("fanout", ("a", "b"))
