@@ -397,6 +397,37 @@ async def _aio_pika_exchanges(url: str) -> None:
         assert await queues[3].get(fail=False) is None
 
 
+def test_aio_pika_rejected_message_dead_letters_through_a_topic_exchange(v4: AmqpCluster) -> None:
+    """aio-pika: reject(requeue=False) routes the message through x-dead-letter-exchange."""
+    asyncio.run(_aio_pika_dead_letter(v4.url(0)))
+
+
+async def _aio_pika_dead_letter(url: str) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        dlx = await channel.declare_exchange(_name("dlx"), aio_pika.ExchangeType.TOPIC)
+        dead = await channel.declare_queue(_name("dead"), durable=True)
+        await dead.bind(dlx, routing_key="dead.#")
+        arguments = {"x-dead-letter-exchange": dlx.name, "x-dead-letter-routing-key": "dead.w"}
+        work = await channel.declare_queue(_name("work"), durable=True, arguments=arguments)
+        await channel.default_exchange.publish(aio_pika.Message(b"job"), routing_key=work.name)
+        got = await work.get(timeout=5)
+        assert got is not None
+        await got.reject(requeue=False)
+        incoming = await asyncio.wait_for(_first(dead), 10)
+        assert incoming.body == b"job"
+        await incoming.ack()
+
+
+async def _first(queue: Any) -> Any:
+    """The first message a consumer of `queue` gets."""
+    async with queue.iterator() as messages:
+        async for incoming in messages:
+            return incoming
+    raise AssertionError(f"{queue.name}: the consumer ended")
+
+
 def test_kombu_fanout_and_topic(v4: AmqpCluster) -> None:
     """kombu over py-amqp: confirmed publishes declared through kombu's own Exchange objects."""
     fanout = kombu.Exchange(_name("fan"), type="fanout")
@@ -416,3 +447,22 @@ def test_kombu_fanout_and_topic(v4: AmqpCluster) -> None:
             want = {"n": 1} if queue.exchange is fanout else {"key": "user.created"}
             assert got.payload == want
             assert bound.get(no_ack=True) is None
+
+
+def test_kombu_rejected_message_dead_letters_through_a_direct_exchange(v4: AmqpCluster) -> None:
+    """kombu: message.reject() (requeue=False) routes through x-dead-letter-exchange."""
+    dlx = kombu.Exchange(_name("dlx"), type="direct")
+    dead = kombu.Queue(_name("dead"), dlx, routing_key="dead")
+    work_name = _name("work")
+    work = kombu.Queue(work_name, kombu.Exchange(""), routing_key=work_name, queue_arguments={
+        "x-dead-letter-exchange": dlx.name, "x-dead-letter-routing-key": "dead"})  # fmt: skip
+    with kombu.Connection(v4.url(1), transport_options={"confirm_publish": True}) as connection:
+        producer = connection.Producer()
+        producer.publish({"job": 1}, routing_key=work_name, declare=[dead, work],
+                         serializer="json")  # fmt: skip
+        got = work(connection.default_channel).get()
+        assert got is not None and got.payload == {"job": 1}
+        got.reject()
+        bound = dead(connection.default_channel)
+        moved = wait_until(lambda: bound.get(no_ack=True), 10, "the dead letter")
+        assert moved.payload == {"job": 1}
