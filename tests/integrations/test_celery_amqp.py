@@ -85,6 +85,7 @@ class EventWatcher:
 
     def __init__(self, app: Any) -> None:
         self.succeeded: set[str] = set()
+        self.failure: BaseException | None = None  # why the receiver stopped early, if it did
         self.connection = app.connection_for_read()
         self.receiver = app.events.Receiver(
             self.connection, handlers={"task-succeeded": self._on_succeeded}
@@ -95,8 +96,15 @@ class EventWatcher:
         self.succeeded.add(event["uuid"])
 
     def _run(self) -> None:
-        with contextlib.suppress(Exception):  # stopped by closing the connection
+        try:
             self.receiver.capture(limit=None, timeout=None, wakeup=False)
+        except Exception as err:  # reported by `saw`
+            self.failure = err
+
+    def saw(self, uuids: set[str]) -> bool | None:
+        """Whether every task of `uuids` was seen succeeding (for wait_until)."""
+        assert self.failure is None, f"the event receiver stopped: {self.failure!r}"
+        return uuids <= self.succeeded or None
 
     def start(self) -> None:
         """Declare and bind the receiver's queue (before any event is sent), then consume."""
@@ -141,7 +149,7 @@ def test_celery_over_amqp_worker_killed_mid_run_with_ping_and_events(
         _ping_answers(tmp_path, env)
         ran = _ran(ran_path)
         by_second = {task_ids[n] for pid, n in ran if pid not in killed_pids}
-        wait_until(lambda: by_second <= watcher.succeeded or None, 30, "task-succeeded events")
+        wait_until(lambda: watcher.saw(by_second), 30, "task-succeeded events")
     finally:
         for worker in workers:
             _kill_group(worker)
