@@ -18,6 +18,7 @@ from cluster.amqp.errors import (
 )
 from fifo import limits as fifo_limits
 from fifo.commands import GROUP_KEY_DEFAULT, GroupConfig, QueueConfig
+from fifo.v4.exchanges import dead_letter_exchange, dead_letter_target
 
 VHOST = "/"
 QUORUM = "quorum"
@@ -168,17 +169,24 @@ def _dead_letter_queue(queue: str, arguments: dict[str, Any]) -> str | None:
         return None
     if not isinstance(exchange, str) or not isinstance(routing_key, str | None):
         raise invalid_arg("x-dead-letter-exchange", queue, "{unacceptable_type}")
-    if exchange != "":
-        raise not_implemented(
-            f"x-dead-letter-exchange '{exchange}' (exchanges other than the default one come "
-            "with machine v4)"
-        )
     if not routing_key:
         raise not_implemented(
-            "x-dead-letter-exchange '' without x-dead-letter-routing-key (dead-lettering by "
-            "each message's own routing keys)"
+            f"x-dead-letter-exchange '{exchange}' without x-dead-letter-routing-key "
+            "(dead-lettering by each message's own routing keys)"
         )
-    return routing_key
+    if exchange == "":
+        return routing_key
+    target = dead_letter_target(exchange, routing_key)
+    if len(target.encode("utf-8")) > fifo_limits.queue_name_bytes_max:
+        raise invalid_arg("x-dead-letter-exchange", queue, "{exchange and routing key too long}")
+    return target
+
+
+def dead_letter_exchange_of(config: QueueConfig) -> str | None:
+    """The named exchange `config` dead-letters through (machine v4), or None."""
+    target = config.dead_letter_queue
+    through = None if target is None else dead_letter_exchange(target)
+    return None if through is None else through[0]
 
 
 def inequivalence(queue: str, asked: QueueConfig, current: QueueConfig) -> ChannelRefusal | None:
@@ -196,4 +204,7 @@ def inequivalence(queue: str, asked: QueueConfig, current: QueueConfig) -> Chann
 
 
 def _shown(value: Any) -> str:
+    through = dead_letter_exchange(value) if isinstance(value, str) else None
+    if through is not None:
+        return f"the exchange '{through[0]}' with routing key '{through[1]}'"
     return "none" if value is None else f"the value '{value}'"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import base, commands
 
-from cluster.amqp import envelope, frames, limits, node_link
+from cluster.amqp import envelope, exchanges, frames, limits, node_link
 from cluster.amqp.consumers import Batches, Consumer, UnackedMap, chunks
 from cluster.amqp.errors import (
     ACCESS_REFUSED,
@@ -22,6 +22,7 @@ from cluster.amqp.errors import (
 from cluster.amqp.queues import cluster_failure, not_found
 from fifo.codec import constructor
 from fifo.commands import (
+    EXCHANGES_SINCE_VERSION,
     AnnotatedEnqueue,
     Cancel,
     Checkout,
@@ -29,14 +30,16 @@ from fifo.commands import (
     Dequeue,
     Discard,
     Enqueue,
+    HeaderPairs,
     Modify,
+    PublishToExchange,
     QueueConfig,
     Remove,
     Return,
     SimplePrefetch,
 )
 from fifo.effects import Deliver, Delivery
-from fifo.replies import CheckoutOk, DequeueOk, Error
+from fifo.replies import CheckoutOk, DequeueOk, Error, Routed, Unroutable
 from raft.replica import Reply
 
 if TYPE_CHECKING:
@@ -88,17 +91,16 @@ class Channel:
             self.send(commands.Confirm.SelectOk())
 
     def publish(self, method: commands.Basic.Publish, properties: bytes, body: bytes) -> None:
-        """basic.publish to the default exchange: one Enqueue into the queue named by the key."""
-        if method.exchange:
-            raise not_implemented(
-                f"publishing to exchange '{method.exchange}' (exchanges other than the default "
-                "one come with machine v4)"
-            )
+        """basic.publish: to the default exchange one Enqueue into the queue named by the key;
+        to another exchange (v4) one PublishToExchange, routed by the machine."""
         if method.immediate:
             raise not_implemented("immediate=true")
         if len(body) > limits.body_bytes_max:
             raise message_too_large(len(body))
         ttl_ms = _ttl_ms(properties)
+        if method.exchange:
+            self._publish_to_exchange(method, properties, body, ttl_ms)
+            return
         seq = self._next_publish_seq() if self.confirming else 0
         config, group_key = self.connection.cached_config(method.routing_key)
         stored = envelope.wrap(properties, body)
@@ -124,6 +126,55 @@ class Channel:
             self._published(method, properties, returnable, seq, reply)
 
         self.connection.propose(command, sink)
+
+    def _publish_to_exchange(
+        self, method: commands.Basic.Publish, properties: bytes, body: bytes, ttl_ms: int | None
+    ) -> None:
+        """One PublishToExchange: the machine stores it in every queue bound to match it."""
+        what = f"publishing to exchange '{method.exchange}'"
+        version, exchange_type = exchanges.exchange_type_here(self.server, method.exchange)
+        if version < EXCHANGES_SINCE_VERSION:
+            raise exchanges.exchanges_need_v4(what)
+        if exchange_type is None:
+            raise ChannelRefusal(NOT_FOUND, f"no exchange '{method.exchange}' in vhost '/'")
+        headers: HeaderPairs = ()
+        if exchange_type == "headers":
+            headers = exchanges.header_pairs(envelope.properties_of(properties).headers)
+        command = PublishToExchange(
+            method.exchange, method.routing_key,
+            envelope.wrap(properties, body, (method.exchange, method.routing_key)), headers,
+            method.mandatory, ttl_ms,
+        )  # fmt: skip
+        seq = self._next_publish_seq() if self.confirming else 0
+        self.connection.publish_started()
+        self.connection.block_if_alarmed()
+        returnable = body if method.mandatory else b""
+
+        def sink(reply: Reply) -> None:
+            self.connection.publish_done()
+            self._routed(method, properties, returnable, seq, reply)
+
+        self.connection.propose(command, sink)
+
+    def _routed(
+        self, method: commands.Basic.Publish, properties: bytes, body: bytes, seq: int, reply: Reply
+    ) -> None:
+        """The machine's answer to a publish through an exchange: a mandatory one that reached
+        no queue is returned (312 NO_ROUTE) before its ack, as RabbitMQ orders them; one a
+        matching queue refused is nacked; an exchange deleted meanwhile closes the channel."""
+        if isinstance(reply, Unroutable):
+            returned = commands.Basic.Return(
+                NO_ROUTE, "NO_ROUTE", method.exchange, method.routing_key
+            )
+            self.connection.send_content(self.number, returned, properties, body)
+            self._confirm(seq, ok=True)
+        elif isinstance(reply, Routed):
+            self._confirm(seq, ok=not reply.refused)
+        elif isinstance(reply, Error) and reply.code == "unknown_exchange" and not self.closing:
+            self._confirm(seq, ok=False)
+            self.connection.refuse_channel(self, ChannelRefusal(NOT_FOUND, reply.message), method)
+        else:
+            self._confirm(seq, ok=False)
 
     def _next_publish_seq(self) -> int:
         self._publish_seq += 1
@@ -230,13 +281,17 @@ class Channel:
                 tag = self.unacked.skip_tag()
             else:
                 tag = self.unacked.add(effect.queue, effect.consumer_key, message.msg_id)
+            properties, body, route = envelope.unwrap(message.body)
+            exchange, key = route or ("", effect.queue)
             method = frames.encode_deliver(
-                self.number, consumer.tag, tag, message.redelivered, effect.queue
+                self.number, consumer.tag, tag, message.redelivered, key, exchange
             )
-            self._send_message(method, message)
+            self._send_message(method, message, properties, body)
 
-    def _send_message(self, method: base.Frame | bytes, message: Delivery | Any) -> None:
-        properties, body = envelope.split(message.body)
+    def _send_message(
+        self, method: base.Frame | bytes, message: Delivery | Any, properties: bytes | None,
+        body: bytes,
+    ) -> None:  # fmt: skip
         if message.delivery_count > 0:
             properties = _with_delivery_count(properties, message.delivery_count)
         elif properties is None:
@@ -277,8 +332,10 @@ class Channel:
             tag = self.unacked.skip_tag()
         else:
             tag = self.unacked.add(method.queue, reply.consumer_key, message.msg_id)
-        get_ok = commands.Basic.GetOk(tag, message.redelivered, "", method.queue, reply.ready)
-        self._send_message(get_ok, message)
+        properties, body, route = envelope.unwrap(message.body)
+        exchange, key = route or ("", method.queue)
+        get_ok = commands.Basic.GetOk(tag, message.redelivered, exchange, key, reply.ready)
+        self._send_message(get_ok, message, properties, body)
 
     # --- acknowledgements ---------------------------------------------------------------------
 

@@ -433,6 +433,10 @@ class AmqpConnection:
             refusal.method_ids = _ids(method)
             raise
 
+    def refuse_channel(self, channel: Channel, refusal: AmqpError, method: base.Frame) -> None:
+        """Close `channel` for a refusal that came after its method (a publish's reply)."""
+        self._close_channel(channel, refusal, method)
+
     def _close_channel(self, channel: Channel, refusal: AmqpError, method: base.Frame) -> None:
         """Close one channel with a soft error (RabbitMQ's channel.close), keep the others."""
         log.info("amqp_channel_error", channel=channel.number, error=refusal.reply_text)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from pamqp import base, commands
 
-from cluster.amqp import queues
+from cluster.amqp import exchanges, queues
 from cluster.amqp.channel import Channel
 from cluster.amqp.errors import COMMAND_INVALID, ConnectionRefusal, not_implemented
-
-EXCHANGES_LATER = "exchanges other than the default one (they come with machine v4)"
 
 
 async def dispatch_method(channel: Channel, method: base.Frame) -> None:
@@ -53,7 +51,11 @@ async def _queue_or_refused(channel: Channel, method: base.Frame) -> None:
         if not method.nowait:
             channel.send(purge_ok)
     elif isinstance(method, (commands.Queue.Bind, commands.Queue.Unbind)):
-        queues.bind(method.exchange)
+        await exchanges.bind(channel, method)
+    elif isinstance(method, commands.Exchange.Declare):
+        await exchanges.declare(channel, method)
+    elif isinstance(method, commands.Exchange.Delete):
+        await exchanges.delete(channel, method)
     elif isinstance(method, commands.Channel.Flow):
         if not method.active:
             raise not_implemented("channel.flow active=false")
@@ -63,13 +65,8 @@ async def _queue_or_refused(channel: Channel, method: base.Frame) -> None:
 
 
 def _refuse(method: base.Frame) -> None:
-    if isinstance(method, commands.Exchange.Declare):
-        raise not_implemented(
-            f"exchange.declare of '{method.exchange}' (type {method.exchange_type}): "
-            + EXCHANGES_LATER
-        )
-    if method.name.startswith("Exchange."):
-        raise not_implemented(f"{method.name.lower()}: {EXCHANGES_LATER}")
+    if method.name.startswith("Exchange."):  # exchange.bind / unbind
+        raise not_implemented(f"{method.name.lower()} (exchange-to-exchange bindings)")
     if method.name.startswith("Tx."):
         raise not_implemented(f"transactions ({method.name.lower()})")
     raise ConnectionRefusal(COMMAND_INVALID, f"unexpected method {method.name} on a channel")

@@ -28,7 +28,7 @@ _END = bytes([FRAME_END])
 _INDEX = struct.Struct(">I")
 _ACK_BODY = struct.Struct(">QB")  # delivery tag, then the bits (multiple; nack: requeue)
 _ACK_BYTES = _INDEX.size + _ACK_BODY.size
-_DELIVER_FIELDS = struct.Struct(">QBB")  # delivery tag, redelivered, exchange "" (length 0)
+_DELIVER_FIELDS = struct.Struct(">QBB")  # delivery tag, redelivered, the exchange's length
 _PUBLISH = commands.Basic.Publish.index
 _ACK = commands.Basic.Ack.index
 _NACK = commands.Basic.Nack.index
@@ -132,13 +132,15 @@ def encode_confirm(channel: int, delivery_tag: int, ok: bool) -> bytes:
 
 
 def encode_deliver(
-    channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool, routing_key: str
-) -> bytes:
-    """basic.deliver from the default exchange: the same bytes pamqp writes."""
+    channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool, routing_key: str,
+    exchange: str = "",
+) -> bytes:  # fmt: skip
+    """basic.deliver: the same bytes pamqp writes."""
     tag, key = consumer_tag.encode("utf-8"), routing_key.encode("utf-8")
+    name = exchange.encode("utf-8")
     body = b"".join((
         _INDEX.pack(_DELIVER), bytes([len(tag)]), tag,
-        _DELIVER_FIELDS.pack(delivery_tag, redelivered, 0), bytes([len(key)]), key,
+        _DELIVER_FIELDS.pack(delivery_tag, redelivered, len(name)), name, bytes([len(key)]), key,
     ))  # fmt: skip
     return _FRAME_HEAD.pack(METHOD, channel, len(body)) + body + _END
 

@@ -1,4 +1,5 @@
-"""queue.declare / delete / purge / bind / unbind on one channel, as replicated commands."""
+"""queue.declare / delete / purge on one channel, as replicated commands (bind and unbind:
+`cluster.amqp.exchanges`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pamqp import commands
 
 from cluster.amqp import arguments, node_link
 from cluster.amqp.errors import (
-    ACCESS_REFUSED,
     INTERNAL_ERROR,
     NOT_FOUND,
     PRECONDITION_FAILED,
@@ -19,6 +19,7 @@ from cluster.amqp.errors import (
     not_implemented,
 )
 from fifo.commands import (
+    EXCHANGES_SINCE_VERSION,
     DeclareGroupedQueue,
     DeclareQueue,
     DeleteQueue,
@@ -59,6 +60,13 @@ async def declare(server: NodeServer, method: commands.Queue.Declare) -> command
     )
     groups = arguments.group_config(queue, args)
     config = arguments.queue_config(queue, args)
+    dead_letter_exchange = arguments.dead_letter_exchange_of(config)
+    if dead_letter_exchange and node_link.effective_version(server) < EXCHANGES_SINCE_VERSION:
+        raise not_implemented(
+            f"x-dead-letter-exchange '{dead_letter_exchange}': exchanges other "
+            f"than the default one need machine v{EXCHANGES_SINCE_VERSION} (quorumq machine "
+            f"upgrade --to {EXCHANGES_SINCE_VERSION})"
+        )
     command = DeclareQueue(queue, config) if groups is None else DeclareGroupedQueue(
         queue, config, groups
     )  # fmt: skip
@@ -128,11 +136,3 @@ async def purge(server: NodeServer, method: commands.Queue.Purge) -> commands.Qu
         raise not_found(method.queue)
     assert isinstance(reply, PurgeOk), reply
     return commands.Queue.PurgeOk(message_count=reply.count)
-
-
-def bind(exchange: str) -> None:
-    """queue.bind / unbind: the default exchange binds every queue by name already; other
-    exchanges come with machine v4."""
-    if exchange == "":
-        raise ChannelRefusal(ACCESS_REFUSED, "operation not permitted on the default exchange")
-    raise not_implemented(f"binding to exchange '{exchange}' (exchanges come with machine v4)")

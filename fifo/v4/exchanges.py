@@ -9,9 +9,18 @@
 - **One entry, several queues.** A publish is matched against the bindings, then stored in each
   matching queue, in queue-name order, as a plain enqueue of this same command: every copy
   refers to this entry's body (`fifo.bodies`), and the entry stays live while any copy does.
+- **Built-ins.** RabbitMQ's `amq.direct`, `amq.fanout`, `amq.topic`, `amq.headers` and
+  `amq.match` (headers) exist implicitly: a passive declare finds them, declaring one with its
+  own type is a no-op, deleting one is refused (403). One is stored in `state.exchanges` when a
+  queue is first bound to it; until then it routes nowhere.
 - **Refusals.** Input errors and `queues_per_publish_max` are refused before anything changes;
-  a queue refusing its copy is named in `Routed.refused` (the others keep theirs); a mandatory
-  publish matching no queue answers `Unroutable` (nothing stored).
+  a queue refusing its copy (at its `reject_publish` limit) is named in `Routed.refused` (the
+  others keep theirs); a mandatory publish matching no queue answers `Unroutable` (nothing
+  stored).
+- **Dead-lettering through an exchange.** A queue's `dead_letter_queue` may name an exchange
+  and a routing key (`dead_letter_target`: NUL, exchange, NUL, key; a queue of that very name
+  wins): its dead letters are routed like a publish with that key (their annotations are a
+  headers exchange's headers) into every matching queue but the source (`dead_letter_route`).
 - **Determinism.** Matches are collected per queue name and sorted: never set or hash order.
 """
 
@@ -31,7 +40,7 @@ from fifo.commands import (
     PublishToExchange,
     UnbindQueue,
 )
-from fifo.replies import DeclareOk, Error, Ok, Reply, Routed, Unroutable
+from fifo.replies import DeclareOk, Error, Ok, RejectPublish, Reply, Routed, Unroutable
 from fifo.shared import OK, Ctx, invalid
 from fifo.state import Exchange, Queue, State
 from fifo.v4.routing import partitioned_of
@@ -41,6 +50,14 @@ if TYPE_CHECKING:
 
 DEFAULT_EXCHANGE = ""
 RESERVED_PREFIX = "amq."
+BUILT_IN_EXCHANGES: dict[str, str] = {
+    "amq.direct": "direct",
+    "amq.fanout": "fanout",
+    "amq.headers": "headers",
+    "amq.match": "headers",
+    "amq.topic": "topic",
+}
+DEAD_LETTER_MARK = "\x00"  # begins and splits a dead-letter target through an exchange
 X_MATCH = "x-match"
 X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
 
@@ -99,13 +116,56 @@ def binding_matches(exchange_type: str, binding: tuple[str, HeaderPairs],
     return headers_match(arguments, cmd.headers)
 
 
+def find_exchange(state: State, name: str) -> Exchange | None:
+    """The exchange `name`: a declared one, or a built-in never bound (a fresh, unstored one)."""
+    exchange = state.exchanges.get(name)
+    if exchange is None and name in BUILT_IN_EXCHANGES:
+        return Exchange(name, BUILT_IN_EXCHANGES[name])
+    return exchange
+
+
+def exchange_type(state: State, name: str) -> str | None:
+    """The type of exchange `name` (declared or built-in), None when there is none."""
+    exchange = find_exchange(state, name)
+    return None if exchange is None else exchange.exchange_type
+
+
 def route(state: State, cmd: PublishToExchange) -> list[str] | None:
     """The sorted names of the queues `cmd` goes to, or None: no such exchange."""
     if cmd.exchange == DEFAULT_EXCHANGE:
         return [cmd.routing_key] if cmd.routing_key in state.queues else []
-    exchange = state.exchanges.get(cmd.exchange)
-    if exchange is None:
+    exchange = find_exchange(state, cmd.exchange)
+    return None if exchange is None else _matching(exchange, cmd)
+
+
+def dead_letter_target(exchange: str, routing_key: str) -> str:
+    """The `dead_letter_queue` value that dead-letters through `exchange` with `routing_key`."""
+    return f"{DEAD_LETTER_MARK}{exchange}{DEAD_LETTER_MARK}{routing_key}"
+
+
+def dead_letter_exchange(target: str) -> tuple[str, str] | None:
+    """(exchange, routing key) of a `dead_letter_target` value, None for a plain queue name."""
+    if not target.startswith(DEAD_LETTER_MARK) or DEAD_LETTER_MARK not in target[1:]:
         return None
+    exchange, routing_key = target[1:].split(DEAD_LETTER_MARK, 1)
+    return exchange, routing_key
+
+
+def dead_letter_route(state: State, through: tuple[str, str], source: str,
+                      annotations: HeaderPairs) -> list[str]:  # fmt: skip
+    """The sorted queues a dead letter of `source` goes to through (exchange, routing key):
+    none when the exchange is gone; never `source` itself."""
+    exchange, routing_key = through
+    if exchange == DEFAULT_EXCHANGE:
+        names = [routing_key] if routing_key in state.queues else []
+    else:
+        found = find_exchange(state, exchange)
+        publish = PublishToExchange(exchange, routing_key, b"", annotations)
+        names = [] if found is None else _matching(found, publish)
+    return [name for name in names if name != source]
+
+
+def _matching(exchange: Exchange, cmd: PublishToExchange) -> list[str]:
     kind = exchange.exchange_type
     return sorted(queue for queue, keys in exchange.bindings.items()
                   if any(binding_matches(kind, binding, cmd) for binding in keys))  # fmt: skip
@@ -193,7 +253,7 @@ class Exchanges:
             return invalid(err)
         if not v.is_bool(cmd.passive):
             return invalid("passive must be a bool")
-        existing = ctx.state.exchanges.get(cmd.exchange)
+        existing = find_exchange(ctx.state, cmd.exchange)
         if cmd.passive:
             return DeclareOk(False) if existing is not None else _no_exchange(cmd.exchange)
         if not v.one_of(cmd.exchange_type, EXCHANGE_TYPES):
@@ -221,6 +281,9 @@ class Exchanges:
             return invalid(err)
         if not v.is_bool(cmd.if_unused):
             return invalid("if_unused must be a bool")
+        if cmd.exchange.startswith(RESERVED_PREFIX):
+            return Error("access_refused", f"deletion of system exchange '{cmd.exchange}' in "
+                         "vhost '/' not allowed")  # fmt: skip
         exchange = ctx.state.exchanges.get(cmd.exchange)
         if exchange is None:
             return _no_exchange(cmd.exchange)
@@ -242,6 +305,7 @@ class Exchanges:
             return OK
         if found.binding_count() >= limits.bindings_per_exchange_max:
             return Error("unsupported", "bindings_per_exchange_max reached")
+        found = ctx.state.exchanges.setdefault(found.name, found)  # a built-in's first binding
         found.bindings.setdefault(cmd.queue, {})[(cmd.routing_key, arguments)] = None
         return OK
 
@@ -263,7 +327,7 @@ class Exchanges:
             return invalid(err)
         if cmd.exchange == DEFAULT_EXCHANGE:
             return _default_refused("bind to or unbind from")
-        exchange = state.exchanges.get(cmd.exchange)
+        exchange = find_exchange(state, cmd.exchange)
         if exchange is None:
             return _no_exchange(cmd.exchange)
         if cmd.queue not in state.queues:
@@ -295,9 +359,19 @@ class Exchanges:
         return Routed(tuple(stored), tuple(refused))
 
     def store(self, ctx: Ctx, queue: Queue, cmd: PublishToExchange) -> Reply:
-        """One queue's copy: a plain enqueue whose message refers to this entry's body."""
+        """One queue's copy: a plain enqueue whose message refers to this entry's body; refused
+        (RejectPublish) by a queue at its x-overflow reject-publish limit."""
+        if queue.config.overflow == "reject_publish" and self.at_limit(queue):
+            return RejectPublish()
         copy = Enqueue(queue.name, cmd.body, ttl_ms=cmd.ttl_ms)
         return self.queues.handlers[Enqueue](ctx, queue, copy)
+
+    def at_limit(self, queue: Queue) -> bool:
+        """Whether `queue` holds max_length waiting messages, or max_bytes, already."""
+        length_max, bytes_max = queue.config.max_length, queue.config.max_bytes
+        return (length_max is not None and self.queues.waiting_count(queue) >= length_max) or (
+            bytes_max is not None and queue.bytes_ready >= bytes_max
+        )
 
     def queue_deleted(self, state: State, queue: str) -> None:
         """A deleted queue's bindings go with it (exchanges in name order)."""

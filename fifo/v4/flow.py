@@ -13,7 +13,7 @@ from fifo.effects import DeadLettered, Delivery, QueueStatus, RefDelivery
 from fifo.fastbuild import ref_deliver
 from fifo.shared import DEATH_KEYS, SERIAL, Annotations, Ctx, merge_annotations
 from fifo.state import Consumer, Group, Grouping, Message, Queue
-from fifo.v4 import deadlines, routing
+from fifo.v4 import deadlines, exchanges, routing
 from fifo.v4 import groups as group_index
 from fifo.v4.basics import QueueBasics
 from fifo.v4.refs import copy_message, delivery_of
@@ -37,6 +37,10 @@ class MessageFlow(QueueBasics):
             return
         queue.messages_total -= len(messages)
         target = ctx.state.queues.get(name) if name is not None else None
+        through = exchanges.dead_letter_exchange(name) if name and target is None else None
+        if through is not None and ctx.depth < limits.dead_letter_hops_max:
+            self.dead_letter_through(ctx, queue, messages, reason, through)
+            return
         if target is None or ctx.depth >= limits.dead_letter_hops_max:
             ctx.effects.append(DeadLettered(queue.name, reason, len(messages), None))
             return
@@ -44,6 +48,27 @@ class MessageFlow(QueueBasics):
             self.store(ctx, target, self.dead_copy(ctx, queue, target, message, reason))
         self.mark_dirty(ctx, target)
         ctx.effects.append(DeadLettered(queue.name, reason, len(messages), name))
+
+    def dead_letter_through(self, ctx: Ctx, queue: Queue, messages: list[Message], reason: Any,
+                            through: tuple[str, str]) -> None:  # fmt: skip
+        """Each message routed through an exchange (`fifo.v4.exchanges.dead_letter_route`), a
+        copy in every matching queue; one DeadLettered effect per queue reached (in the order
+        first reached), one without a target for the messages no queue took."""
+        reached: dict[str, int] = {}
+        dropped = 0
+        for message in messages:
+            names = exchanges.dead_letter_route(ctx.state, through, queue.name,
+                                                message.annotations)  # fmt: skip
+            dropped += not names
+            for name in names:
+                target = ctx.state.queues[name]
+                self.store(ctx, target, self.dead_copy(ctx, queue, target, message, reason))
+                reached[name] = reached.get(name, 0) + 1
+                self.mark_dirty(ctx, target)
+        for name, number in reached.items():
+            ctx.effects.append(DeadLettered(queue.name, reason, number, name))
+        if dropped:
+            ctx.effects.append(DeadLettered(queue.name, reason, dropped, None))
 
     def dead_copy(
         self, ctx: Ctx, queue: Queue, target: Queue, message: Message, reason: Any

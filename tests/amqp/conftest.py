@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import fifo
+from cluster.errors import ProtocolError
 from cluster.launcher import LocalCluster, start_cluster, wait_until
+from cluster.node.server import UNRELEASED_FLAG
 
 pika = pytest.importorskip("pika")
 # pika's defaults (10 s socket, 15 s handshake) are short for a 2-core machine shared by many
@@ -49,6 +54,55 @@ def upgrade_to_latest(cluster: LocalCluster) -> None:
     wait_until(lambda: len(client.query("machine")["supported"]) == 3 or None, 15, "hellos")
     client.admin("machine_upgrade", to=latest)
     wait_until(lambda: client.query("machine")["effective_version"] == latest or None, 15, "v")
+
+
+def start_at_v4(data_dir: Path) -> AmqpCluster:
+    """3 nodes whose code may run the unreleased machine v4: the cluster switches to it once
+    every node said it supports it (`wait_for_version`)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(UNRELEASED_FLAG, "1")
+        cluster = start_cluster(data_dir, nodes=3, max_machine_version=4)
+    wait_for_version(cluster, 4)
+    return AmqpCluster(cluster, cluster.key.decode("ascii"))
+
+
+def restart_at_v4(cluster: LocalCluster) -> None:
+    """Restart every node of a running cluster with code allowed to run v4 (a rolling
+    upgrade), then wait until the cluster switched to it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(UNRELEASED_FLAG, "1")
+        for node in cluster.config.nodes:
+            cluster.restart(node.id, max_machine_version=4)
+    wait_for_version(cluster, 4)
+
+
+def wait_for_version(cluster: LocalCluster, version: int) -> None:
+    """Wait until every node applies entries with machine `version` and accepts AMQP
+    connections (a client may reach any node next)."""
+    for node in cluster.config.nodes:
+        client = cluster.raw_client(node.id)
+        try:
+            wait_until(lambda c=client: _version_on(c) == version or None, 30,
+                       f"machine v{version} on {node.id}")  # fmt: skip
+        finally:
+            client.close()
+        port = node.amqp_port
+        assert port is not None
+        wait_until(lambda p=port: _accepts(p), 30, f"{node.id}'s AMQP port")
+
+
+def _version_on(client: Any) -> int | None:
+    """The effective machine version a node applies, None while it catches up."""
+    try:
+        return int(client.query("machine")["effective_version"])
+    except ProtocolError:  # "no leader/quorum on nX: it is catching up"
+        return None
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+        return True
+    return False
 
 
 @pytest.fixture(scope="package")

@@ -18,10 +18,16 @@ import fifo
 from fifo import commands as c
 from fifo import limits
 from fifo.bodies import BodyMissingError, body_of_command, resolve_effects
-from fifo.effects import Deliver
+from fifo.effects import DeadLettered, Deliver
 from fifo.replies import DeclareOk, Error, Ok, Routed, Unroutable
 from fifo.state import State
-from fifo.v4.exchanges import headers_match, sorted_arguments, topic_matches
+from fifo.v4.exchanges import (
+    dead_letter_exchange,
+    dead_letter_target,
+    headers_match,
+    sorted_arguments,
+    topic_matches,
+)
 
 CONN = c.ConnectionId("n1", 1, 1)
 SPAN = limits.commands_per_entry_max
@@ -125,6 +131,48 @@ def test_a_passive_declare_checks_existence_only() -> None:
     """Passive declare of an existing exchange succeeds whatever type it names."""
     log = setup("topic")
     assert log.ok(c.DeclareExchange("x", "direct", passive=True)) == DeclareOk(False)
+
+
+BUILT_INS = [("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"),
+             ("amq.headers", "headers"), ("amq.match", "headers")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "kind"), BUILT_INS)
+def test_built_in_exchanges_exist_implicitly_and_cannot_be_deleted(name: str, kind: str) -> None:
+    """RabbitMQ's amq.* exchanges: passive declare finds them, their own type is a no-op,
+    another type is 406, deleting is 403; nothing is stored until a queue is bound."""
+    log = Log()
+    assert log.ok(c.DeclareExchange(name, "direct", passive=True)) == DeclareOk(False)
+    assert log.ok(c.DeclareExchange(name, kind)) == DeclareOk(False)
+    other = "fanout" if kind != "fanout" else "topic"
+    reply, _ = log.run(c.DeclareExchange(name, other))
+    assert reply.code == "exchange_exists" and f"current is '{kind}'" in reply.message
+    for if_unused in (False, True):
+        reply, _ = log.run(c.DeleteExchange(name, if_unused))
+        assert reply.code == "access_refused"
+        assert reply.message == f"deletion of system exchange '{name}' in vhost '/' not allowed"
+    assert log.ok(c.PublishToExchange(name, "k", b"m")) == Routed(())
+    assert log.state.exchanges == {}
+
+
+def test_built_in_exchanges_route_once_bound_and_survive_snapshots() -> None:
+    """A queue bound to amq.topic / amq.match gets what matches; the state restores equal."""
+    log = Log()
+    for name in ("a", "b"):
+        log.ok(c.DeclareQueue(name))
+    log.ok(c.BindQueue("a", "amq.topic", "log.#"))
+    log.ok(c.BindQueue("b", "amq.match", "", (("x-match", "any"), ("k", 1))))
+    assert log.ok(c.PublishToExchange("amq.topic", "log.x", b"m")) == Routed(("a",))
+    assert log.ok(c.PublishToExchange("amq.match", "", b"m", (("k", 1),))) == Routed(("b",))
+    reply, _ = log.run(c.PublishToExchange("amq.fanout", "", b"m", mandatory=True))
+    assert reply == Unroutable("amq.fanout", "")
+    assert list(log.state.exchanges) == ["amq.topic", "amq.match"]
+    log.ok(c.UnbindQueue("a", "amq.topic", "log.#"))
+    log.ok(c.UnbindQueue("a", "amq.direct", "never-bound"))
+    reply, _ = log.run(c.DeleteExchange("amq.topic"))
+    assert reply.code == "access_refused"
+    restored = fifo.restore(fifo.snapshot(log.state))
+    assert fifo.digest(restored) == fifo.digest(log.state)
 
 
 def test_delete_if_unused_refuses_while_bound_and_delete_drops_bindings() -> None:
@@ -315,6 +363,99 @@ def test_one_publish_is_one_entry_referred_to_by_every_copy() -> None:
     assert fifo.live_entry_indexes(log.state) == []
 
 
+def dead_letter_log(kind: str, key: str) -> Log:
+    """Queue "src" dead-letters through exchange "dlx" (of `kind`) with routing key `key`;
+    queues a, b, c exist; the test binds them."""
+    log = setup(kind)
+    log.ok(c.DeclareExchange("dlx", kind))
+    target = dead_letter_target("dlx", key)
+    log.ok(c.DeclareQueue("src", c.QueueConfig(dead_letter_queue=target)))
+    return log
+
+
+def reject_one(log: Log, body: bytes = b"job") -> list[Any]:
+    """Publish `body` to src, take it and discard it (a nack without requeue); the effects."""
+    log.ok(c.Enqueue("src", body))
+    key = log.ok(c.Checkout("src", c.ConsumerId("r", CONN), c.SimplePrefetch(1))).consumer_key
+    msg_id = max(log.state.queues["src"].consumers[key].checked_out)
+    _, effects = log.run(c.Discard("src", key, (msg_id,)))
+    return effects
+
+
+def test_dead_lettering_through_an_exchange_routes_with_the_configured_key() -> None:
+    """x-dead-letter-exchange + routing key: the message goes to every queue bound to match
+    the key (one body, refs), with why and from where; one DeadLettered effect per queue."""
+    log = dead_letter_log("topic", "dead.src")
+    log.ok(c.BindQueue("a", "dlx", "dead.#"))
+    log.ok(c.BindQueue("b", "dlx", "*.src"))
+    log.ok(c.BindQueue("c", "dlx", "alive.#"))
+    effects = reject_one(log)
+    assert log.ready() == {"a": 1, "b": 1, "c": 0, "src": 0}
+    copy = log.state.queues["a"].ready[0]
+    assert ("x-death-reason", "rejected") in copy.annotations
+    assert ("x-death-queue", "src") in copy.annotations
+    dead = [e for e in effects if isinstance(e, DeadLettered)]
+    assert dead == [
+        DeadLettered("src", "rejected", 1, "a"),
+        DeadLettered("src", "rejected", 1, "b"),
+    ]
+    assert log.state.queues["src"].messages_total == 0
+
+
+def test_dead_lettering_to_no_bound_queue_or_a_missing_exchange_drops() -> None:
+    """Nothing bound to match, or the exchange deleted: the message is dropped (RabbitMQ's
+    unroutable dead letter), counted once without a target."""
+    log = dead_letter_log("direct", "k")
+    log.ok(c.BindQueue("a", "dlx", "other"))
+    effects = reject_one(log)
+    assert [e for e in effects if isinstance(e, DeadLettered)] == [
+        DeadLettered("src", "rejected", 1, None)
+    ]
+    log.ok(c.DeleteExchange("dlx"))
+    effects = reject_one(log)
+    assert [e for e in effects if isinstance(e, DeadLettered)] == [
+        DeadLettered("src", "rejected", 1, None)
+    ]
+    assert log.ready() == {"a": 0, "b": 0, "c": 0, "src": 0}
+
+
+def test_a_queue_never_dead_letters_into_itself_through_an_exchange() -> None:
+    """The source bound to its own dead-letter exchange gets no copy (as a dead_letter_queue
+    naming itself is refused); the other bound queues do."""
+    log = dead_letter_log("fanout", "")
+    log.ok(c.BindQueue("src", "dlx"))
+    log.ok(c.BindQueue("a", "dlx"))
+    reject_one(log)
+    assert log.ready() == {"a": 1, "b": 0, "c": 0, "src": 0}
+
+
+def test_a_queue_named_like_a_dead_letter_target_wins() -> None:
+    """The target form cannot be mistaken: a queue of exactly that name is the target."""
+    log = dead_letter_log("fanout", "")
+    log.ok(c.BindQueue("a", "dlx"))
+    log.ok(c.DeclareQueue(dead_letter_target("dlx", "")))
+    reject_one(log)
+    assert log.ready()["a"] == 0 and log.ready()[dead_letter_target("dlx", "")] == 1
+    assert dead_letter_exchange("plain-queue") is None
+    assert dead_letter_exchange(dead_letter_target("d.x", "a\x00b")) == ("d.x", "a\x00b")
+
+
+def test_a_queue_at_its_reject_publish_limit_refuses_its_copy_only() -> None:
+    """x-overflow reject-publish: a queue at max_length (or max_bytes) refuses the copy, named
+    in `refused` (the publisher's nack); the other matching queues store theirs."""
+    log = Log()
+    log.ok(c.DeclareQueue("a"))
+    limited = c.QueueConfig(max_length=1, overflow="reject_publish")
+    log.ok(c.DeclareQueue("full", limited))
+    log.ok(c.DeclareQueue("bytes", c.QueueConfig(max_bytes=3, overflow="reject_publish")))
+    log.ok(c.DeclareExchange("x", "fanout"))
+    for name in ("a", "full", "bytes"):
+        log.ok(c.BindQueue(name, "x"))
+    assert publish(log, "k") == Routed(("a", "bytes", "full"))
+    assert publish(log, "k") == Routed(("a",), ("bytes", "full"))
+    assert log.ready() == {"a": 2, "full": 1, "bytes": 1}
+
+
 def test_a_copy_to_a_waiting_consumer_carries_the_body_in_hand() -> None:
     """A copy handed straight to a consumer delivers the publish's body."""
     log = setup("fanout", ("a", "b"))
@@ -373,9 +514,11 @@ def test_the_digest_is_the_same_in_processes_with_other_hash_seeds() -> None:
         "cmds = [c.DeclareExchange('t', 'topic'), c.DeclareExchange('h', 'headers')]\n"
         "for n in range(20):\n"
         "    cmds += [c.DeclareQueue(f'q{n}'), c.BindQueue(f'q{n}', 't', f'k.{n % 3}.#'),\n"
-        "             c.BindQueue(f'q{n}', 'h', '', (('a', n % 2), ('x-match', 'any')))]\n"
+        "             c.BindQueue(f'q{n}', 'h', '', (('a', n % 2), ('x-match', 'any'))),\n"
+        "             c.BindQueue(f'q{n}', f'amq.{\"topic\" if n % 2 else \"fanout\"}', 'k.#')]\n"
         "for n in range(30):\n"
         "    cmds += [c.PublishToExchange('t', f'k.{n % 4}.z', b'm'),\n"
+        "             c.PublishToExchange('amq.topic', f'k.{n}', b't'),\n"
         "             c.PublishToExchange('h', '', b'h', (('a', n % 3),))]\n"
         "for i, cmd in enumerate(cmds):\n"
         "    r, _ = fifo.apply(fifo.Meta((i + 1) * 1024, 1, 1, 4), cmd, s)\n"
