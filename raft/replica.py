@@ -45,6 +45,7 @@ from raft.bodies import BodyCache, read_entries_bodies, read_entry_bodies
 from raft.entry import Entry, Origin
 from raft.errors import StorageError, SubmitError
 from raft.fastcodec import encode_command
+from raft.machine_clock import MachineClock
 from raft.membership import MemberChange, Refusal
 from raft.node import DIGEST_MESSAGES_MAX, RaftNode, RaftSettings
 from raft.replicated import InternalFailure, Metadata, Outcome, ReplicatedState
@@ -119,7 +120,8 @@ class Replica:
         self._on_reset = on_reset
         self._observe = observe
         self._node = RaftNode(settings, self._outcome_tick, self._snapshot_tick, loop)
-        self._committer = GroupCommitter(self._node, loop)
+        self.clock = MachineClock()  # stamps entries; the machine's time as this node sees it
+        self._committer = GroupCommitter(self._node, loop, clock=self.clock)
         self.bodies = BodyCache()
         self.bodies_missing = 0  # messages not sent: their body could not be read back
         # hand-overs waiting for bodies read off the loop, in log order: (refs, hand over)
@@ -139,16 +141,16 @@ class Replica:
 
     def propose_upgrade(self, version: int, on_reply: Sink) -> None:
         """Replicate a switch of the effective machine version to `version`."""
-        now = self._node.now_ms()
+        now, machine_ms = self.clock.stamp()
 
         def make(origin: Origin) -> Entry:
-            return Entry("upgrade", now, origin, version=version)
+            return Entry("upgrade", now, origin, version=version, machine_ms=machine_ms)
 
         self._committer.submit_entry(make, on_reply)
 
     def propose_hello(self, on_reply: Sink) -> None:
         """Record this node incarnation and the highest machine version its code supports."""
-        now, settings = self._node.now_ms(), self.settings
+        (now, machine_ms), settings = self.clock.stamp(), self.settings
 
         def make(origin: Origin) -> Entry:
             return Entry(
@@ -158,6 +160,7 @@ class Replica:
                 node=settings.node_id,
                 version=settings.supported_version,
                 incarnation=settings.incarnation,
+                machine_ms=machine_ms,
             )
 
         self._committer.submit_entry(make, on_reply)
@@ -250,7 +253,7 @@ class Replica:
 
     def now_ms(self) -> int:
         """The submitter clock stamped into entries."""
-        return self._node.now_ms()
+        return self.clock.wall_ms()
 
     def force_snapshot(self) -> None:
         """Ask for a snapshot (log compaction) now."""
