@@ -45,7 +45,7 @@ from raft.bodies import BodyCache, read_entries_bodies, read_entry_bodies
 from raft.entry import Entry, Origin
 from raft.errors import StorageError, SubmitError
 from raft.fastcodec import encode_command
-from raft.machine_clock import MachineClock
+from raft.machine_clock import CLOCK_RULE_VERSION, MachineClock
 from raft.membership import MemberChange, Refusal
 from raft.node import DIGEST_MESSAGES_MAX, RaftNode, RaftSettings
 from raft.replicated import InternalFailure, Metadata, Outcome, ReplicatedState
@@ -251,9 +251,17 @@ class Replica:
         """Whether the raft port is bound."""
         return self._node.bound()
 
-    def now_ms(self) -> int:
-        """The submitter clock stamped into entries."""
+    def machine_now_ms(self) -> int:
+        """The machine's time now, for the leader's timers: from machine version 4, this node's
+        estimate (the time its next entry carries, so a deadline it finds due is due when that
+        entry applies); before, its wall clock, as those versions' entries carry."""
+        if self._node.replicated_state.meta.effective_version >= CLOCK_RULE_VERSION:
+            return self.clock.estimate_ms()
         return self.clock.wall_ms()
+
+    def clock_steps_rejected(self) -> dict[str, int]:
+        """Rejected wall-clock steps (episodes) by submitting node, as applied here."""
+        return dict(self.clock.steps.rejected)
 
     def force_snapshot(self) -> None:
         """Ask for a snapshot (log compaction) now."""
@@ -273,6 +281,9 @@ class Replica:
         hand what concerns this node incarnation over at once, in log order."""
         origin = outcome.origin
         settings = self.settings
+        if outcome.time_ms > 0:
+            self.clock.applied(outcome.time_ms)
+            self.clock.steps.observe(origin, outcome.clock_skew_ms)
         mine = origin is not None and origin[:2] == (settings.node_id, settings.incarnation)
         if self._observe is not None:
             self._observe(outcome, mine)
@@ -300,6 +311,7 @@ class Replica:
 
     def _snapshot_tick(self, index: int) -> None:
         """Inside the tick: the state jumped to a snapshot; tell the node, in order."""
+        self.clock.applied(self._node.replicated_state.meta.last_time_ms)
         self._in_order([], lambda _lookup: self._on_reset(index))
 
     # --- bodies by reference (machine v4) ---------------------------------------------------

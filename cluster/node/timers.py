@@ -167,7 +167,7 @@ class LeaderTimers:
         me = replica.settings.node_id
         if replica.role() != "leader":
             return TimerView(leader=False, me=me, connected={})
-        now_ms = replica.now_ms() if now_ms is None else now_ms
+        now_ms = replica.machine_now_ms() if now_ms is None else now_ms
         connected = {peer: replica.peer_connected(peer) for peer in replica.peers()}
 
         def read(view: ReplicaView) -> TimerView:
