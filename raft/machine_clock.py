@@ -7,8 +7,9 @@ machine's time at an entry is `max(last time, machine_ms)`: it only ever moves b
 that some node measured, so a node's wall clock stepping (either way, running or restarted) moves
 nothing. The one place a wall clock still counts is a `hello` (a node's first entry): it may move
 the time forward by at most `CLOCK_STEP_MS_MAX` (a short whole-cluster outage is then not lost).
-An entry's wall clock that differs from the machine's time by more than that bound is a rejected
-step: logged once per episode and counted (`ClockSteps`, `quorumq_clock_steps_rejected_total`).
+An entry whose wall clock is off from the machine's time by more than that bound, and from the
+other nodes' clocks (`ClockSteps`), is a rejected step: logged once per episode and counted
+(`quorumq_clock_steps_rejected_total`).
 Before version 4, and for an entry without `machine_ms` (older code), the time is
 `max(last time, ts)` as it always was. `machine_time` is pure (every replica computes the same);
 `MachineClock` is the node's side (it reads clocks and is never called inside apply).
@@ -22,20 +23,24 @@ node's clock; nothing else should.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
 from raft.entry import Entry, Origin
 
 log = structlog.get_logger("raft.clock")
+T = TypeVar("T")
 
 CLOCK_RULE_VERSION = 4
 CLOCK_STEP_MS_MAX = 10_000  # how far a hello's wall clock may move the time; beyond: rejected
 CLOCK_OFFSET_FILE_ENV = "QUORUMQ_CLOCK_OFFSET_FILE"
 OFFSET_REREAD_S = 0.1
 SUBMITTERS_TRACKED_MAX = 256  # nodes whose rejected-step episode is remembered
+MEDIAN_SUBMITTERS_MIN = 3  # judge a skew against the others' median once this many are known
 
 
 def machine_time(last_ms: int, version: int, entry: Entry) -> tuple[int, int | None]:
@@ -53,21 +58,30 @@ def machine_time(last_ms: int, version: int, entry: Entry) -> tuple[int, int | N
 
 
 class ClockSteps:
-    """Rejected wall-clock steps by submitting node: counted and logged once per episode (an
-    episode: the entries of one node incarnation whose skew stays beyond the bound)."""
+    """Rejected wall-clock steps by submitting node, counted and logged once per episode (the
+    entries of one node incarnation whose skew stays off by more than the bound).
+
+    A skew is judged against the median of the latest skews of the nodes seen submitting (once
+    at least `MEDIAN_SUBMITTERS_MIN` are known; before, against the machine's time): after a
+    whole-cluster outage every clock is equally far ahead of the paused machine time, and none
+    of them is wrong, while one node a day ahead or an hour behind is off from the others."""
 
     def __init__(self) -> None:
         self.rejected: dict[str, int] = {}  # node -> episodes counted since this process started
         self._episodes: dict[str, tuple[int, bool]] = {}  # node -> (incarnation, in an episode)
+        self._skews: dict[str, int] = {}  # node -> skew of its latest entry
 
     def observe(self, origin: Origin | None, skew_ms: int | None) -> None:
         """One applied entry: its submitter and wall-clock skew (None: nothing to judge)."""
         if origin is None or skew_ms is None:
             return
         node, incarnation = origin[0], origin[1]
-        beyond = abs(skew_ms) > CLOCK_STEP_MS_MAX
-        known = self._episodes.get(node)
-        was_in = known is not None and known == (incarnation, True)
+        _remember(self._skews, node, skew_ms)
+        reference = 0
+        if len(self._skews) >= MEDIAN_SUBMITTERS_MIN:
+            reference = statistics.median_low(self._skews.values())
+        beyond = abs(skew_ms - reference) > CLOCK_STEP_MS_MAX
+        was_in = self._episodes.get(node) == (incarnation, True)
         if beyond and not was_in:
             self.rejected[node] = self.rejected.get(node, 0) + 1
             log.warning(
@@ -75,15 +89,22 @@ class ClockSteps:
                 node=node,
                 incarnation=incarnation,
                 skew_ms=skew_ms,
+                others_skew_ms=reference,
                 bound_ms=CLOCK_STEP_MS_MAX,
-                hint="this node's wall clock is off from the machine's time (or the whole "
-                "cluster was idle or down that long): the machine does not follow it",
+                hint="this node's wall clock is off from the machine's time and the other "
+                "nodes' clocks (or it came back first after the cluster was idle or down that "
+                "long): the machine does not follow it",
             )
         elif was_in and not beyond:
             log.info("clock_step_episode_over", node=node, incarnation=incarnation)
-        if node not in self._episodes and len(self._episodes) >= SUBMITTERS_TRACKED_MAX:
-            self._episodes.pop(next(iter(self._episodes)))
-        self._episodes[node] = (incarnation, beyond)
+        _remember(self._episodes, node, (incarnation, beyond))
+
+
+def _remember(by_node: dict[str, T], node: str, value: T) -> None:
+    """`by_node[node] = value`, forgetting the oldest node past SUBMITTERS_TRACKED_MAX."""
+    if node not in by_node and len(by_node) >= SUBMITTERS_TRACKED_MAX:
+        by_node.pop(next(iter(by_node)))
+    by_node[node] = value
 
 
 class MachineClock:

@@ -125,6 +125,20 @@ def test_rejected_steps_are_counted_once_per_episode() -> None:
     assert steps.rejected == {"n2": 3}
 
 
+def test_after_a_whole_cluster_outage_only_the_first_node_back_counts_a_step() -> None:
+    """Every clock an hour ahead of the paused machine time is no wrong clock: once the others
+    agree nothing more is counted; a clock off from theirs still is."""
+    steps = ClockSteps()
+    for node in MEMBERS:
+        steps.observe((node, 1, 1), 20)
+    for node in MEMBERS:  # all restarted after an hour: their hellos an hour ahead
+        steps.observe((node, 2, 1), HOUR_MS)
+    assert steps.rejected == {"n1": 1}
+    steps.observe(("n2", 2, 2), HOUR_MS + DAY_MS)  # then n2's clock steps a day
+    steps.observe(("n1", 2, 2), HOUR_MS + 30)
+    assert steps.rejected == {"n1": 1, "n2": 1}
+
+
 def fake_time(monkeypatch: pytest.MonkeyPatch, wall_s: float, monotonic_s: float) -> list[float]:
     """raft.machine_clock's clocks replaced; returns [wall, monotonic] to move them."""
     now = [wall_s, monotonic_s]
