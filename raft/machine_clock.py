@@ -71,12 +71,16 @@ class ClockSteps:
         self._episodes: dict[str, tuple[int, bool]] = {}  # node -> (incarnation, in an episode)
         self._skews: dict[str, int] = {}  # node -> skew of its latest entry
 
-    def observe(self, origin: Origin | None, skew_ms: int | None) -> None:
-        """One applied entry: its submitter and wall-clock skew (None: nothing to judge)."""
+    def observe(self, origin: Origin | None, skew_ms: int | None, judge: bool = True) -> None:
+        """One applied entry: its submitter and wall-clock skew (None: nothing to judge); not
+        `judge`: only remember the skew (the node replays its journal at start: the episodes
+        there were counted by the process that applied them live)."""
         if origin is None or skew_ms is None:
             return
         node, incarnation = origin[0], origin[1]
         _remember(self._skews, node, skew_ms)
+        if not judge:
+            return
         reference = 0
         if len(self._skews) >= MEDIAN_SUBMITTERS_MIN:
             reference = statistics.median_low(self._skews.values())
@@ -128,8 +132,10 @@ class MachineClock:
         return self.wall_ms(), self.estimate_ms()
 
     def applied(self, machine_ms: int) -> None:
-        """An entry (or a snapshot) at machine time `machine_ms` was just applied here."""
-        if self._applied is None or machine_ms >= self._applied[0]:
+        """An entry (or a snapshot) at machine time `machine_ms` was just applied here: the
+        estimate moves to it only if that is ahead of it (an entry whose time did not move,
+        or moved less than this node's clock since, must not take the elapsed time back)."""
+        if self._applied is None or machine_ms > self.estimate_ms():
             self._applied = (machine_ms, time.monotonic())
 
     def estimate_ms(self) -> int:

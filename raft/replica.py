@@ -122,6 +122,7 @@ class Replica:
         self._node = RaftNode(settings, self._outcome_tick, self._snapshot_tick, loop)
         self.clock = MachineClock()  # stamps entries; the machine's time as this node sees it
         self._committer = GroupCommitter(self._node, loop, clock=self.clock)
+        self._clocks_judged = False  # latched by _judging_clocks
         self.bodies = BodyCache()
         self.bodies_missing = 0  # messages not sent: their body could not be read back
         # hand-overs waiting for bodies read off the loop, in log order: (refs, hand over)
@@ -283,7 +284,7 @@ class Replica:
         settings = self.settings
         if outcome.time_ms > 0:
             self.clock.applied(outcome.time_ms)
-            self.clock.steps.observe(origin, outcome.clock_skew_ms)
+            self.clock.steps.observe(origin, outcome.clock_skew_ms, self._judging_clocks())
         mine = origin is not None and origin[:2] == (settings.node_id, settings.incarnation)
         if self._observe is not None:
             self._observe(outcome, mine)
@@ -294,6 +295,13 @@ class Replica:
         ]
         if mine or effects:
             self._deliver(outcome, effects, mine)
+
+    def _judging_clocks(self) -> bool:
+        """Whether applied entries' clocks are judged (counted, logged): from the first time
+        this node's state was current on (not while it replays its journal at start)."""
+        if not self._clocks_judged:
+            self._clocks_judged = self._node.applied_state_current()
+        return self._clocks_judged
 
     def _deliver(self, outcome: Outcome, effects: list[Effect], mine: bool) -> None:
         refs = refs_in(effects)

@@ -125,6 +125,18 @@ def test_rejected_steps_are_counted_once_per_episode() -> None:
     assert steps.rejected == {"n2": 3}
 
 
+def test_entries_replayed_at_start_are_not_judged_again() -> None:
+    """Replayed (not judged): only remembered; the episode still going on when the node is
+    current counts once in this process."""
+    steps = ClockSteps()
+    for _ in range(3):
+        steps.observe(("n2", 1, 1), DAY_MS, judge=False)
+    assert steps.rejected == {}
+    steps.observe(("n2", 1, 2), DAY_MS)
+    steps.observe(("n2", 1, 3), DAY_MS)
+    assert steps.rejected == {"n2": 1}
+
+
 def test_after_a_whole_cluster_outage_only_the_first_node_back_counts_a_step() -> None:
     """Every clock an hour ahead of the paused machine time is no wrong clock: once the others
     agree nothing more is counted; a clock off from theirs still is."""
@@ -157,6 +169,11 @@ def test_the_estimate_moves_by_monotonic_time_only(monkeypatch: pytest.MonkeyPat
     assert clock.stamp() == (T0 + DAY_MS, T0 + 2500)
     clock.applied(T0 - 1)  # an older time (a late outcome) never moves the estimate back
     assert clock.estimate_ms() == T0 + 2500
+    clock.applied(T0 + 2000)  # nor one the time moved less than this clock did since
+    assert clock.estimate_ms() == T0 + 2500
+    clock.applied(T0 + 3000)
+    now[1] += 1.0
+    assert clock.estimate_ms() == T0 + 4000
 
 
 def test_the_offset_file_shifts_the_wall_clock_only(
