@@ -25,6 +25,7 @@ from fifo.commands import Command
 from fifo.replies import Reply as FifoReply
 from raft.entry import SUB_INDEX_SPAN, Entry, Origin
 from raft.errors import SubmitError
+from raft.machine_clock import MachineClock
 from raft.node import RaftNode
 from raft.replicated import InternalFailure, Outcome
 
@@ -73,8 +74,10 @@ class GroupCommitter:
         bytes_max: int = BYTES_MAX_DEFAULT,
         timeout_s: float = TIMEOUT_S_DEFAULT,
         inflight_max: int = INFLIGHT_MAX_DEFAULT,
+        clock: MachineClock | None = None,
     ) -> None:
         self.node = node
+        self.clock = clock if clock is not None else MachineClock()  # stamps entries (issue 31)
         self.loop = loop
         self.window_s = window_s
         self.count_max = min(count_max, SUB_INDEX_SPAN)
@@ -141,7 +144,8 @@ class GroupCommitter:
         batch_id = next(self._ids)
         if all(d is not None for d in decoded):
             self.node.hand_decoded(batch_id, tuple(d for d in decoded if d is not None))
-        entry = Entry("cmds", self.node.now_ms(), self._origin(batch_id), cmds=cmds)
+        wall_ms, machine_ms = self.clock.stamp()
+        entry = Entry("cmds", wall_ms, self._origin(batch_id), cmds=cmds, machine_ms=machine_ms)
         self._send(batch_id, entry, sinks)
         self.commands_submitted += len(cmds)
 

@@ -1,7 +1,8 @@
 """Log entries: the one CBOR blob our single pysyncobj replicated method takes.
 
-An entry is a CBOR map with a kind `k`, the submitter's clock `ts` (ms) and the submitter's
-`origin` [node, incarnation, batch id] (or None for leader timers), plus:
+An entry is a CBOR map with a kind `k`, the submitter's wall clock `ts` (ms), its estimate of the
+machine's time `m` (ms; absent in entries of older code: `raft.machine_clock`) and the
+submitter's `origin` [node, incarnation, batch id] (or None for leader timers), plus:
 - `k = "cmds"`: `cmds`, a list of `fifo.encode(Command)` blobs (a group-committed batch);
 - `k = "hello"`: a node records `node`, `version` (highest machine version its code supports)
   and `incarnation` when it starts;
@@ -37,6 +38,7 @@ class Entry:
     node: str = ""
     version: int = 0
     incarnation: int = 0
+    machine_ms: int | None = None  # the submitter's estimate of the machine's time (issue 31)
 
 
 def command_index(entry_index: int, position: int) -> int:
@@ -47,6 +49,8 @@ def command_index(entry_index: int, position: int) -> int:
 def encode_entry(entry: Entry) -> bytes:
     """CBOR blob of an entry."""
     body: dict[str, Any] = {"k": entry.kind, "ts": entry.ts_ms, "o": list(entry.origin or [])}
+    if entry.machine_ms is not None:
+        body["m"] = entry.machine_ms
     if entry.kind == "cmds":
         if len(entry.cmds) > SUB_INDEX_SPAN:
             raise ValueError(f"at most {SUB_INDEX_SPAN} commands per entry")
@@ -68,9 +72,11 @@ def decode_entry(blob: bytes) -> Entry:
         if origin_raw:
             origin = (str(origin_raw[0]), int(origin_raw[1]), int(origin_raw[2]))
         ts = int(body["ts"])
+        machine = body.get("m")
+        machine_ms = None if machine is None else int(machine)
         if kind == "cmds":
             cmds = tuple(bytes(c) for c in body["c"])
-            return Entry("cmds", ts, origin, cmds=cmds)
+            return Entry("cmds", ts, origin, cmds=cmds, machine_ms=machine_ms)
         if kind == "hello":
             return Entry(
                 "hello",
@@ -79,9 +85,10 @@ def decode_entry(blob: bytes) -> Entry:
                 node=str(body["n"]),
                 version=int(body["v"]),
                 incarnation=int(body["i"]),
+                machine_ms=machine_ms,
             )
         if kind == "upgrade":
-            return Entry("upgrade", ts, origin, version=int(body["v"]))
+            return Entry("upgrade", ts, origin, version=int(body["v"]), machine_ms=machine_ms)
     except Exception as err:  # any malformed blob is an EntryError, never a crash in apply
         raise EntryError(f"malformed log entry: {err}") from err
     raise EntryError(f"unknown log entry kind {kind!r}")

@@ -22,6 +22,7 @@ from raft import safe_pickle, storage
 from raft.entry import Entry, command_index, decode_entry
 from raft.errors import EntryError, RaftError, StorageError
 from raft.logfile import EndRecord, EntryRecord, Header, LoggedCommand, LogWriter, SnapshotRecord
+from raft.machine_clock import machine_time
 from raft.replicated import ReplicatedState
 
 JOURNAL_FILE = "raft.journal"
@@ -170,7 +171,8 @@ class _Exporter:
 
     def _apply(self, entry: Entry, base: dict[str, Any]) -> EntryRecord:
         index, term = base["index"], base["term"]
-        now = max(self.state.meta.last_time_ms, entry.ts_ms)
+        meta = self.state.meta
+        now, _skew = machine_time(meta.last_time_ms, meta.effective_version, entry)
         before = self.state.meta.effective_version
         stale = self._stale_connections(entry, Meta(index, term, now, before))
         # every version this code knows, released or not: the log shows the cluster ran it

@@ -45,6 +45,7 @@ from raft.bodies import BodyCache, read_entries_bodies, read_entry_bodies
 from raft.entry import Entry, Origin
 from raft.errors import StorageError, SubmitError
 from raft.fastcodec import encode_command
+from raft.machine_clock import CLOCK_RULE_VERSION, MachineClock
 from raft.membership import MemberChange, Refusal
 from raft.node import DIGEST_MESSAGES_MAX, RaftNode, RaftSettings
 from raft.replicated import InternalFailure, Metadata, Outcome, ReplicatedState
@@ -119,7 +120,9 @@ class Replica:
         self._on_reset = on_reset
         self._observe = observe
         self._node = RaftNode(settings, self._outcome_tick, self._snapshot_tick, loop)
-        self._committer = GroupCommitter(self._node, loop)
+        self.clock = MachineClock()  # stamps entries; the machine's time as this node sees it
+        self._committer = GroupCommitter(self._node, loop, clock=self.clock)
+        self._clocks_judged = False  # latched by _judging_clocks
         self.bodies = BodyCache()
         self.bodies_missing = 0  # messages not sent: their body could not be read back
         # hand-overs waiting for bodies read off the loop, in log order: (refs, hand over)
@@ -139,16 +142,16 @@ class Replica:
 
     def propose_upgrade(self, version: int, on_reply: Sink) -> None:
         """Replicate a switch of the effective machine version to `version`."""
-        now = self._node.now_ms()
+        now, machine_ms = self.clock.stamp()
 
         def make(origin: Origin) -> Entry:
-            return Entry("upgrade", now, origin, version=version)
+            return Entry("upgrade", now, origin, version=version, machine_ms=machine_ms)
 
         self._committer.submit_entry(make, on_reply)
 
     def propose_hello(self, on_reply: Sink) -> None:
         """Record this node incarnation and the highest machine version its code supports."""
-        now, settings = self._node.now_ms(), self.settings
+        (now, machine_ms), settings = self.clock.stamp(), self.settings
 
         def make(origin: Origin) -> Entry:
             return Entry(
@@ -158,6 +161,7 @@ class Replica:
                 node=settings.node_id,
                 version=settings.supported_version,
                 incarnation=settings.incarnation,
+                machine_ms=machine_ms,
             )
 
         self._committer.submit_entry(make, on_reply)
@@ -248,9 +252,17 @@ class Replica:
         """Whether the raft port is bound."""
         return self._node.bound()
 
-    def now_ms(self) -> int:
-        """The submitter clock stamped into entries."""
-        return self._node.now_ms()
+    def machine_now_ms(self) -> int:
+        """The machine's time now, for the leader's timers: from machine version 4, this node's
+        estimate (the time its next entry carries, so a deadline it finds due is due when that
+        entry applies); before, its wall clock, as those versions' entries carry."""
+        if self._node.replicated_state.meta.effective_version >= CLOCK_RULE_VERSION:
+            return self.clock.estimate_ms()
+        return self.clock.wall_ms()
+
+    def clock_steps_rejected(self) -> dict[str, int]:
+        """Rejected wall-clock steps (episodes) by submitting node, as applied here."""
+        return dict(self.clock.steps.rejected)
 
     def force_snapshot(self) -> None:
         """Ask for a snapshot (log compaction) now."""
@@ -270,6 +282,9 @@ class Replica:
         hand what concerns this node incarnation over at once, in log order."""
         origin = outcome.origin
         settings = self.settings
+        if outcome.time_ms > 0:
+            self.clock.applied(outcome.time_ms)
+            self.clock.steps.observe(origin, outcome.clock_skew_ms, self._judging_clocks())
         mine = origin is not None and origin[:2] == (settings.node_id, settings.incarnation)
         if self._observe is not None:
             self._observe(outcome, mine)
@@ -280,6 +295,13 @@ class Replica:
         ]
         if mine or effects:
             self._deliver(outcome, effects, mine)
+
+    def _judging_clocks(self) -> bool:
+        """Whether applied entries' clocks are judged (counted, logged): from the first time
+        this node's state was current on (not while it replays its journal at start)."""
+        if not self._clocks_judged:
+            self._clocks_judged = self._node.applied_state_current()
+        return self._clocks_judged
 
     def _deliver(self, outcome: Outcome, effects: list[Effect], mine: bool) -> None:
         refs = refs_in(effects)
@@ -297,6 +319,7 @@ class Replica:
 
     def _snapshot_tick(self, index: int) -> None:
         """Inside the tick: the state jumped to a snapshot; tell the node, in order."""
+        self.clock.applied(self._node.replicated_state.meta.last_time_ms)
         self._in_order([], lambda _lookup: self._on_reset(index))
 
     # --- bodies by reference (machine v4) ---------------------------------------------------

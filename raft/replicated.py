@@ -2,7 +2,8 @@
 
 Pure and single-threaded (the pysyncobj node calls it inside its tick, under a lock), so it
 is tested without any process. The metadata (members, versions, connections by node, down
-nodes, the monotonic clock) changes only through `raft.metadata.apply_metadata`.
+nodes) changes only through `raft.metadata.apply_metadata`; the machine's time at each entry
+(`meta.last_time_ms`) only through `raft.machine_clock.machine_time` (whose clock it follows).
 
 An exception raised while applying a command is a bug, and nothing here catches it: it leaves
 `apply_entry` and `raft.node.RaftNode._apply_locked`, the one place a bug in apply is contained,
@@ -32,6 +33,7 @@ from raft import metadata
 from raft.entry import Entry, Origin, command_index
 from raft.errors import VersionTooOldError
 from raft.fastcodec import decode_command
+from raft.machine_clock import machine_time
 from raft.membership import MemberChange
 from raft.metadata import INITIAL_MACHINE_VERSION, Hello, Metadata, Switch, apply_metadata
 
@@ -86,12 +88,16 @@ class InternalFailure:
 
 @dataclass
 class Outcome:
-    """What applying one entry produced: a reply per command and the effects, in order."""
+    """What applying one entry produced: a reply per command and the effects, in order; the
+    machine's time at it, and its submitter's wall-clock skew from that time (None: not judged,
+    `raft.machine_clock`)."""
 
     index: int
     origin: Origin | None
     replies: list[Reply | InternalFailure]
     effects: list[Effect]
+    time_ms: int = 0
+    clock_skew_ms: int | None = None
 
 
 class ReplicatedState:
@@ -121,10 +127,10 @@ class ReplicatedState:
         node's code (`supported`) cannot apply it. `decoded`: the entry's commands already
         decoded by the submitter (must equal `fifo.decode` of each blob)."""
         self._check_version(entry, index, supported)
-        now = max(self.meta.last_time_ms, entry.ts_ms)
+        now, skew = machine_time(self.meta.last_time_ms, self.meta.effective_version, entry)
         self.meta.last_time_ms = now
         self.meta.last_index = index
-        outcome = Outcome(index, entry.origin, [], [])
+        outcome = Outcome(index, entry.origin, [], [], now, skew)
         if entry.kind == "cmds" and decoded is not None and len(decoded) == len(entry.cmds):
             self._apply_commands(index, term, now, list(decoded), outcome)
         elif entry.kind == "cmds":
@@ -182,8 +188,8 @@ class ReplicatedState:
         connections are closed first (ConnectionDown normal, in sorted order: its consumers'
         messages come back, as when a node restarts), then the member set switches."""
         self.meta.last_index = index
-        outcome = Outcome(index, None, [], [])
         now = self.meta.last_time_ms
+        outcome = Outcome(index, None, [], [], now)
         refusal = metadata.member_change_refusal(self.meta, change)
         if refusal is None and change.op == "remove":
             downs = [

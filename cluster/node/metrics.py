@@ -17,6 +17,9 @@ What a node counts, and so what to sum or not across nodes:
   every dead-lettering of the cluster (since it started): do not sum it over nodes. Its part
   that reached no dead-letter queue is `quorumq_queue_messages_dropped_total` (same rule).
 - raft gauges and histograms are this node's own.
+- `quorumq_clock_steps_rejected_total{node}` counts, as applied on this node (every node counts
+  every node's), the episodes in which `node`'s wall clock was more than the bound off the
+  machine's time and was not followed (`raft.machine_clock`): do not sum it over nodes.
 
 The number of queues labelled is capped (`QUEUES_LABELLED_MAX`); past it, new queues are not
 given series of their own (their gauges are summed into `queue="_other"`).
@@ -351,6 +354,7 @@ class _StateCollector:
         _add_node_gauges(families, self.metrics._node_status())
         yield from families.values()
         yield from _role_change_families(status.get("role_changes") or {})
+        yield _clock_steps_family(replica.clock_steps_rejected())
 
     @staticmethod
     def _families() -> dict[str, GaugeMetricFamily]:
@@ -421,3 +425,18 @@ def _role_change_families(changes: dict[str, int]) -> list[Metric]:
         by_change.add_metric([before, after], count)
     elections.add_metric([], sum(n for c, n in changes.items() if c.endswith("->candidate")))
     return [by_change, elections]
+
+
+def _clock_steps_family(rejected: dict[str, int]) -> Metric:
+    """The rejected wall-clock steps by the node whose clock stepped, as a counter."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily(
+        "quorumq_clock_steps_rejected",
+        "Episodes of a node's wall clock off the machine's time by more than the bound, not "
+        "followed (raft.machine_clock; each logged once as clock_step_rejected), as applied here.",
+        labels=["node"],
+    )
+    for node, count in sorted(rejected.items()):
+        family.add_metric([node], count)
+    return family

@@ -7,19 +7,23 @@ returned peers (deduplicated against the replicated list of down nodes; a leader
 brings itself up; a peer that came back while listed down, seen connected or with a new
 incarnation, and is lost again before its NodeUp committed gets NodeDown again: consumers may
 have attached through it), and the machine upgrade once every member supports it. Nothing
-identical is proposed again while one is in flight (`resubmit_s`). `LeaderTimers` is the thin
-loop around it.
+identical is proposed again while one is in flight (`resubmit_s`, or until the machine applied
+it, for its own timer commands). `LeaderTimers` is the thin loop around it; it proposes with the
+machine's time as `Replica.machine_now_ms` reads it (from machine v4 the estimate its next entry
+carries: `raft.machine_clock`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
 
 import fifo
 from fifo.commands import Command, NodeDown, NodeUp
+from raft.errors import SubmitError
 from raft.replica import Replica, ReplicaView, Reply
 
 log = structlog.get_logger("cluster.timers")
@@ -128,6 +132,12 @@ class TimerPlan:
             self._lost_since[peer] = now_s
         self._down_incarnation[peer] = incarnation
 
+    def applied(self, command: Command) -> None:
+        """The machine applied `command`, one of its own timer commands: the same command may be
+        proposed again at once when due again (a queue's next message expiring 10 ms after the
+        one just expired waited out `resubmit_s` before)."""
+        self._in_flight.pop(fifo.encode(command), None)
+
     def _fresh(self, now_s: float, key: bytes) -> bool:
         if now_s - self._in_flight.get(key, -1e9) < self.resubmit_s:
             return False
@@ -159,7 +169,19 @@ class LeaderTimers:
                 self.submitted.append(proposal)
                 name, detail = type(proposal).__name__, repr(proposal)[:200]
                 log.info("timer_command", command=name, detail=detail)
-                self.replica.propose(proposal, _ignore)
+                self.replica.propose(proposal, self._on_reply(proposal))
+
+    def _on_reply(self, command: Command) -> Callable[[Reply], None]:
+        """The sink of a proposed timer command: once the machine applied one of its own (not a
+        NodeDown / NodeUp, nor a failed proposal), the plan may propose it again when due."""
+        if isinstance(command, NodeDown | NodeUp):
+            return _ignore
+
+        def on_reply(reply: Reply) -> None:
+            if not isinstance(reply, SubmitError):
+                self.plan.applied(command)
+
+        return on_reply
 
     def view(self, now_ms: int | None = None) -> TimerView:
         """What the timers read now (the replicated part under one read)."""
@@ -167,7 +189,7 @@ class LeaderTimers:
         me = replica.settings.node_id
         if replica.role() != "leader":
             return TimerView(leader=False, me=me, connected={})
-        now_ms = replica.now_ms() if now_ms is None else now_ms
+        now_ms = replica.machine_now_ms() if now_ms is None else now_ms
         connected = {peer: replica.peer_connected(peer) for peer in replica.peers()}
 
         def read(view: ReplicaView) -> TimerView:

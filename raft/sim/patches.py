@@ -5,7 +5,8 @@ answer from the virtual clock and the seeded generator instead:
 - `pysyncobj.syncobj.monotonicTime`, `monotonic_time` in `raft.node`, `raft.appends`,
   `raft.elections`, `raft.node_status` and `raft.transport` (Raft's timers) and the `time` module
   as `raft.node`, its parts `raft.node_base` and `raft.node_status`, `raft.batcher` and
-  `raft.durability` see it (submitter clock, proposal timeouts, disk probes), and as
+  `raft.durability` and `raft.machine_clock` see it (submitter clocks, proposal timeouts, disk
+  probes), and as
   `cluster.node.timers` and `cluster.node.server` see it (the leader timers and the connection
   reconciliation that `raft.sim.session` runs);
 - `raft.batcher._Batch` (its `submitted_s` default was bound to `time.monotonic` at import);
@@ -50,6 +51,7 @@ import raft.appends
 import raft.batcher
 import raft.durability
 import raft.elections
+import raft.machine_clock
 import raft.node
 import raft.node_base
 import raft.node_status
@@ -143,6 +145,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.batcher, "time", clock_time),
         (raft.batcher, "_Batch", _virtual_batch(clock)),
         (raft.durability, "time", clock_time),
+        (raft.machine_clock, "time", clock_time),
         (cluster.node.timers, "time", clock_time),
         (cluster.node.server, "time", clock_time),
         (raft.durability.DurableFileJournal, "_note_synced", _note_synced),

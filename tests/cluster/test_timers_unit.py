@@ -13,6 +13,7 @@ from fifo.commands import (
     ConnectionId,
     ConsumerId,
     DeclareQueue,
+    Expire,
     NodeDown,
     NodeUp,
     SimplePrefetch,
@@ -150,3 +151,15 @@ def test_the_machine_suspects_on_a_node_down_for_a_node_already_down(version: in
     assert statuses() == ["suspected_down", "up"]
     apply(NodeDown("n2"))
     assert statuses() == ["suspected_down", "suspected_down"]
+
+
+def test_a_timer_command_the_machine_applied_may_be_proposed_again_at_once() -> None:
+    """A queue's next message expiring just after the one an Expire took: proposed on the next
+    round once the first Expire applied, not `resubmit_s` later (issue 31: TTLs 2 s late);
+    one still in flight is not proposed twice."""
+    plan = TimerPlan(resubmit_s=2.0)
+    due = TimerView(leader=True, me="n1", connected={}, due_commands=(Expire("q"),))
+    assert plan.due(0.0, due) == [Expire("q")]
+    assert plan.due(0.1, due) == []  # in flight
+    plan.applied(Expire("q"))
+    assert plan.due(0.2, due) == [Expire("q")]
