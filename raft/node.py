@@ -479,7 +479,3 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
     def submit(self, entry: Entry, callback: Callable[[Any, int], None] | None = None) -> None:
         """Queue an entry for replication (thread-safe); `callback(result, fail_reason)`."""
         self.apply_entry(encode_entry(entry), callback=callback)
-
-    def now_ms(self) -> int:
-        """The submitter clock stamped into entries (wall clock, made monotonic in apply)."""
-        return int(time.time() * 1000)
