@@ -12,18 +12,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Unpack
 
-from cluster import protocol
 from cluster.client._options import ClientOptions, Settings, ShellView
+from cluster.client._requests import Dialing, core_for, no_answer, status_probe
 from cluster.client._wire import AnyFrame, Handshake, Welcome
-from cluster.client.errors import (
-    AuthError,
-    ClientClosed,
-    ClusterError,
-    CommandRefused,
-    RequestTimeout,
-    TlsError,
-    Unavailable,
-)
+from cluster.client.errors import ClientClosed, ClusterError
 from cluster.client.sansio import (
     TICK_S,
     Answered,
@@ -31,15 +23,11 @@ from cluster.client.sansio import (
     CloseConnection,
     Event,
     ReconnectNeeded,
-    explain_timeout,
 )
 from cluster.client.tls import client_context, handshake_failed, server_hostname
-from fifo.codec import decode
 from fifo.commands import ConnectionId
-from fifo.replies import Error, Reply
 
 _Answer = tuple[AnyFrame | None, ClusterError | None]
-PROBE_TIMEOUT_S = 1.0  # the status probe that explains a timeout
 
 
 class _Link(asyncio.Protocol):
@@ -107,13 +95,7 @@ class AsyncShell(ShellView):
     ) -> None:
         self.settings = settings = Settings(**options)
         self._tls = client_context(settings.tls)
-        self.core = ClientProtocol(
-            endpoints,
-            name=settings.name,
-            reconnect=settings.reconnect,
-            silence_timeout_s=settings.silence_timeout_s,
-            no_leader_fail_s=settings.no_leader_fail_s,
-        )
+        self.core = core_for(endpoints, settings)
         self._client_key = client_key
         self._link: _Link | None = None
         self._waiters: dict[int, asyncio.Future[_Answer]] = {}
@@ -197,21 +179,15 @@ class AsyncShell(ShellView):
             raise
 
     async def _connect_any(self, endpoints: list[str], retry_s: float) -> _Link:
-        deadline = time.monotonic() + retry_s
-        errors: list[str] = []
+        dialing = Dialing(endpoints, time.monotonic() + retry_s)
         while True:
             self.core.check_usable()
-            for address in endpoints:
+            for address in dialing.endpoints:
                 try:
                     return await self._open(address)
-                except (AuthError, TlsError):
-                    raise
-                except (OSError, ClusterError, ValueError, TimeoutError) as err:
-                    errors.append(f"{address}: {err!r}")
-            if time.monotonic() >= deadline:
-                tried = "; ".join(errors[-len(endpoints) :])
-                raise Unavailable(f"no quorumq node reachable ({tried})")
-            await asyncio.sleep(0.1)
+                except Exception as err:  # (Dialing re-raises what must not be retried)
+                    dialing.failed(address, err)
+            await asyncio.sleep(dialing.pause_after_round(time.monotonic()))
 
     async def _leader_instead(self, link: _Link) -> _Link:
         address = link.ready.result().leader_address()
@@ -351,7 +327,7 @@ class AsyncShell(ShellView):
         except TimeoutError:
             self.core.forget([request_id])
             self._waiters.pop(request_id, None)
-            answer, error = None, RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s")
+            answer, error = None, no_answer(what, timeout_s)
         if error is not None:
             raise (await self.explain(error)) if explain else error
         assert answer is not None
@@ -360,30 +336,14 @@ class AsyncShell(ShellView):
     async def explain(self, error: ClusterError) -> ClusterError:
         """A timeout becomes Unavailable when the node says it has no quorum (a status query,
         answered without the log); any other error, or no answer, stays as it is."""
-        if not isinstance(error, RequestTimeout) or self.core.closed:
-            return error  # (only a timeout is explained, and never by a probe's own timeout)
-        core, frame = self.core, protocol.query(0, "status")
+        probe = status_probe(self.core, error, time.monotonic)
+        if probe is None:
+            return error
         try:
-            answer = await self.request(
-                lambda: core.submit(frame, PROBE_TIMEOUT_S, now=time.monotonic()),
-                PROBE_TIMEOUT_S,
-                "status",
-                explain=False,
-            )
+            answer = await self.request(probe.send, probe.timeout_s, "status", explain=False)
         except ClusterError:
             return error
-        return explain_timeout(answer.get("result"), error)
-
-
-def reply_of(answer: AnyFrame) -> Reply:
-    """The decoded reply of a command's answer frame; CommandRefused for an error reply."""
-    raw = answer.get("reply")
-    if not isinstance(raw, bytes):
-        raise CommandRefused(protocol.BAD_FRAME, f"expected an encoded reply, got {raw!r}")
-    reply: Reply = decode(raw)
-    if isinstance(reply, Error):
-        raise CommandRefused(reply.code, reply.message)
-    return reply
+        return probe.explain(answer, error)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

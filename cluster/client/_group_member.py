@@ -7,7 +7,8 @@ The I/O (sending, waiting, locking, calling hooks) stays in `groups.py` and `aio
 from __future__ import annotations
 
 import itertools
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 from fifo.commands import Cancel, ConnectionId, ConsumerId, JoinGroup, LeaveGroup, SimplePrefetch
 
@@ -22,6 +23,17 @@ class _PartitionConsumer(Protocol):
 
 
 C = TypeVar("C", bound=_PartitionConsumer)
+H = TypeVar("H")  # a hook: a function (threaded) or a function or coroutine function (asyncio)
+
+
+class GroupOptions(TypedDict, Generic[H], total=False):
+    """The options of joining a consumer group: `member` (its name; default: a fresh tag),
+    `prefetch` (per partition, default 10), and the `on_assign` / `on_revoke` hooks."""
+
+    member: str | None
+    prefetch: int
+    on_assign: H | None
+    on_revoke: H | None
 
 
 class MemberState(Generic[C]):
@@ -29,22 +41,17 @@ class MemberState(Generic[C]):
     consumers, what the hooks were last told."""
 
     def __init__(
-        self,
-        group: str,
-        queue: str,
-        base: str,
-        prefetch: int,
-        on_assign: Any,
-        on_revoke: Any,
+        self, group: str, queue: str, new_tag: Callable[[], str], options: GroupOptions[Any]
     ) -> None:
+        prefetch = options.get("prefetch", 10)
         if prefetch < 1:
             raise ValueError("prefetch must be at least 1")
         self.group = group
         self.queue = queue
         self.prefetch = prefetch
-        self.on_assign = on_assign
-        self.on_revoke = on_revoke
-        self._base = base
+        self.on_assign = options.get("on_assign")
+        self.on_revoke = options.get("on_revoke")
+        self._base = options.get("member") or new_tag()
         self._incarnations = itertools.count(1)
         self.member = ""
         self.tag = ""
@@ -104,6 +111,15 @@ class MemberState(Generic[C]):
         queue (a group never cancels its members' consumers otherwise)."""
         states = [c.core_state for c in self._consumers.values()]
         return bool(states) and all(state.finished for state in states)
+
+    def _close_if_deleted(self, core: Any) -> bool:
+        """Close the member (and forget its buffers) when the partitioned queue was deleted;
+        whether it was."""
+        if not self._all_cancelled():
+            return False
+        self.closed = True  # nothing more comes
+        self._forget_consumers(core)
+        return True
 
     def _forget_consumers(self, core: Any) -> None:
         for consumer in self._consumers.values():

@@ -123,6 +123,25 @@ class ShellView:
         return list(self.core.endpoints)
 
 
+class PublishOptions(TypedDict, total=False):
+    """The options of one publish: `ttl_ms` (the message's time to live), `group` (its message
+    group: a grouped queue, machine v3), `timeout_s` (how long to wait for room or a confirm;
+    default: the client's request timeout)."""
+
+    ttl_ms: int | None
+    group: str | None
+    timeout_s: float | None
+
+
+def publish_options(
+    options: PublishOptions, default_timeout_s: float
+) -> tuple[int | None, str | None, float]:
+    """`options` spelled out: ttl_ms, group and the timeout (`default_timeout_s` when unset)."""
+    timeout_s = options.get("timeout_s")
+    timeout = default_timeout_s if timeout_s is None else timeout_s
+    return options.get("ttl_ms"), options.get("group"), timeout
+
+
 class ConsumeOptions(TypedDict, total=False):
     """The options of `consume(...)` (their defaults and checks: `ClientProtocol.add_consumer`)."""
 

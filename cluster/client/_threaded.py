@@ -32,27 +32,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from cluster import protocol
 from cluster.client._log import get_logger
 from cluster.client._options import Settings, ShellView
+from cluster.client._requests import Dialing, core_for, no_answer, status_probe
 from cluster.client._wire import AnyFrame, Frame, Handshake, Welcome
-from cluster.client.errors import (
-    AuthError,
-    ClientClosed,
-    ClusterError,
-    RequestTimeout,
-    TlsError,
-    Unavailable,
-)
-from cluster.client.sansio import (
-    TICK_S,
-    Answered,
-    ClientProtocol,
-    CloseConnection,
-    Event,
-    ReconnectNeeded,
-    explain_timeout,
-)
+from cluster.client.errors import ClientClosed, ClusterError
+from cluster.client.sansio import TICK_S, Answered, CloseConnection, Event, ReconnectNeeded
 from cluster.client.tls import client_context, handshake_failed, server_hostname
 
 log = get_logger("quorumq.client")
@@ -63,7 +48,6 @@ POLL_SLICE_S = 1.0  # the longest one poll waits (the owner re-checks its condit
 # after a caller stops reading, how long the reader thread leaves the socket to the callers: a
 # caller that publishes and then waits for the confirm reads both answers itself
 READER_LINGER_S = 0.005
-PROBE_TIMEOUT_S = 1.0  # the status probe that explains a timeout
 _READABLE = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP | select.POLLNVAL
 _Opened = tuple[socket.socket, Welcome, bytes]
 _TLS_WAIT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
@@ -135,14 +119,7 @@ class ThreadedShell(ShellView):
     def __init__(self, endpoints: Sequence[str], client_key: bytes, settings: Settings) -> None:
         self.settings = settings
         self._tls = client_context(settings.tls)
-        self.core = ClientProtocol(
-            endpoints,
-            name=settings.name,
-            reconnect=settings.reconnect,
-            silence_timeout_s=settings.silence_timeout_s,
-            now=time.monotonic(),
-            no_leader_fail_s=settings.no_leader_fail_s,
-        )
+        self.core = core_for(endpoints, settings, now=time.monotonic())
         self._client_key = client_key
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
@@ -178,21 +155,16 @@ class ThreadedShell(ShellView):
     # --- connecting ------------------------------------------------------------------------
 
     def _connect_any(self, endpoints: list[str], deadline: float) -> _Opened:
-        errors: list[str] = []
+        dialing = Dialing(endpoints, deadline, describe=str)
         while True:
             if self.core.closed:
                 raise ClientClosed("the client was closed")
-            for address in endpoints:
+            for address in dialing.endpoints:
                 try:
                     return self._open(address)
-                except (AuthError, TlsError):
-                    raise
-                except (OSError, ClusterError, ValueError) as err:
-                    errors.append(f"{address}: {err}")
-            if time.monotonic() >= deadline:
-                tried = "; ".join(errors[-len(endpoints) :])
-                raise Unavailable(f"no quorumq node reachable ({tried})")
-            time.sleep(0.1)
+                except Exception as err:  # (Dialing re-raises what must not be retried)
+                    dialing.failed(address, err)
+            time.sleep(dialing.pause_after_round(time.monotonic()))
 
     def _open(self, address: str) -> _Opened:
         return open_socket(address, self._client_key, self.name, self.connect_timeout_s, self._tls)
@@ -559,7 +531,7 @@ class ThreadedShell(ShellView):
             answered = self._pump_until(waiter.event.is_set, time.monotonic() + timeout_s + 1.0)
         if not answered:
             self.forget([request_id])
-            waiter.error = RequestTimeout(f"no answer to {what} within {timeout_s:.1f}s")
+            waiter.error = no_answer(what, timeout_s)
         if isinstance(waiter.error, ClusterError) and explain:
             raise self.explain(waiter.error)
         if waiter.error is not None:
@@ -570,19 +542,14 @@ class ThreadedShell(ShellView):
     def explain(self, error: ClusterError) -> ClusterError:
         """A timeout becomes Unavailable when the node says it has no quorum (a status query,
         answered without the log); any other error, or no answer, stays as it is."""
-        if not isinstance(error, RequestTimeout) or self.core.closed:
-            return error  # (only a timeout is explained, and never by a probe's own timeout)
-        core, frame = self.core, protocol.query(0, "status")
+        probe = status_probe(self.core, error, time.monotonic)
+        if probe is None:
+            return error
         try:
-            status = self.request(
-                lambda: core.submit(frame, PROBE_TIMEOUT_S, now=time.monotonic()),
-                PROBE_TIMEOUT_S,
-                "status",
-                explain=False,
-            ).get("result")
+            answer = self.request(probe.send, probe.timeout_s, "status", explain=False)
         except ClusterError:
             return error
-        return explain_timeout(status, error)
+        return probe.explain(answer, error)
 
     def wait_until(self, ready: Callable[[], bool], deadline: float | None) -> bool:
         """Block until `ready()` (checked under the lock) or the deadline; False on timeout.

@@ -7,7 +7,8 @@ differ only in how they wait; what they report is read here, once, from the core
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import TypedDict, TypeVar
 
 from cluster.client._state import Buffered, ConsumerState, PublisherState
 from cluster.client._wire import group_of
@@ -30,12 +31,38 @@ def discarding(queue: str) -> Build:
     return lambda key, ids: Discard(queue, key, ids)
 
 
-def modifying(queue: str, delivery_failed: bool, undeliverable_here: bool,
-              annotations: Annotations) -> Build:  # fmt: skip
+class Modification(TypedDict, total=False):
+    """The AMQP 1.0 modified outcome's options: `delivery_failed` (default True: counts as a
+    failed delivery), `undeliverable_here` (default False: dead-letter instead of returning),
+    `annotations` (added to the message)."""
+
+    delivery_failed: bool
+    undeliverable_here: bool
+    annotations: Annotations
+
+
+def modifying(queue: str, outcome: Modification) -> Build:
     """The AMQP 1.0 modified outcome (machine v2)."""
-    return lambda key, ids: Modify(
-        queue, key, ids, delivery_failed, undeliverable_here, annotations
-    )
+    failed = outcome.get("delivery_failed", True)
+    here = outcome.get("undeliverable_here", False)
+    annotations = outcome.get("annotations", ())
+    return lambda key, ids: Modify(queue, key, ids, failed, here, annotations)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """What a delivered message holds, the same for both shells (their `Message` and
+    `AsyncMessage` add the owner that settles it)."""
+
+    queue: str
+    msg_id: int
+    body: bytes
+    redelivered: bool
+    delivery_count: int
+    consumer_key: ConsumerKey
+    # spelled out: the subclasses' generated __init__ resolves these names in their modules
+    annotations: tuple[tuple[str, str | int], ...] = ()
+    group: str | None = None
 
 
 def renewing(queue: str) -> Build:

@@ -16,41 +16,30 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TypeVar, Unpack, overload
+from typing import Unpack, overload
 
 from cluster import protocol
+from cluster.client import _requests as calls
 from cluster.client import results
-from cluster.client._asyncio import AsyncShell, reply_of
-from cluster.client._options import ConsumeOptions, DataDirOptions, data_dir_connection
+from cluster.client._asyncio import AsyncShell
+from cluster.client._group_member import GroupOptions
+from cluster.client._options import (
+    ConsumeOptions,
+    DataDirOptions,
+    PublishOptions,
+    data_dir_connection,
+)
 from cluster.client._wire import Frame
 from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
 from cluster.client.aio_groups import AsyncGroupConsumer, AsyncHandler, AsyncHook
 from cluster.client.aio_groups import declare_partitioned_queue as _declare_partitioned
 from cluster.client.aio_groups import join_group as _join_group
 from cluster.client.aio_publisher import AsyncPublisher
-from cluster.client.errors import CommandRefused
 from fifo.codec import encode
-from fifo.commands import (
-    Checkout,
-    Command,
-    ConsumerId,
-    DeclareGroupedQueue,
-    DeclareQueue,
-    DeleteQueue,
-    Dequeue,
-    Discard,
-    GroupConfig,
-    Purge,
-    PurgeGroup,
-    QueueConfig,
-    Return,
-    Settle,
-    UpdateConfig,
-)
+from fifo.commands import Command, DeleteQueue, GroupConfig, QueueConfig, UpdateConfig
 from fifo.queries import ConsumerInfo, GroupInfo, MessageInfo, QueueOverview
-from fifo.replies import DeclareOk, DeleteOk, DequeueOk, PurgeOk, Reply
+from fifo.replies import DeclareOk, DeleteOk, PurgeOk, Reply
 
-_T = TypeVar("_T")
 QueryArgs = dict[str, str | int]
 
 
@@ -99,7 +88,7 @@ class AsyncClient(AsyncShell):
     async def command(self, command: Command, timeout_s: float | None = None) -> Reply:
         """Run one command through the log; CommandRefused for an error reply."""
         answer = await self.call(protocol.command(0, encode(command)), timeout_s)
-        return reply_of(answer)
+        return calls.reply_of(answer)
 
     async def query(
         self, name: str, args: QueryArgs | None = None, timeout_s: float | None = None
@@ -119,31 +108,23 @@ class AsyncClient(AsyncShell):
     async def declare_queue(
         self, queue: str, config: QueueConfig | None = None, groups: GroupConfig | None = None
     ) -> DeclareOk:
-        """Create `queue` (a no-op when it exists with an equal config). With `groups`, a queue
-        with message groups (machine v3; a cluster still on v2 refuses it). A dead-letter queue
-        the config names is declared first (default config) when it does not exist: the machine
-        drops what it would dead-letter into a missing queue."""
-        target = config.dead_letter_queue if config is not None else None
+        """Create `queue`, as `Client.declare_queue` does (with `groups`: message groups, machine
+        v3); a dead-letter queue the config names and that is missing is declared first."""
+        target, declaration = calls.declarations(queue, config, groups)
         if target is not None and await self.overview(target) is None:
             await self.declare_queue(target)
-        if groups is not None:
-            command: Command = DeclareGroupedQueue(queue, config or QueueConfig(), groups)
-        else:
-            command = DeclareQueue(queue, config or QueueConfig())
-        return _expect(await self.command(command), DeclareOk)
+        return calls.expect(await self.command(declaration), DeclareOk)
 
     async def delete_queue(self, queue: str) -> DeleteOk:
         """Delete `queue` and everything in it."""
-        return _expect(await self.command(DeleteQueue(queue)), DeleteOk)
+        return calls.expect(await self.command(DeleteQueue(queue)), DeleteOk)
 
     async def purge_queue(
         self, queue: str, *, group: str | None = None, default_group: bool = False
     ) -> PurgeOk:
         """Drop every ready message of `queue`; with `group` (or `default_group`), only those of
         that message group of a grouped queue."""
-        if group is not None or default_group:
-            return _expect(await self.command(PurgeGroup(queue, group)), PurgeOk)
-        return _expect(await self.command(Purge(queue)), PurgeOk)
+        return calls.expect(await self.command(calls.purging(queue, group, default_group)), PurgeOk)
 
     async def update_config(self, queue: str, config: QueueConfig) -> Reply:
         """Replace the config of `queue`."""
@@ -157,20 +138,13 @@ class AsyncClient(AsyncShell):
         """A confirmed, pipelined publisher for `queue` with up to `window` unconfirmed messages."""
         return AsyncPublisher(self, queue, window=window, enqueuer=enqueuer)
 
-    async def publish(
-        self,
-        queue: str,
-        body: bytes,
-        *,
-        ttl_ms: int | None = None,
-        group: str | None = None,
-        timeout_s: float | None = None,
-    ) -> None:
+    async def publish(self, queue: str, body: bytes, **options: Unpack[PublishOptions]) -> None:
         """Publish one message and wait for its confirm (a tracked enqueue, deduplicated);
         `group`: its message group (a grouped queue, machine v3)."""
+        timeout_s = options.pop("timeout_s", None) or self.request_timeout_s
         async with self.publisher(queue, window=1) as publisher:
-            await publisher.publish(body, ttl_ms=ttl_ms, group=group)
-            await publisher.wait_for_confirms(timeout_s or self.request_timeout_s)
+            await publisher.publish(body, **options)
+            await publisher.wait_for_confirms(timeout_s)
 
     def consume(
         self,
@@ -193,41 +167,22 @@ class AsyncClient(AsyncShell):
         group: str,
         queue: str,
         *,
-        member: str | None = None,
-        prefetch: int = 10,
-        on_assign: AsyncHook | None = None,
-        on_revoke: AsyncHook | None = None,
         handler: AsyncHandler | None = None,
+        **options: Unpack[GroupOptions[AsyncHook]],
     ) -> AsyncGroupConsumer:
         """Join consumer group `group` on partitioned queue `queue` (machine v3): `async for`
         over the result, or pass `handler` to have a task call it per message; `on_assign` /
         `on_revoke` get the partitions that changed. See `cluster.client.aio_groups`."""
-        return await _join_group(
-            self, group, queue, member=member, prefetch=prefetch, on_assign=on_assign,
-            on_revoke=on_revoke, handler=handler,
-        )  # fmt: skip
+        return await _join_group(self, group, queue, handler=handler, **options)
 
     async def get(self, queue: str, *, settled: bool = False) -> AsyncMessage | None:
         """Take one ready message (basic.get); unless `settled`, ack or nack it like a delivery."""
-        tag = self.core.next_tag()
-        conn_id = await self.connection_id()
-        reply = await self.command(Checkout(queue, ConsumerId(tag, conn_id), Dequeue(settled)))
-        if not isinstance(reply, DequeueOk):
-            raise CommandRefused("unexpected_reply", f"dequeue answered {reply!r}")
-        if reply.message is None:
+        tag, connection = self.core.next_tag(), await self.connection_id()
+        reply = await self.command(calls.dequeue(queue, tag, connection, settled))
+        found = calls.dequeued(reply, tag, connection)
+        if found is None:
             return None
-        found = reply.message
-        key = reply.consumer_key if reply.consumer_key is not None else ConsumerId(tag, conn_id)
-        return AsyncMessage(
-            queue,
-            found.msg_id,
-            found.body,
-            found.redelivered,
-            found.delivery_count,
-            key,
-            (),
-            consumer=None if settled else _AsyncSettler(self, queue),
-        )
+        return AsyncMessage(queue, *found, consumer=None if settled else _AsyncSettler(self, queue))
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -281,19 +236,15 @@ class _AsyncSettler:
         self.queue = queue
 
     async def ack(self, messages: list[AsyncMessage]) -> None:
-        for message in messages:
-            await self.client.command(Settle(self.queue, message.consumer_key, (message.msg_id,)))
+        await self._settle(messages, "ack")
 
     async def nack(self, messages: list[AsyncMessage], requeue: bool = True) -> None:
-        kind = Return if requeue else Discard
-        for message in messages:
-            await self.client.command(kind(self.queue, message.consumer_key, (message.msg_id,)))
+        await self._settle(messages, "requeue" if requeue else "reject")
 
     async def reject(self, messages: list[AsyncMessage]) -> None:
-        await self.nack(messages, requeue=False)
+        await self._settle(messages, "reject")
 
-
-def _expect(reply: Reply, kind: type[_T]) -> _T:
-    if not isinstance(reply, kind):
-        raise CommandRefused("unexpected_reply", f"expected {kind.__name__}, got {reply!r}")
-    return reply
+    async def _settle(self, messages: list[AsyncMessage], outcome: str) -> None:
+        for message in messages:
+            key = message.consumer_key
+            await self.client.command(calls.settling(self.queue, key, message.msg_id, outcome))

@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol, Unpack
 
-from cluster.client._asyncio import AsyncShell, reply_of
+from cluster.client import _views as views
+from cluster.client._asyncio import AsyncShell
 from cluster.client._options import ConsumerOptions
+from cluster.client._requests import reply_of
 from cluster.client._state import Buffered, ConsumerState
-from cluster.client._views import ConsumerView, discarding, modifying, renewing, returning
-from cluster.client.workpool_consumer import AsyncProcessing, OnError
-from fifo.commands import (
-    Cancel,
-    Command,
-    ConsumerKey,
-    Remove,
-)
+from cluster.client._views import ConsumerView, Delivery, Modification
+from cluster.client.workpool_consumer import AsyncProcessing, ProcessOptions
+from fifo.commands import Cancel, ConsumerKey, Remove
 from fifo.replies import CancelOk
 
 
@@ -37,17 +34,9 @@ class AsyncSettles(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class AsyncMessage:
+class AsyncMessage(Delivery):
     """One delivered message; settle it with `await message.ack()` (or nack, reject)."""
 
-    queue: str
-    msg_id: int
-    body: bytes
-    redelivered: bool
-    delivery_count: int
-    consumer_key: ConsumerKey
-    annotations: tuple[tuple[str, str | int], ...] = ()
-    group: str | None = None
     consumer: AsyncSettles | None = field(default=None, repr=False, compare=False)
 
     async def ack(self) -> None:
@@ -166,20 +155,14 @@ class AsyncConsumer(ConsumerView):
     async def process(
         self,
         handler: Callable[[AsyncMessage], Awaitable[object]],
-        *,
-        workers: int = 8,
-        key: Callable[[AsyncMessage], Hashable] | None = None,
-        on_error: OnError = "requeue",
-        backlog: int | None = None,
+        **options: Unpack[ProcessOptions[AsyncMessage]],
     ) -> AsyncProcessing[AsyncMessage]:
         """Attach, then run `await handler(message)` on `workers` tasks, in order per key, in
         parallel across keys; ack when it returns, nack (`on_error`: requeue | dead_letter) when
         it raises. `key` defaults to the message's group (no group: one shared key). `backlog`
         caps the messages waiting per key. Stop with `await .stop(drain=...)`."""
         await self.start()
-        return AsyncProcessing(
-            self, handler, workers=workers, key=key, on_error=on_error, backlog=backlog
-        )
+        return AsyncProcessing(self, handler, **options)
 
     # --- settling ---------------------------------------------------------------------------
 
@@ -195,27 +178,23 @@ class AsyncConsumer(ConsumerView):
 
     async def nack(self, messages: Iterable[AsyncMessage | int], requeue: bool = True) -> None:
         """Return messages (`requeue`, no failed delivery) or reject them."""
-        self._settle(messages, returning(self.queue, requeue))
+        self._settle(messages, views.returning(self.queue, requeue))
 
     async def reject(self, messages: Iterable[AsyncMessage | int]) -> None:
         """Discard messages: a failed delivery; dead-lettered when the queue has a target."""
-        self._settle(messages, discarding(self.queue))
+        self._settle(messages, views.discarding(self.queue))
 
     async def modify(
         self,
         messages: Iterable[AsyncMessage | int],
-        *,
-        delivery_failed: bool = True,
-        undeliverable_here: bool = False,
-        annotations: tuple[tuple[str, str | int], ...] = (),
+        **outcome: Unpack[Modification],
     ) -> None:
         """AMQP 1.0 modified outcome (machine v2): return or dead-letter with annotations."""
-        build = modifying(self.queue, delivery_failed, undeliverable_here, annotations)
-        self._settle(messages, build)
+        self._settle(messages, views.modifying(self.queue, outcome))
 
     async def renew(self, messages: Iterable[AsyncMessage | int]) -> None:
         """Extend the consumer-timeout locks of checked-out messages (machine v2)."""
-        self._settle(messages, renewing(self.queue))
+        self._settle(messages, views.renewing(self.queue))
 
     async def grant(self, credit: int, drain: bool = False) -> None:
         """Credited mode: grant `credit` more deliveries (AMQP 1.0 flow)."""
@@ -223,11 +202,7 @@ class AsyncConsumer(ConsumerView):
         self.client.core.grant(self.core_state, credit, drain)
         self.client.flush()
 
-    def _settle(
-        self,
-        messages: Iterable[AsyncMessage | int],
-        build: Callable[[ConsumerKey, tuple[int, ...]], Command],
-    ) -> None:
+    def _settle(self, messages: Iterable[AsyncMessage | int], build: views.Build) -> None:
         self.client.core.settle(self.core_state, _pairs(messages), build)
         self.client.flush()
 

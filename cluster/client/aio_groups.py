@@ -22,11 +22,12 @@ import asyncio
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Unpack
 
 from cluster import protocol
-from cluster.client._asyncio import AsyncShell, reply_of
-from cluster.client._group_member import MemberState
+from cluster.client._asyncio import AsyncShell
+from cluster.client._group_member import GroupOptions, MemberState
+from cluster.client._requests import reply_of
 from cluster.client.aio_consumer import AsyncConsumer, AsyncMessage
 from cluster.client.errors import CommandRefused
 from fifo.codec import encode
@@ -43,18 +44,9 @@ class AsyncGroupConsumer(MemberState[AsyncConsumer]):
     of its partitions; `await leave()` (or `async with`) to leave."""
 
     def __init__(
-        self,
-        client: AsyncShell,
-        group: str,
-        queue: str,
-        *,
-        member: str | None = None,
-        prefetch: int = 10,
-        on_assign: AsyncHook | None = None,
-        on_revoke: AsyncHook | None = None,
+        self, client: AsyncShell, group: str, queue: str, **options: Unpack[GroupOptions[AsyncHook]]
     ) -> None:
-        base = member or client.core.next_tag()
-        super().__init__(group, queue, base, prefetch, on_assign, on_revoke)
+        super().__init__(group, queue, client.core.next_tag, options)
         self.client = client
         self.task: asyncio.Task[None] | None = None  # the handler task, if joined with one
 
@@ -134,9 +126,7 @@ class AsyncGroupConsumer(MemberState[AsyncConsumer]):
             message = self._next_buffered()
             if message is not None:
                 return message
-            if self._all_cancelled():
-                self.closed = True  # the partitioned queue was deleted: nothing more comes
-                self._drop_buffers()
+            if self._close_if_deleted(client.core):  # the partitioned queue was deleted
                 return None
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -194,19 +184,13 @@ async def join_group(
     group: str,
     queue: str,
     *,
-    member: str | None = None,
-    prefetch: int = 10,
-    on_assign: AsyncHook | None = None,
-    on_revoke: AsyncHook | None = None,
     handler: AsyncHandler | None = None,
+    **options: Unpack[GroupOptions[AsyncHook]],
 ) -> AsyncGroupConsumer:
     """Join `group` on partitioned queue `queue`; `async for` over the result, or pass `handler`
     (a function or coroutine function) to have a task call it for each message (the hooks then
     run in that task; `leave()` cancels it)."""
-    consumer = AsyncGroupConsumer(
-        client, group, queue, member=member, prefetch=prefetch,
-        on_assign=on_assign, on_revoke=on_revoke,
-    )  # fmt: skip
+    consumer = AsyncGroupConsumer(client, group, queue, **options)
     await consumer.join()
     if handler is not None:
         consumer.task = asyncio.ensure_future(_handle_all(consumer, handler))

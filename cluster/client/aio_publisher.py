@@ -6,8 +6,10 @@ The bookkeeping lives in `ClientProtocol`; this is the awaitable face of it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Unpack
 
 from cluster.client._asyncio import AsyncShell
+from cluster.client._options import PublishOptions, publish_options
 from cluster.client._views import PublisherView
 from cluster.client.errors import RequestTimeout
 
@@ -18,8 +20,8 @@ class AsyncPublisher(PublisherView):
     def __init__(
         self, client: AsyncShell, queue: str, *, window: int = 100, enqueuer: str | None = None
     ) -> None:
-        self.client = client
         self.core_state = client.core.add_publisher(queue, window, enqueuer)
+        self.client = client
 
     async def __aenter__(self) -> AsyncPublisher:
         return self
@@ -35,30 +37,17 @@ class AsyncPublisher(PublisherView):
         """Stop tracking this publisher (unconfirmed messages are no longer resent)."""
         self.client.core.remove_publisher(self.core_state)
 
-    async def publish(
-        self,
-        body: bytes,
-        *,
-        ttl_ms: int | None = None,
-        group: str | None = None,
-        timeout_s: float | None = None,
-    ) -> int:
+    async def publish(self, body: bytes, **options: Unpack[PublishOptions]) -> int:
         """Send one message (waits while the window is full); returns its sequence number.
         `group`: the message group (a grouped queue, machine v3)."""
-        return (await self.publish_many([body], ttl_ms=ttl_ms, group=group,
-                                        timeout_s=timeout_s))[0]  # fmt: skip
+        return (await self.publish_many([body], **options))[0]
 
     async def publish_many(
-        self,
-        bodies: Iterable[bytes],
-        *,
-        ttl_ms: int | None = None,
-        group: str | None = None,
-        timeout_s: float | None = None,
+        self, bodies: Iterable[bytes], **options: Unpack[PublishOptions]
     ) -> list[int]:
         """Send many messages (all of `group`, if given), as many per write as the window
         allows; returns their seqs."""
-        timeout = self.client.request_timeout_s if timeout_s is None else timeout_s
+        ttl_ms, group, timeout = publish_options(options, self.client.request_timeout_s)
         core, state = self.client.core, self.core_state
         seqs: list[int] = []
         batch: list[bytes] = []

@@ -11,46 +11,30 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar, Unpack, overload
+from typing import Unpack, overload
 
 from cluster import protocol
+from cluster.client import _requests as calls
 from cluster.client import results
 from cluster.client._options import (
     ClientOptions,
     ConsumeOptions,
     DataDirOptions,
+    PublishOptions,
     Settings,
     data_dir_connection,
 )
 from cluster.client._threaded import ThreadedShell
 from cluster.client._wire import Frame
 from cluster.client.consumer import Consumer, Message
-from cluster.client.errors import ClientClosed, CommandRefused
+from cluster.client.errors import ClientClosed
 from cluster.client.publisher import Publisher
 from cluster.client.sansio import ClientProtocol
-from fifo.codec import decode, encode
-from fifo.commands import (
-    Checkout,
-    Command,
-    ConnectionId,
-    ConsumerId,
-    DeclareGroupedQueue,
-    DeclareQueue,
-    DeleteQueue,
-    Dequeue,
-    Discard,
-    GroupConfig,
-    Purge,
-    PurgeGroup,
-    QueueConfig,
-    Return,
-    Settle,
-    UpdateConfig,
-)
+from fifo.codec import encode
+from fifo.commands import Command, ConnectionId, DeleteQueue, GroupConfig, QueueConfig, UpdateConfig
 from fifo.queries import ConsumerInfo, GroupInfo, MessageInfo, QueueOverview
-from fifo.replies import DeclareOk, DeleteOk, DequeueOk, Error, PurgeOk, Reply
+from fifo.replies import DeclareOk, DeleteOk, PurgeOk, Reply
 
-_T = TypeVar("_T")
 QueryArgs = dict[str, str | int]
 
 
@@ -132,11 +116,7 @@ class Client(ThreadedShell):
 
     def command(self, command: Command, timeout_s: float | None = None) -> Reply:
         """Run one command through the log; CommandRefused for an error reply."""
-        answer = self.call(protocol.command(0, encode(command)), timeout_s)
-        reply: Reply = decode(_bytes(answer.get("reply")))
-        if isinstance(reply, Error):
-            raise CommandRefused(reply.code, reply.message)
-        return reply
+        return calls.reply_of(self.call(protocol.command(0, encode(command)), timeout_s))
 
     def query(
         self, name: str, args: QueryArgs | None = None, timeout_s: float | None = None
@@ -160,26 +140,20 @@ class Client(ThreadedShell):
         with message groups (machine v3; a cluster still on v2 refuses it). A dead-letter queue
         the config names is declared first (default config) when it does not exist: the machine
         drops what it would dead-letter into a missing queue."""
-        target = config.dead_letter_queue if config is not None else None
+        target, declaration = calls.declarations(queue, config, groups)
         if target is not None and self.overview(target) is None:
             self.declare_queue(target)
-        if groups is not None:
-            reply = self.command(DeclareGroupedQueue(queue, config or QueueConfig(), groups))
-        else:
-            reply = self.command(DeclareQueue(queue, config or QueueConfig()))
-        return _expect(reply, DeclareOk)
+        return calls.expect(self.command(declaration), DeclareOk)
 
     def delete_queue(self, queue: str) -> DeleteOk:
         """Delete `queue` and everything in it."""
-        return _expect(self.command(DeleteQueue(queue)), DeleteOk)
+        return calls.expect(self.command(DeleteQueue(queue)), DeleteOk)
 
     def purge_queue(self, queue: str, *, group: str | None = None,
                     default_group: bool = False) -> PurgeOk:  # fmt: skip
         """Drop every ready message of `queue`; with `group` (or `default_group`), only those of
         that message group of a grouped queue."""
-        if group is not None or default_group:
-            return _expect(self.command(PurgeGroup(queue, group)), PurgeOk)
-        return _expect(self.command(Purge(queue)), PurgeOk)
+        return calls.expect(self.command(calls.purging(queue, group, default_group)), PurgeOk)
 
     def update_config(self, queue: str, config: QueueConfig) -> Reply:
         """Replace the config of `queue`."""
@@ -191,20 +165,13 @@ class Client(ThreadedShell):
         """A confirmed, pipelined publisher for `queue` with up to `window` unconfirmed messages."""
         return Publisher(self, queue, window=window, enqueuer=enqueuer)
 
-    def publish(
-        self,
-        queue: str,
-        body: bytes,
-        *,
-        ttl_ms: int | None = None,
-        group: str | None = None,
-        timeout_s: float | None = None,
-    ) -> None:
+    def publish(self, queue: str, body: bytes, **options: Unpack[PublishOptions]) -> None:
         """Publish one message and wait for its confirm (a tracked enqueue, deduplicated);
         `group`: its message group (a grouped queue, machine v3)."""
+        timeout_s = options.pop("timeout_s", None) or self.request_timeout_s
         with self.reading(), self.publisher(queue, window=1) as publisher:
-            publisher.publish(body, ttl_ms=ttl_ms, group=group)
-            publisher.wait_for_confirms(timeout_s or self.request_timeout_s)
+            publisher.publish(body, **options)
+            publisher.wait_for_confirms(timeout_s)
 
     def consume(
         self,
@@ -220,25 +187,13 @@ class Client(ThreadedShell):
 
     def get(self, queue: str, *, settled: bool = False) -> Message | None:
         """Take one ready message (basic.get); unless `settled`, ack or nack it like a delivery."""
-        tag = self.core.next_tag()
-        conn_id = self.connection_id
-        reply = self.command(Checkout(queue, ConsumerId(tag, conn_id), Dequeue(settled)))
-        if not isinstance(reply, DequeueOk):
-            raise CommandRefused("unexpected_reply", f"dequeue answered {reply!r}")
-        if reply.message is None:
-            return None
-        found = reply.message
-        key = reply.consumer_key if reply.consumer_key is not None else ConsumerId(tag, conn_id)
-        return Message(
-            queue,
-            found.msg_id,
-            found.body,
-            found.redelivered,
-            found.delivery_count,
-            key,
-            (),
-            consumer=None if settled else _Settler(self, queue),
+        tag, connection = self.core.next_tag(), self.connection_id
+        found = calls.dequeued(
+            self.command(calls.dequeue(queue, tag, connection, settled)), tag, connection
         )
+        if found is None:
+            return None
+        return Message(queue, *found, consumer=None if settled else _Settler(self, queue))
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -291,18 +246,6 @@ def _usable(core: ClientProtocol) -> bool:
     return not core.closed and core.failure is None
 
 
-def _bytes(value: object) -> bytes:
-    if not isinstance(value, bytes):
-        raise CommandRefused(protocol.BAD_FRAME, f"expected encoded bytes, got {value!r}")
-    return value
-
-
-def _expect(reply: Reply, kind: type[_T]) -> _T:
-    if not isinstance(reply, kind):
-        raise CommandRefused("unexpected_reply", f"expected {kind.__name__}, got {reply!r}")
-    return reply
-
-
 class _Settler:
     """Settles a dequeued message (the consumer-like owner `Message.ack()` calls)."""
 
@@ -311,13 +254,16 @@ class _Settler:
         self.queue = queue
 
     def ack(self, messages: list[Message]) -> None:
-        for message in messages:
-            self.client.command(Settle(self.queue, message.consumer_key, (message.msg_id,)))
+        self._settle(messages, "ack")
 
     def nack(self, messages: list[Message], requeue: bool = True) -> None:
-        kind = Return if requeue else Discard
-        for message in messages:
-            self.client.command(kind(self.queue, message.consumer_key, (message.msg_id,)))
+        self._settle(messages, "requeue" if requeue else "reject")
 
     def reject(self, messages: list[Message]) -> None:
-        self.nack(messages, requeue=False)
+        self._settle(messages, "reject")
+
+    def _settle(self, messages: list[Message], outcome: str) -> None:
+        for message in messages:
+            self.client.command(
+                calls.settling(self.queue, message.consumer_key, message.msg_id, outcome)
+            )

@@ -11,24 +11,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, Unpack
 
+from cluster.client import _views as views
 from cluster.client._log import get_logger
 from cluster.client._options import ConsumerOptions
 from cluster.client._state import Buffered, ConsumerState
 from cluster.client._threaded import ThreadedShell
-from cluster.client._views import ConsumerView, discarding, modifying, renewing, returning
+from cluster.client._views import ConsumerView, Delivery, Modification
 from cluster.client.errors import CommandRefused
-from cluster.client.workpool_consumer import OnError, Processing
+from cluster.client.workpool_consumer import Processing, ProcessOptions
 from fifo.codec import decode
-from fifo.commands import (
-    Cancel,
-    Command,
-    ConsumerKey,
-    Remove,
-)
+from fifo.commands import Cancel, ConsumerKey, Remove
 from fifo.replies import CancelOk, Error
 
 log = get_logger("quorumq.client")
@@ -45,17 +41,9 @@ class Settles(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Message:
+class Message(Delivery):
     """One delivered message; settle it with `ack()`, `nack()`, `reject()` or the consumer."""
 
-    queue: str
-    msg_id: int
-    body: bytes
-    redelivered: bool
-    delivery_count: int
-    consumer_key: ConsumerKey
-    annotations: tuple[tuple[str, str | int], ...] = ()
-    group: str | None = None
     consumer: Settles | None = field(default=None, repr=False, compare=False)
 
     def ack(self) -> None:
@@ -229,19 +217,13 @@ class Consumer(ConsumerView):
     def process(
         self,
         handler: Callable[[Message], object],
-        *,
-        workers: int = 8,
-        key: Callable[[Message], Hashable] | None = None,
-        on_error: OnError = "requeue",
-        backlog: int | None = None,
+        **options: Unpack[ProcessOptions[Message]],
     ) -> Processing[Message]:
         """Run `handler(message)` on `workers` threads, in order per key, in parallel across
         keys; ack when it returns, nack (`on_error`: requeue | dead_letter) when it raises.
         `key` defaults to the message's group (no group: one shared key). `backlog` caps the
         messages waiting per key. Stop with `.stop(drain=...)`; see docs/workpool.md."""
-        return Processing(
-            self, handler, workers=workers, key=key, on_error=on_error, backlog=backlog
-        )
+        return Processing(self, handler, **options)
 
     # --- settling ---------------------------------------------------------------------------
 
@@ -260,27 +242,23 @@ class Consumer(ConsumerView):
 
     def nack(self, messages: Iterable[Message | int], requeue: bool = True) -> None:
         """Return messages (`requeue`, no failed delivery) or reject them."""
-        self._settle(messages, returning(self.queue, requeue))
+        self._settle(messages, views.returning(self.queue, requeue))
 
     def reject(self, messages: Iterable[Message | int]) -> None:
         """Discard messages: a failed delivery; dead-lettered when the queue has a target."""
-        self._settle(messages, discarding(self.queue))
+        self._settle(messages, views.discarding(self.queue))
 
     def modify(
         self,
         messages: Iterable[Message | int],
-        *,
-        delivery_failed: bool = True,
-        undeliverable_here: bool = False,
-        annotations: tuple[tuple[str, str | int], ...] = (),
+        **outcome: Unpack[Modification],
     ) -> None:
         """AMQP 1.0 modified outcome (machine v2): return or dead-letter with annotations."""
-        build = modifying(self.queue, delivery_failed, undeliverable_here, annotations)
-        self._settle(messages, build)
+        self._settle(messages, views.modifying(self.queue, outcome))
 
     def renew(self, messages: Iterable[Message | int]) -> None:
         """Extend the consumer-timeout locks of checked-out messages (machine v2)."""
-        self._settle(messages, renewing(self.queue))
+        self._settle(messages, views.renewing(self.queue))
 
     def grant(self, credit: int, drain: bool = False) -> None:
         """Credited mode: grant `credit` more deliveries (AMQP 1.0 flow)."""
@@ -288,11 +266,7 @@ class Consumer(ConsumerView):
             self.client.core.grant(self.core_state, credit, drain)
         self.client.flush()
 
-    def _settle(
-        self,
-        messages: Iterable[Message | int],
-        build: Callable[[ConsumerKey, tuple[int, ...]], Command],
-    ) -> None:
+    def _settle(self, messages: Iterable[Message | int], build: views.Build) -> None:
         pairs = pairs_of(messages)
         with self.client.lock:
             self.client.core.settle(self.core_state, pairs, build)

@@ -17,9 +17,9 @@ import binascii
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TypeVar, Unpack
 
-from cluster.client._group_member import MemberState
+from cluster.client._group_member import GroupOptions, MemberState
 from cluster.client.client import Client
 from cluster.client.consumer import Consumer, Message
 from cluster.client.errors import CommandRefused
@@ -57,18 +57,9 @@ class GroupConsumer(MemberState[Consumer]):
     """One member of a consumer group: iterate it (or `get`) for messages of its partitions."""
 
     def __init__(
-        self,
-        client: Client,
-        group: str,
-        queue: str,
-        *,
-        member: str | None = None,
-        prefetch: int = 10,
-        on_assign: Hook | None = None,
-        on_revoke: Hook | None = None,
+        self, client: Client, group: str, queue: str, **options: Unpack[GroupOptions[Hook]]
     ) -> None:
-        base = member or client.core.next_tag()
-        super().__init__(group, queue, base, prefetch, on_assign, on_revoke)
+        super().__init__(group, queue, client.core.next_tag, options)
         self.client = client
 
     # --- membership ---------------------------------------------------------------------------
@@ -140,8 +131,6 @@ class GroupConsumer(MemberState[Consumer]):
             if message is not None:
                 return message
             if self._deleted():
-                self.closed = True  # the partitioned queue was deleted: nothing more comes
-                self._drop_buffers()
                 return None
             with client.changed:
                 if any(c.core_state.buffer for c in self._consumers.values()):
@@ -159,8 +148,9 @@ class GroupConsumer(MemberState[Consumer]):
         return None if found is None else found[0].wrap(found[1])
 
     def _deleted(self) -> bool:
+        """The partitioned queue was deleted: the member is closed now."""
         with self.client.lock:
-            return self._all_cancelled()
+            return self._close_if_deleted(self.client.core)
 
     def _run_hooks(self) -> None:
         gained, lost = self._changes()
@@ -185,19 +175,13 @@ def join_group(
     group: str,
     queue: str,
     *,
-    member: str | None = None,
-    prefetch: int = 10,
-    on_assign: Hook | None = None,
-    on_revoke: Hook | None = None,
     handler: Callable[[Message], None] | None = None,
+    **options: Unpack[GroupOptions[Hook]],
 ) -> GroupConsumer:
     """Join `group` on partitioned queue `queue` (created by `declare_partitioned_queue` or
     `quorumq queue declare NAME --partitions P`); iterate the result for messages, or pass
     `handler` to have a thread call it for each message (hooks then run in that thread)."""
-    consumer = GroupConsumer(
-        client, group, queue, member=member, prefetch=prefetch,
-        on_assign=on_assign, on_revoke=on_revoke,
-    )  # fmt: skip
+    consumer = GroupConsumer(client, group, queue, **options)
     consumer.join()
     if handler is not None:
         threading.Thread(

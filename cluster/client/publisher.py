@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Unpack
 
+from cluster.client._options import PublishOptions, publish_options
 from cluster.client._threaded import ThreadedShell
 from cluster.client._views import PublisherView
 from cluster.client.errors import RequestTimeout
@@ -42,31 +44,17 @@ class Publisher(PublisherView):
         with self.client.lock:
             self.client.core.remove_publisher(self.core_state)
 
-    def publish(
-        self,
-        body: bytes,
-        *,
-        ttl_ms: int | None = None,
-        group: str | None = None,
-        timeout_s: float | None = None,
-    ) -> int:
+    def publish(self, body: bytes, **options: Unpack[PublishOptions]) -> int:
         """Send one message (waits while the window is full); returns its sequence number.
 
         `group`: the message group (a grouped queue, machine v3; sent as the `x-group-id`
         annotation, the default `group_key`). A cluster still on machine v2 refuses it."""
-        return self.publish_many([body], ttl_ms=ttl_ms, group=group, timeout_s=timeout_s)[0]
+        return self.publish_many([body], **options)[0]
 
-    def publish_many(
-        self,
-        bodies: Iterable[bytes],
-        *,
-        ttl_ms: int | None = None,
-        group: str | None = None,
-        timeout_s: float | None = None,
-    ) -> list[int]:
+    def publish_many(self, bodies: Iterable[bytes], **options: Unpack[PublishOptions]) -> list[int]:
         """Send many messages (all of `group`, if given), as many per write as the window
         allows; returns their seqs."""
-        timeout = self.client.request_timeout_s if timeout_s is None else timeout_s
+        ttl_ms, group, timeout = publish_options(options, self.client.request_timeout_s)
         seqs: list[int] = []
         batch: list[bytes] = []
         room = 0

@@ -47,7 +47,18 @@ def check_options(workers: int, backlog: int | None) -> int:
     return CHANNEL_BACKLOG_DEFAULT if backlog is None else backlog
 
 
-class OrderedWorkPool(Generic[T]):
+class PoolBase(Generic[T]):
+    """What the threaded and the asyncio pool share: their checked options, the key that names
+    an item's channel and the sans-IO `ChannelPool` that decides what runs next."""
+
+    def __init__(self, workers: int, backlog: int | None, key: Callable[[T], Hashable]) -> None:
+        self.backlog = check_options(workers, backlog)
+        self.workers = workers
+        self._key = key
+        self._core: ChannelPool[Hashable, T] = ChannelPool()
+
+
+class OrderedWorkPool(PoolBase[T]):
     """A thread pool that keeps per-key order.
 
     `handler(item)` runs on one of `workers` threads; then `on_done(item, error)` runs on the
@@ -66,12 +77,9 @@ class OrderedWorkPool(Generic[T]):
         on_done: OnDone[T] | None = None,
         name: str = "qq-workpool",
     ) -> None:
-        self.backlog = check_options(workers, backlog)
-        self.workers = workers
+        super().__init__(workers, backlog, key)
         self._handler = handler
-        self._key = key
         self._on_done = on_done
-        self._core: ChannelPool[Hashable, T] = ChannelPool()
         self._lock = threading.Lock()
         self._has_work = threading.Condition(self._lock)
         self._has_space = threading.Condition(self._lock)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from cluster.client._log import get_logger
-from cluster.client.workpool import PoolClosed, check_options, group_of
-from cluster.client.workpool_core import ChannelPool
+from cluster.client.workpool import PoolBase, PoolClosed, group_of
 
 log = get_logger("quorumq.workpool")
 
@@ -28,7 +27,7 @@ T = TypeVar("T")
 AsyncOnDone = Callable[[T, BaseException | None], Awaitable[None]]
 
 
-class AsyncOrderedWorkPool(Generic[T]):
+class AsyncOrderedWorkPool(PoolBase[T]):
     """An asyncio worker pool that keeps per-key order; build it inside a running loop.
 
     `await handler(item)` runs on one of `workers` tasks; then `await on_done(item, error)`
@@ -44,13 +43,10 @@ class AsyncOrderedWorkPool(Generic[T]):
         backlog: int | None = None,
         on_done: AsyncOnDone[T] | None = None,
     ) -> None:
-        self.backlog = check_options(workers, backlog)
-        self.workers = workers
-        self._handler = handler
-        self._key = key
-        self._on_done = on_done
-        self._core: ChannelPool[Hashable, T] = ChannelPool()
+        super().__init__(workers, backlog, key)
         self._loop = asyncio.get_running_loop()
+        self._handler = handler
+        self._on_done = on_done
         self._idle: deque[asyncio.Future[None]] = deque()  # one per sleeping worker
         self._space: list[asyncio.Future[None]] = []  # submitters waiting for backlog room
         self._closing = False

@@ -17,7 +17,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypedDict, TypeVar, Unpack
 
 from cluster.client._log import get_logger
 from cluster.client._state import ConsumerState
@@ -103,36 +103,52 @@ def _check(credited: bool, on_error: str) -> None:
         raise ValueError("process() needs a prefetch consumer: its prefetch bounds the pool")
 
 
-class Processing(Generic[M]):
-    """`Consumer.process` running: a feeder thread and an `OrderedWorkPool` of worker threads."""
+class PoolCounts(Protocol):
+    """The counters both work pools keep."""
 
-    def __init__(
-        self,
-        consumer: ThreadedSource[M],
-        handler: Callable[[M], object],
-        *,
-        workers: int,
-        key: Callable[[M], Hashable] | None,
-        on_error: OnError,
-        backlog: int | None,
-    ) -> None:
-        _check(consumer.core_state.credited, on_error)
-        self.consumer = consumer
-        self.on_error = on_error
-        self._pool: OrderedWorkPool[M] = OrderedWorkPool(
-            handler,
-            workers=workers,
-            key=group_of if key is None else key,
-            backlog=backlog,
-            on_done=self._settle,
-            name=f"qq-process-{consumer.tag}",
-        )
-        self._stop_feeding = threading.Event()
-        self._leftover: list[M] = []  # taken by the feeder, never submitted
-        self._feeder = threading.Thread(
-            target=self._feed, name=f"qq-feeder-{consumer.tag}", daemon=True
-        )
-        self._feeder.start()
+    @property
+    def completed(self) -> int: ...
+
+    @property
+    def failed(self) -> int: ...
+
+    def waiting(self) -> int: ...
+
+    def busy(self) -> int: ...
+
+
+class ProcessOptions(TypedDict, Generic[M], total=False):
+    """The options of `process(...)`: `workers` (default 8), `key` (names a message's channel;
+    default: its group), `on_error` (default "requeue"), `backlog` (per key; default: the
+    pool's)."""
+
+    workers: int
+    key: Callable[[M], Hashable] | None
+    on_error: OnError
+    backlog: int | None
+
+
+class PoolOptions(TypedDict, Generic[M]):
+    """What both work pools are built with, from the process options."""
+
+    workers: int
+    key: Callable[[M], Hashable]
+    backlog: int | None
+
+
+class ProcessingView(Generic[M]):
+    """What both shells' running `process` share: its checked options and its pool's counters."""
+
+    _pool: PoolCounts
+
+    def __init__(self, credited: bool, options: ProcessOptions[M]) -> None:
+        self.on_error: OnError = options.get("on_error", "requeue")
+        _check(credited, self.on_error)
+        self.pool_options: PoolOptions[M] = {
+            "workers": options.get("workers", 8),
+            "key": options.get("key") or group_of,
+            "backlog": options.get("backlog"),
+        }
 
     @property
     def processed(self) -> int:
@@ -151,6 +167,42 @@ class Processing(Generic[M]):
     def running(self) -> int:
         """Messages whose handler runs now."""
         return self._pool.busy()
+
+
+Outcome = Literal["ack", "requeue", "reject"]
+
+
+def outcome_of(queue: str, msg_id: int, error: BaseException | None, on_error: OnError) -> Outcome:
+    """How a handled message is settled: acked when its handler returned; else returned
+    (`on_error="requeue"`) or rejected, and the failure logged."""
+    if error is None:
+        return "ack"
+    log.warning(
+        "process_handler_failed", queue=queue, msg_id=msg_id, on_error=on_error, error=repr(error)
+    )
+    return "requeue" if on_error == "requeue" else "reject"
+
+
+class Processing(ProcessingView[M]):
+    """`Consumer.process` running: a feeder thread and an `OrderedWorkPool` of worker threads."""
+
+    def __init__(
+        self,
+        consumer: ThreadedSource[M],
+        handler: Callable[[M], object],
+        **options: Unpack[ProcessOptions[M]],
+    ) -> None:
+        super().__init__(consumer.core_state.credited, options)
+        self.consumer = consumer
+        self._pool: OrderedWorkPool[M] = OrderedWorkPool(
+            handler, on_done=self._settle, name=f"qq-process-{consumer.tag}", **self.pool_options
+        )
+        self._stop_feeding = threading.Event()
+        self._leftover: list[M] = []  # taken by the feeder, never submitted
+        self._feeder = threading.Thread(
+            target=self._feed, name=f"qq-feeder-{consumer.tag}", daemon=True
+        )
+        self._feeder.start()
 
     def _feed(self) -> None:
         consumer, pool = self.consumer, self._pool
@@ -174,20 +226,13 @@ class Processing(Generic[M]):
 
     def _settle(self, message: M, error: BaseException | None) -> None:
         consumer = self.consumer
-        if error is None:
+        outcome = outcome_of(consumer.queue, message.msg_id, error, self.on_error)
+        if outcome == "ack":
             consumer.ack([message])
+        elif outcome == "requeue":
+            consumer.nack([message], requeue=True)
         else:
-            log.warning(
-                "process_handler_failed",
-                queue=consumer.queue,
-                msg_id=message.msg_id,
-                on_error=self.on_error,
-                error=repr(error),
-            )
-            if self.on_error == "requeue":
-                consumer.nack([message], requeue=True)
-            else:
-                consumer.reject([message])
+            consumer.reject([message])
         if self._pool.waiting() == 0:
             consumer.flush_acks()  # workers are about to idle: let the queue refill credit now
 
@@ -228,50 +273,23 @@ class Processing(Generic[M]):
         self.stop(drain=True)
 
 
-class AsyncProcessing(Generic[M]):
+class AsyncProcessing(ProcessingView[M]):
     """`AsyncConsumer.process` running: a feeder task and an `AsyncOrderedWorkPool`."""
 
     def __init__(
         self,
         consumer: AsyncSource[M],
         handler: Callable[[M], Awaitable[object]],
-        *,
-        workers: int,
-        key: Callable[[M], Hashable] | None,
-        on_error: OnError,
-        backlog: int | None,
+        **options: Unpack[ProcessOptions[M]],
     ) -> None:
-        _check(consumer.core_state.credited, on_error)
+        super().__init__(consumer.core_state.credited, options)
         self.consumer = consumer
-        self.on_error = on_error
         self._pool: AsyncOrderedWorkPool[M] = AsyncOrderedWorkPool(
-            handler,
-            workers=workers,
-            key=group_of if key is None else key,
-            backlog=backlog,
-            on_done=self._settle,
+            handler, on_done=self._settle, **self.pool_options
         )
         self._stop_feeding = False
         self._leftover: list[M] = []
         self._feeder = asyncio.ensure_future(self._feed())
-
-    @property
-    def processed(self) -> int:
-        """Messages whose handler ran (returned or raised)."""
-        return self._pool.completed
-
-    @property
-    def failed(self) -> int:
-        """Messages whose handler raised (returned or rejected)."""
-        return self._pool.failed
-
-    def waiting(self) -> int:
-        """Messages in the pool not started yet."""
-        return self._pool.waiting()
-
-    def running(self) -> int:
-        """Messages whose handler runs now."""
-        return self._pool.busy()
 
     async def _feed(self) -> None:
         consumer, pool = self.consumer, self._pool
@@ -292,20 +310,13 @@ class AsyncProcessing(Generic[M]):
 
     async def _settle(self, message: M, error: BaseException | None) -> None:
         consumer = self.consumer
-        if error is None:
+        outcome = outcome_of(consumer.queue, message.msg_id, error, self.on_error)
+        if outcome == "ack":
             await consumer.ack([message])
+        elif outcome == "requeue":
+            await consumer.nack([message], requeue=True)
         else:
-            log.warning(
-                "process_handler_failed",
-                queue=consumer.queue,
-                msg_id=message.msg_id,
-                on_error=self.on_error,
-                error=repr(error),
-            )
-            if self.on_error == "requeue":
-                await consumer.nack([message], requeue=True)
-            else:
-                await consumer.reject([message])
+            await consumer.reject([message])
         if self._pool.waiting() == 0:
             await consumer.flush_acks()
 

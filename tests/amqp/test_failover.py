@@ -10,6 +10,7 @@ import pytest
 
 from cluster.launcher import start_cluster, wait_until
 from tests.amqp.conftest import AmqpCluster, upgrade_to_latest
+from tests.amqp.pika_collect import collecting
 
 pika = pytest.importorskip("pika")
 
@@ -51,9 +52,7 @@ def test_sac_fails_over_when_the_active_consumers_node_is_killed(killable: AmqpC
     assert next(doomed_channel.consume(queue, inactivity_timeout=10))[2] == b"m1"
     got: list[bytes] = []
     waiting = pika.BlockingConnection(killable.params(survivor))
-    waiting.channel().basic_consume(
-        queue, lambda ch, method, _p, body: got.append(body) or ch.basic_ack(method.delivery_tag)
-    )
+    waiting.channel().basic_consume(queue, collecting(got))
     waiting.process_data_events(time_limit=0.5)
     assert got == []
     cluster.kill(victim)

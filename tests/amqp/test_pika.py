@@ -10,6 +10,7 @@ import pytest
 
 from cluster.launcher import wait_until
 from tests.amqp.conftest import AmqpCluster
+from tests.amqp.pika_collect import collecting
 
 pika = pytest.importorskip("pika")
 from pika.adapters.blocking_connection import BlockingChannel  # noqa: E402
@@ -168,8 +169,7 @@ def test_single_active_consumer_fails_over_to_the_waiting_one(
     second = pika.BlockingConnection(amqp_cluster.params(1))
     second_channel = second.channel()
     got: list[bytes] = []
-    second_channel.basic_consume(queue, lambda c, m, _p, b: got.append(b) or c.basic_ack(
-        m.delivery_tag))  # fmt: skip
+    second_channel.basic_consume(queue, collecting(got))
     second.process_data_events(time_limit=0.5)
     assert got == []
     first.close()

@@ -208,7 +208,7 @@ def test_a_client_with_only_the_client_bundle_uses_the_cluster_over_tls(
     assert consumed.returncode == 0, consumed.stderr
     assert len(consumed.stdout.splitlines()) == 50
     rows = wait_until(
-        lambda: (r := status()) and len({row["digest"] for row in r}) == 1 and r,
+        lambda: r if (r := status()) and len({row["digest"] for row in r}) == 1 else None,
         15.0,
         "equal digests",
     )

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import fifo
 from cluster.client import Client
+from cluster.client.aio_groups import AsyncHook
 from cluster.client.consumer import Message
 from cluster.client.groups import declare_partitioned_queue, join_group, partition_of
 from cluster.launcher import LocalCluster
@@ -143,7 +144,7 @@ def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
             events: list[tuple[str, str, tuple[str, ...]]] = []
             got: list[tuple[str, str, bytes]] = []
 
-            def hook(member: str, kind: str) -> object:
+            def hook(member: str, kind: str) -> AsyncHook:
                 async def record(partitions: list[str]) -> None:
                     events.append((member, kind, tuple(partitions)))
 
@@ -151,7 +152,7 @@ def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
 
             first = await first_client.join_group(
                 "aio-workers", "aio-jobs", member="first", on_assign=hook("first", "assigned"),
-                on_revoke=hook("first", "revoked"),  # type: ignore[arg-type]
+                on_revoke=hook("first", "revoked"),
             )  # fmt: skip
 
             async def iterate() -> None:
@@ -171,7 +172,7 @@ def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
 
             second = await second_client.join_group(
                 "aio-workers", "aio-jobs", member="second", handler=handle,
-                on_assign=hook("second", "assigned"),  # type: ignore[arg-type]
+                on_assign=hook("second", "assigned"),
             )  # fmt: skip
             while len(second.assigned) != 2 or not any(
                     e[:2] == ("first", "revoked") for e in events):  # fmt: skip

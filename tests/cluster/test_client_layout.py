@@ -11,7 +11,7 @@ from pathlib import Path
 import cluster.client
 
 PACKAGE = Path(cluster.client.__file__).parent
-SANS_IO = ("sansio.py", "_state.py", "_wire.py", "results.py")
+SANS_IO = ("sansio.py", "_state.py", "_wire.py", "results.py", "_requests.py")
 IO_MODULES = {"socket", "threading", "asyncio", "time", "selectors", "ssl", "select"}
 
 

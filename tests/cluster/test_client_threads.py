@@ -18,6 +18,7 @@ import pytest
 from cluster.client import ClientClosed, ClientProtocol
 from cluster.launcher import LocalCluster
 from fifo.commands import QueueConfig
+from tests.must import must
 
 pytestmark = pytest.mark.cluster
 
@@ -43,7 +44,7 @@ def test_client_publish_processes_every_confirm_on_the_calling_thread(
         client.declare_queue("threads-publish")
         for number in range(50):
             client.publish("threads-publish", b"p%d" % number)
-        assert client.overview("threads-publish").total == 50
+        assert must(client.overview("threads-publish")).total == 50
     assert len(confirm_threads) == 50
     assert {ident for ident, _ in confirm_threads} == {threading.get_ident()}
 
@@ -85,7 +86,7 @@ def test_publishing_threads_and_a_consumer_share_one_connection(
         producers = [threading.Thread(target=produce, args=(p,)) for p in (b"a", b"b")]
         for producer in producers:
             producer.start()
-        got = []
+        got: list[bytes] = []
         while len(got) < 600:
             message = consumer.get(timeout_s=20.0)
             assert message is not None, f"only {len(got)} of 600 messages arrived"

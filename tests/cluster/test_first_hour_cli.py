@@ -28,6 +28,7 @@ from cluster.errors import ConfigError
 from cluster.launcher import LocalCluster, init_cluster, local_cluster, wait_until
 from fifo.commands import QueueConfig
 from tests.cluster.shells import Shells
+from tests.must import must
 
 pytestmark = pytest.mark.cluster
 
@@ -298,7 +299,7 @@ def test_consume_group_joins_a_consumer_group_and_takes_the_messages(
     assert len(rows) == 12
     assert {row["queue"] for row in rows} == {"parted.0", "parted.1", "parted.2"}
     with shared_cluster3.client() as client:
-        assert sum(client.overview(f"parted.{i}").total for i in range(3)) == 0  # type: ignore[union-attr]
+        assert sum(must(client.overview(f"parted.{i}")).total for i in range(3)) == 0
 
 
 @pytest.mark.parametrize(

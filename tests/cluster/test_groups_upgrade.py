@@ -102,7 +102,7 @@ def test_rolling_upgrade_2_to_3_under_traffic_then_groups(cluster: LocalCluster)
             for n in range(40):
                 publisher.publish(b"o-%02d" % n, group=f"g{n % 4}")
         consumer = client.consume("orders", prefetch=10)
-        got = []
+        got: list[tuple[str | None, int]] = []
         while len(got) < 40:
             message = consumer.get(timeout_s=10)
             assert message is not None, f"only {len(got)} of 40 grouped messages arrived"

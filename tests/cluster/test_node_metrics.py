@@ -16,6 +16,8 @@ import pytest
 
 pytest.importorskip("prometheus_client")
 
+import functools
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import config
@@ -124,7 +126,7 @@ def test_metrics_match_a_known_workload(metered: tuple[LocalCluster, dict[str, i
             return found if ok and value(found, "quorumq_queue_consumers", queue="m-held") else None
 
         for other, port in ports.items():
-            found = wait_until(lambda port=port: caught_up(port), 10, f"{other} caught up")
+            found = wait_until(functools.partial(caught_up, port), 10, f"{other} caught up")
             dead = value(
                 found,
                 "quorumq_queue_messages_dead_lettered_total",
@@ -186,7 +188,7 @@ def test_a_dead_letter_into_a_missing_queue_is_counted_and_logged(
         return found if plain == 3 else None
 
     for name, port in ports.items():
-        found = wait_until(lambda port=port: counted(port), 10, f"{name} counted the drops")
+        found = wait_until(functools.partial(counted, port), 10, f"{name} counted the drops")
         dropped = value(
             found, "quorumq_queue_messages_dropped_total", queue="d-jobs", reason="rejected"
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.cluster
 CUT_S = 3.0  # several election timeouts (400-800 ms)
 
 
-def _roles_and_terms(cluster: LocalCluster) -> dict[str, tuple[str, int]]:
+def _roles_and_terms(cluster: LocalCluster) -> dict[str, tuple[Any, Any]]:
     return {row["id"]: (row.get("role"), row.get("term")) for row in cluster.status()}
 
 

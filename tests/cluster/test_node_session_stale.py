@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from cluster import protocol
-from cluster.node import session as session_module
 from cluster.node.session import EFFECTS_STALE_S, ClientSession
 
 
@@ -38,7 +38,7 @@ def run_one_loop_pass(session: ClientSession, message: dict[str, Any], delay_s: 
                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Queue `message`, let `delay_s` pass on the session's clock, then let it flush."""
     clock = [1000.0]
-    monkeypatch.setattr(session_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])  # (the module session uses)
 
     async def scenario() -> None:
         session.send(message)

@@ -30,6 +30,7 @@ from fifo.meta import Meta
 from fifo.replies import CheckoutOk, Ok, Reply
 from fifo.state import State
 from raft.errors import SubmitError
+from raft.replica import Reply as ReplicaReply
 
 CONNECTION = ConnectionId("n1", 1, 7)
 
@@ -61,11 +62,11 @@ def a_consumer_holding_one_message() -> tuple[Holder, Any]:
     return holder, reply.consumer_key
 
 
-def settle_sink(holder: Holder, settle: Settle) -> tuple[Any, list[Reply]]:
+def settle_sink(holder: Holder, settle: Settle) -> tuple[Any, list[ReplicaReply]]:
     """The session's checking sink for `settle`, and what it passes on."""
     server: Any = SimpleNamespace(replica=holder)
     session = ClientSession(server, None, None)  # type: ignore[arg-type]
-    answers: list[Reply] = []
+    answers: list[ReplicaReply] = []
     return session._settle_sink(settle, answers.append), answers
 
 

@@ -10,6 +10,7 @@ lost.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -18,11 +19,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from cluster import config as cluster_config
 from cluster import protocol
+from cluster.config import NodeConfig
 from cluster.errors import ProtocolError
 from cluster.launcher import (
     LocalCluster,
@@ -147,7 +150,7 @@ def test_damage_is_refused_then_rebuilt_from_peers(cluster: LocalCluster) -> Non
     _start_refused(cluster, first, journal)
     _publish(cluster, "b", 40)  # the cluster goes on with two nodes meanwhile
     row = _recover(cluster, first)
-    assert sorted(row["healthy_peers"]) == sorted([leader, second])  # type: ignore[arg-type]
+    assert sorted(cast(list[str], row["healthy_peers"])) == sorted([leader, second])  # (JSON: ids)
     _converged(cluster, {"a": MESSAGES, "b": 40})
 
     # 2. a snapshot cut short (before, the node ran empty at index 0, voting and acking)
@@ -238,6 +241,11 @@ def test_damage_found_while_running_stops_the_leader_with_65(tmp_path: Path) -> 
         cluster.stop()
 
 
+def _answers(node: NodeConfig, key: bytes) -> bool:
+    """Whether the node answers a status query."""
+    return node_status(node, key) is not None
+
+
 def test_a_torn_tail_heals_by_itself_and_recover_needs_a_healthy_majority(
     cluster: LocalCluster,
 ) -> None:
@@ -257,7 +265,7 @@ def test_a_torn_tail_heals_by_itself_and_recover_needs_a_healthy_majority(
         else:
             journal.write_bytes(data[:last] + b"\0" * (len(data) - last))
         spawn_node(cluster.data_dir, node_id)
-        wait_until(lambda n=node: node_status(n, cluster.key) is not None, 30, "the node")
+        wait_until(functools.partial(_answers, node, cluster.key), 30, "the node")
         log_text = (node.data_dir / "node.log").read_text()
         assert "journal_torn_tail_truncated" in log_text
     _publish(cluster, "b", 30)

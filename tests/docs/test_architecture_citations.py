@@ -20,7 +20,7 @@ def defined(tree: ast.Module, dotted: str) -> bool:
     """Whether `dotted` (a name, or Class.member) is defined in a module's syntax tree."""
     body: list[ast.stmt] = tree.body
     for part in dotted.split("."):
-        found = None
+        found: ast.stmt | None = None
         for node in body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 if node.name == part:

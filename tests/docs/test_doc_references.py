@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from test_architecture_citations import PATH, PATH_NAME, ROOT, citations, missing
+from tests.docs.test_architecture_citations import PATH, PATH_NAME, ROOT, citations, missing
 
 PAGES = [
     ROOT / "README.md",

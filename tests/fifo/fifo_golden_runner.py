@@ -19,6 +19,7 @@ from typing import Any
 import fifo
 from fifo import commands as c
 from fifo import effects as e
+from fifo.replies import Error
 
 DIRECTIVES = ("overview", "consumers", "messages", "due", "deadline", "convert", "queues",
               "groups", "cgroup")
@@ -108,7 +109,7 @@ class Runner:
         before = fifo.digest(self.state)
         self.index += 1
         reply, effects = fifo.apply(self.meta(), command, self.state)
-        if isinstance(reply, fifo.Error) and fifo.digest(self.state) != before:
+        if isinstance(reply, Error) and fifo.digest(self.state) != before:
             self.problems.append(f"state changed on error reply: {line}")
         return [f"[{self.index}] {fmt(reply)}"] + [f"  {fmt(x)}" for x in effects]
 

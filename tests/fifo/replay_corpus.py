@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import cbor2
 
@@ -112,7 +112,8 @@ def replay(version: int, entries: list[Any]) -> Iterator[tuple[int, bytes]]:
 
 def record(version: int, seed: int) -> CorpusLog:
     """Run the fuzzer for `seed` and store its log with the digests of replaying it."""
-    upgrade_at = "random" if version < fifo.LATEST_VERSION and seed % 2 else None
+    upgrade: bool = version < fifo.LATEST_VERSION and bool(seed % 2)
+    upgrade_at: Literal["random"] | None = "random" if upgrade else None
     log, result = run_with_log(seed, STEPS_PER_LOG, version, upgrade_at)
     if result.violations:
         raise SystemExit(f"seed {seed}: the fuzzer found violations: {result.violations[:3]}")

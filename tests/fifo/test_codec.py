@@ -14,6 +14,7 @@ from fifo import codec
 from fifo import commands as c
 from fifo import effects as e
 from fifo import replies as r
+from fifo.replies import Error
 
 CONN = c.ConnectionId("n1", 3, 7)
 CID = c.ConsumerId("tag", CONN)
@@ -130,7 +131,7 @@ def busy_state(version: int) -> fifo.State:
     ]  # fmt: skip
     for i, cmd in enumerate(log, 1):
         reply, _ = fifo.apply(fifo.Meta(i, 1, 100 * i, version), cmd, s)
-        assert not isinstance(reply, fifo.Error), (cmd, reply)
+        assert not isinstance(reply, Error), (cmd, reply)
     return s
 
 

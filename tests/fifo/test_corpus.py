@@ -11,11 +11,12 @@ import os
 import subprocess
 import sys
 from functools import cache
+from pathlib import Path
 
 import pytest
-import replay_corpus as rc
 
 import fifo
+import tests.fifo.replay_corpus as rc
 
 
 @cache
@@ -99,7 +100,7 @@ def test_replay_is_independent_of_the_hash_seed(hash_seed: str) -> None:
     """Equal logs give equal digests under any PYTHONHASHSEED (no set or str-hash order leaks)."""
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     result = subprocess.run(
-        [sys.executable, str(rc.Path(rc.__file__)), "check", "--logs", "20"],
+        [sys.executable, str(Path(rc.__file__)), "check", "--logs", "20"],
         capture_output=True, text=True, env=env, timeout=300, check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

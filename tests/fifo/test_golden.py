@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
-from fifo_golden_runner import run_file
+
+from tests.fifo.fifo_golden_runner import run_file
 
 GOLDEN = Path(__file__).parent / "golden"
 FILES = sorted(GOLDEN.glob("v*/*.txt"))

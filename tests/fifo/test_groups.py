@@ -350,11 +350,11 @@ def test_dispatch_does_not_scan_the_queue() -> None:
         popped.append(size - len(heap))
         return found
 
-    G._top = counting  # type: ignore[assignment]
+    G._top = counting
     try:
         log(Settle("q", log.key("a"), (5,)))
     finally:
-        G._top = original  # type: ignore[assignment]
+        G._top = original
     assert log.bodies("a")[-1:] == [b"m"] and len(log.got["a"]) == 10_001
     assert sum(popped) < 64  # stale entries dropped, never a walk over the groups
 

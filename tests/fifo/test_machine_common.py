@@ -9,6 +9,8 @@ import pytest
 import fifo
 from fifo import commands as c
 from fifo import limits
+from fifo.replies import Error, Reply
+from tests.must import must
 
 CONN = c.ConnectionId("n1", 1, 1)
 
@@ -21,7 +23,7 @@ class Log:
         self.version = version
         self.index = 0
 
-    def __call__(self, cmd: object, time: int | None = None) -> fifo.Reply:
+    def __call__(self, cmd: object, time: int | None = None) -> Reply:
         self.index += 1
         meta = fifo.Meta(self.index, 1, self.index if time is None else time, self.version)
         reply, _ = fifo.apply(meta, cmd, self.state)
@@ -39,7 +41,7 @@ def test_enqueuer_cap_evicts_the_earliest_down_enqueuer(
     for n in range(3):
         log(c.RegisterEnqueuer("q", f"p{n}", c.ConnectionId("n1", 1, n)))
     reply = log(c.Enqueue("q", b"x", "p9", 1, CONN))
-    assert isinstance(reply, fifo.Error) and reply.code == "unsupported"
+    assert isinstance(reply, Error) and reply.code == "unsupported"
     log(c.ConnectionDown(c.ConnectionId("n1", 1, 2), "normal"))
     log(c.ConnectionDown(c.ConnectionId("n1", 1, 1), "normal"))
     assert log(c.Enqueue("q", b"x", "p9", 1, CONN)) == fifo.replies.Ok()
@@ -54,12 +56,12 @@ def test_consumer_and_queue_caps(version: int, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(limits, "queues_max", 1)
     log = Log(version)
     log(c.DeclareQueue("q"))
-    assert isinstance(log(c.DeclareQueue("r")), fifo.Error)
+    assert isinstance(log(c.DeclareQueue("r")), Error)
     for tag in ("a", "b"):
         assert isinstance(log(c.Checkout("q", c.ConsumerId(tag, CONN), c.SimplePrefetch(1))),
                           fifo.replies.CheckoutOk)  # fmt: skip
     reply = log(c.Checkout("q", c.ConsumerId("z", CONN), c.SimplePrefetch(1)))
-    assert isinstance(reply, fifo.Error) and reply.code == "unsupported"
+    assert isinstance(reply, Error) and reply.code == "unsupported"
 
 
 def test_convert_is_pure() -> None:
@@ -94,7 +96,7 @@ def test_machine_for_and_init_state() -> None:
 def test_apply_on_a_non_state_is_an_error() -> None:
     """apply never raises, even when handed something that is not a state."""
     reply, effects = fifo.apply(fifo.Meta(1, 1, 0, 1), c.Purge("q"), object())  # type: ignore[arg-type]
-    assert isinstance(reply, fifo.Error) and effects == []
+    assert isinstance(reply, Error) and effects == []
 
 
 def test_time_is_monotonic_inside_the_state() -> None:
@@ -112,7 +114,7 @@ def test_dead_letter_cycles_stop_after_a_bounded_number_of_hops() -> None:
     log(c.DeclareQueue("b", c.QueueConfig(max_length=1, dead_letter_queue="a")))
     for n in range(5):
         assert log(c.Enqueue("a", bytes([n]))) == fifo.replies.Ok()
-    total = sum(fifo.overview(log.state, q).total for q in ("a", "b"))  # type: ignore[union-attr]
+    total = sum(must(fifo.overview(log.state, q)).total for q in ("a", "b"))
     assert total == 2
 
 
@@ -157,7 +159,7 @@ def test_garbage_commands_never_raise_and_errors_change_nothing(version: int) ->
         cmd = cls(*args)
         before = fifo.digest(log.state)
         reply = log(cmd)
-        if isinstance(reply, fifo.Error):
+        if isinstance(reply, Error):
             assert fifo.digest(log.state) == before, cmd
             assert not reply.message.startswith("rejected:"), (cmd, reply)  # validation missed it
 

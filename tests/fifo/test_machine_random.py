@@ -19,6 +19,7 @@ from fifo.state import Queue, State
 
 CONNS = [c.ConnectionId(n, 1, i) for n in ("n1", "n2") for i in range(2)]
 CIDS = [c.ConsumerId(t, cn) for t in ("a", "b") for cn in CONNS]
+STOPS: list[c.CheckoutSpec] = [c.Cancel(), c.Remove(), c.Dequeue(True), c.Dequeue(False)]
 
 
 def check_queue(q: Queue) -> None:
@@ -54,7 +55,7 @@ class Driver:
     def __init__(self, seed: int, version: int) -> None:
         self.rng = random.Random(seed)
         self.state = fifo.init_state(version)
-        self.keys: list[object] = []
+        self.keys: list[c.ConsumerKey] = []
         self.seqs: dict[str, int] = {}
         self.index = 0
         self.time = 0
@@ -71,7 +72,7 @@ class Driver:
             consumer_timeout_ms=r.choice([100, 1000]), disconnected_timeout_ms=r.choice([0, 100]),
         )  # fmt: skip
 
-    def key(self) -> object:
+    def key(self) -> c.ConsumerKey:
         if self.keys and self.rng.random() < 0.7:
             return self.rng.choice(self.keys)
         return self.rng.choice(CIDS)
@@ -95,7 +96,7 @@ class Driver:
             lambda: c.Checkout(
                 q,
                 r.choice(CIDS),
-                r.choice([c.Cancel(), c.Remove(), c.Dequeue(True), c.Dequeue(False)]),
+                r.choice(STOPS),
             ),
             lambda: c.Settle(q, self.key(), ids),
             lambda: c.Settle(q, self.key(), ids),

@@ -15,6 +15,7 @@ The fuzzer's invariants (fifo.fuzz.invariants) run after every step too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -133,7 +134,7 @@ class GroupsAgainstModel(RuleBasedStateMachine):
     @initialize(exclusive=st.booleans())
     def declare(self, exclusive: bool) -> None:
         self.model = GroupsModel(exclusive)
-        policy = "exclusive" if exclusive else "sequenced"
+        policy: Literal["exclusive", "sequenced"] = "exclusive" if exclusive else "sequenced"
         reply, _ = self.apply(DeclareGroupedQueue(QUEUE, QueueConfig(),
                                                   GroupConfig("x-group-id", policy)))  # fmt: skip
         assert not isinstance(reply, Error), reply

@@ -10,10 +10,10 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-import replay_corpus as rc
-import v4_equivalence as eq
 
 import fifo
+import tests.fifo.replay_corpus as rc
+import tests.fifo.v4_equivalence as eq
 from fifo.v4 import machine as v4_machine
 from fifo.v4 import registry as v4_registry
 

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 import fifo
 import fifo.fuzz
 from fifo import commands as c
+from fifo.replies import CheckoutOk, Error
 from fifo.state import State
 from fifo.v4 import deadlines
 
@@ -51,7 +52,7 @@ def holding_state() -> tuple[State, int]:
         nonlocal index
         index += 1
         reply, _ = fifo.apply(fifo.Meta(index, 1, now, 4), command, state)
-        assert not isinstance(reply, fifo.Error), reply
+        assert not isinstance(reply, Error), reply
         return reply
 
     apply(c.DeclareQueue("q", c.QueueConfig(consumer_timeout_ms=TIMEOUT_MS)), 1_000)
@@ -105,7 +106,7 @@ def test_the_index_stays_bounded() -> None:
     fifo.apply(fifo.Meta(next(meta), 1, 0, 4), c.DeclareQueue("q"), state)
     checkout = c.Checkout("q", c.ConsumerId("t", CONN), c.SimplePrefetch(10))
     reply, _ = fifo.apply(fifo.Meta(next(meta), 1, 0, 4), checkout, state)
-    key = reply.consumer_key  # type: ignore[attr-defined]
+    key = cast(CheckoutOk, reply).consumer_key  # (a checkout answers CheckoutOk)
     fifo.next_deadline_ms(state)  # builds the index
     for n in range(5_000):
         fifo.apply(fifo.Meta(next(meta), 1, n, 4), c.Enqueue("q", b"x"), state)
@@ -121,6 +122,11 @@ def test_the_leader_timer_asks_for_the_next_deadline_first(monkeypatch: pytest.M
     state, _key = holding_state()
     calls: list[int] = []
     real = fifo.due_commands
-    monkeypatch.setattr(fifo, "due_commands", lambda s, now: calls.append(now) or real(s, now))
+
+    def counting(s: State, now: int) -> list[c.Command]:
+        calls.append(now)
+        return real(s, now)
+
+    monkeypatch.setattr(fifo, "due_commands", counting)
     assert due_now(state, 1_999) == [] and calls == []
     assert due_now(state, 2_000) != [] and calls == [2_000]

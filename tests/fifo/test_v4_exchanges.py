@@ -550,7 +550,10 @@ def model_topic(pattern: list[str], words: list[str]) -> bool:
 def model_routes(kind: str, bindings: set[tuple[str, str, c.HeaderPairs]], key: str,
                  headers: c.HeaderPairs) -> set[str]:  # fmt: skip
     """The queues a publish reaches in the model: a set of (queue, key, arguments) bindings."""
-    split = lambda text: text.split(".") if text else []  # noqa: E731
+
+    def split(text: str) -> list[str]:
+        return text.split(".") if text else []
+
     last = dict(headers)
     out = set()
     for queue, binding_key, arguments in bindings:

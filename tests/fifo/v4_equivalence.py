@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import replay_corpus as rc
-
 import fifo
+import tests.fifo.replay_corpus as rc
 from fifo.bodies import BodyMissingError, body_of_command, resolve_effects, resolve_reply
 from fifo.codec import restore, snapshot
 from fifo.replies import Error

@@ -17,7 +17,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,6 +24,8 @@ pytest.importorskip("celery")
 
 from cluster.client import Client
 from cluster.launcher import LocalCluster, start_cluster, wait_until
+from fifo.queries import ConsumerInfo
+from tests.must import must
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -84,7 +85,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
     monkeypatch.syspath_prepend(str(HERE))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     sys.modules.pop("celery_app", None)
-    import celery_app
+    import celery_app  # type: ignore[import-not-found]  # by name from HERE, as the worker does
 
     app = celery_app.app
     workers = [_worker(tmp_path, env, "w1")]
@@ -106,7 +107,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
             sender.start()
         with Client(endpoints.split(","), cluster3.key) as client:
             # the worker's credit is its prefetch: concurrency 4 x multiplier 1
-            def attached() -> list[dict[str, Any]]:
+            def attached() -> list[ConsumerInfo]:
                 found = client.consumers("celery").get("celery", [])
                 return [c for c in found if c.status == "up"]
 
@@ -120,7 +121,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
         # the dead worker's connection is down: what it had checked out is back in the queue
         with Client(endpoints.split(","), cluster3.key) as client:
             overview = wait_until(
-                lambda: (o := client.overview("celery")).checked_out == 0 and o,
+                lambda: o if (o := must(client.overview("celery"))).checked_out == 0 else None,
                 15,
                 "the dead worker's messages returned",
             )

@@ -22,6 +22,7 @@ from cluster.client import AuthError, Client, TlsError
 from cluster.errors import ConfigError
 from cluster.integrations import kombu_transport
 from cluster.launcher import LocalCluster, start_cluster, wait_until
+from tests.must import must
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
@@ -131,7 +132,7 @@ def test_publish_declares_with_arguments_and_is_confirmed(cluster: LocalCluster)
                 {"n": number}, exchange=queue.exchange, routing_key="k-args", declare=[queue]
             )
     with _client(cluster) as client:  # every publish returned only once committed
-        overview = client.overview("k-args")
+        overview = must(client.overview("k-args"))
         assert overview.ready == 20
         config = overview.config
         assert config.dead_letter_queue == "k-args-dead"
@@ -157,7 +158,7 @@ def test_credit_ack_reject_requeue(cluster: LocalCluster) -> None:
             with pytest.raises(TimeoutError):  # credit is 4: nothing more until we settle
                 connection.drain_events(timeout=1.0)
             with _client(cluster) as client:
-                assert client.overview("k-settle").checked_out == 4
+                assert must(client.overview("k-settle")).checked_out == 4
             outcomes: dict[int, int] = {}
             while len(outcomes) < 30:
                 body, message = held.pop(0)
@@ -173,8 +174,8 @@ def test_credit_ack_reject_requeue(cluster: LocalCluster) -> None:
                 if not held and len(outcomes) < 30:
                     _drain(connection, held, 1)
     with _client(cluster) as client:
-        wait_until(lambda: client.overview("k-settle").total == 0, 10, "k-settle settled")
-        assert client.overview("k-settle-dead").ready == 3
+        wait_until(lambda: must(client.overview("k-settle")).total == 0, 10, "k-settle settled")
+        assert must(client.overview("k-settle-dead")).ready == 3
 
 
 def _killed_consumer(cluster: LocalCluster, tmp_path: Path, queue: str) -> None:
@@ -219,7 +220,9 @@ def test_unacked_messages_come_back_after_the_consumer_dies(
     _killed_consumer(cluster, tmp_path, "k-dies")
     with _client(cluster) as client:
         overview = wait_until(
-            lambda: (o := client.overview("k-dies")).checked_out == 0 and o, 10, "returned"
+            lambda: o if (o := must(client.overview("k-dies"))).checked_out == 0 else None,
+            10,
+            "returned",
         )
         assert (overview.returned, overview.ready) == (3, 2)
     with Connection(_url(cluster)) as connection:
@@ -239,9 +242,9 @@ def test_channel_close_returns_unacked(cluster: LocalCluster) -> None:
         message = channel.basic_get("k-close")
         assert message is not None and message.payload == {"n": 1}
         with _client(cluster) as client:
-            assert client.overview("k-close").checked_out == 1
+            assert must(client.overview("k-close")).checked_out == 1
             channel.close()
-            overview = client.overview("k-close")
+            overview = must(client.overview("k-close"))
             assert (overview.checked_out, overview.returned) == (0, 1)
 
 
@@ -271,7 +274,7 @@ def test_prefetch_change_updates_the_same_consumer(cluster: LocalCluster) -> Non
             for message in held[5:]:
                 message.ack()
     with _client(cluster) as client:
-        wait_until(lambda: client.overview("k-qos").total == 0, 10, "k-qos settled")
+        wait_until(lambda: must(client.overview("k-qos")).total == 0, 10, "k-qos settled")
 
 
 def test_auto_delete_queue_goes_with_its_channel(cluster: LocalCluster) -> None:
@@ -342,7 +345,7 @@ def test_consumer_goes_on_when_its_node_dies(cluster: LocalCluster) -> None:
         assert channel.qq.node != killed
     try:
         with _client(cluster) as client:
-            wait_until(lambda: client.overview("k-failover").total == 0, 10, "all settled")
+            wait_until(lambda: must(client.overview("k-failover")).total == 0, 10, "all settled")
     finally:
         assert killed is not None
         cluster.restart(killed)

@@ -45,7 +45,9 @@ def replay_groups(
     entries: list[tuple[str, Any]], members: dict[str, list[str]], version: int
 ) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
     """Replay `entries` ("cmd", (index, term, ms, version, blob)) / ("up", Upgrade) per group."""
-    parts, rows, stats = [], [], Counter[str]()
+    parts: list[dict[str, Any]] = []
+    rows: list[tuple[str, dict[str, Any]]] = []
+    stats = Counter[str]()
     for names in members.values():
         group = GroupReplay(names, version)
         for kind, item in entries:
@@ -119,7 +121,8 @@ def test_a_generated_log_scans_in_chunks_and_replays_to_its_end_digest(tmp_path:
     members = groups.members()
     assert len(members) == 3
     entries = [("cmd", tuple(r[3:])) for r in rows if r[0] == "cmd"]
-    merged = [("up", u) for u in plan.upgrades] + entries
+    merged: list[tuple[str, Any]] = [("up", u) for u in plan.upgrades]
+    merged += entries
     merged.sort(key=lambda e: e[1].index if e[0] == "up" else e[1][0])
     out, table_rows = replay_groups(merged, members, plan.initial_version)
     assert plan.end is not None

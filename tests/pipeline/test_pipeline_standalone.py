@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
-from spark_standalone import StandaloneCluster, isolated_python
 
 from cluster.cli.main import cli
 from pipeline.workload import write_log
+from tests.pipeline.spark_standalone import StandaloneCluster, isolated_python
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
-from test_pipeline_replay import _grouped_entries, replay_groups  # this directory's helpers
 
 import fifo
 from cluster.cli.exits import USAGE, CliError
@@ -21,6 +20,7 @@ from cluster.node.server import UNRELEASED_FLAG
 from fifo.bodies import referenced_bodies
 from fifo.commands import (
     Checkout,
+    Command,
     ConnectionId,
     ConsumerId,
     DeclareQueue,
@@ -36,6 +36,7 @@ from pipeline.logscan import Groups, parse_chunk, scan_log
 from pipeline.replay import GroupReplay, merged_digest
 from pipeline.workload import write_log
 from raft import SUB_INDEX_SPAN
+from tests.pipeline.test_pipeline_replay import _grouped_entries, replay_groups
 
 LOG_BYTES = 120_000  # ~1,000 commands: a second of replay, a few of Spark
 
@@ -218,7 +219,7 @@ def test_an_export_starting_from_a_v4_snapshot_sizes_its_messages_from_the_refer
     ready and checked out alike, and the replay goes on from there."""
     state = fifo.init_state(4)
     conn = ConnectionId("n1", 1, 1)
-    commands = [DeclareQueue("q", QueueConfig())]
+    commands: list[Command] = [DeclareQueue("q", QueueConfig())]
     commands += [Enqueue("q", b"b" * size) for size in (5, 70, 300)]
     commands += [Checkout("q", ConsumerId("c", conn), SimplePrefetch(1))]
     for position, command in enumerate(commands, start=1):

@@ -59,7 +59,7 @@ def test_a_log_command_costs_its_bytes_and_older_journals_still_load() -> None:
     protocol-2 commands of journals written before still load."""
     safe_pickle.install()
     blob = os.urandom(1 << 20)
-    command = (0, (blob,), {})
+    command: tuple[int, tuple[bytes], dict[str, object]] = (0, (blob,), {})
     pickled = pysyncobj_pickle.dumps(command)
     assert len(pickled) <= len(blob) + 64
     assert pysyncobj_pickle.loads(pickled) == command

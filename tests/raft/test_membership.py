@@ -15,6 +15,7 @@ from raft.entry import Entry
 from raft.errors import StorageError
 from raft.membership import Member, MemberChange, MemberSet, MembershipError
 from raft.replicated import ReplicatedState
+from tests.must import must
 
 FOUNDERS = (
     Member("n1", "127.0.0.1:7001", "127.0.0.1:8001"),
@@ -128,9 +129,9 @@ def test_removing_a_member_closes_its_client_connections_so_its_messages_come_ba
     blobs = tuple(fifo.encode(c) for c in commands)
     outcome = state.apply_entry(3, 1, Entry("cmds", 1000, None, cmds=blobs), 2)
     assert outcome.effects  # delivered to the consumer on n3
-    assert fifo.overview(state.state, "q").checked_out == 1
+    assert must(fifo.overview(state.state, "q")).checked_out == 1
     state.apply_member_change(4, 1, remove_n3())
-    overview = fifo.overview(state.state, "q")
+    overview = must(fifo.overview(state.state, "q"))
     assert overview.checked_out == 0 and overview.total == 1
     assert "n3" not in state.meta.connections or not state.meta.connections["n3"]
 

@@ -190,7 +190,7 @@ def test_a_purge_during_the_run_is_reported_as_lost(tmp_path: Path) -> None:
     lost = set(report["checker"]["lost"])
     before = {i.value for i, done in _confirmed(history, "chaos-2") if done.t_ns < started_ns}
     after = {i.value for i, _ in iter_ops(history) if i.f == "publish" and i.t_ns > ended_ns}
-    assert before <= lost, sorted(before - lost)[:20]
+    assert before <= lost, sorted(before - lost, key=str)[:20]
     assert not lost & after, sorted(lost & after)[:20]
     # a publish in flight at the purge (or one whose confirm timed out) may be purged unconfirmed
     assert len(before) <= report["lost"] <= purged[0]

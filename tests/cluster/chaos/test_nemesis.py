@@ -72,6 +72,10 @@ class SleeperCluster:
         self.kill(node)
         return new
 
+    def lose_power(self, node: str, seed: int) -> str:
+        """Part of `ClusterHandle`; a sleeper has no journal whose unsynced tail could be lost."""
+        raise NotImplementedError("SleeperCluster cannot lose power: use a real cluster")
+
     def state(self, node: str) -> str:
         """The process state letter from /proc (R/S running or sleeping, T stopped)."""
         if self.procs[node].poll() is not None:
