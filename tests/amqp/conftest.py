@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import fifo
 from cluster.errors import ProtocolError
 from cluster.launcher import LocalCluster, start_cluster, wait_until
 from cluster.node.server import UNRELEASED_FLAG
+from cluster.rawclient import RawClient
 
 pika = pytest.importorskip("pika")
 # pika's defaults (10 s socket, 15 s handshake) are short for a 2-core machine shared by many
@@ -82,13 +84,15 @@ def wait_for_version(cluster: LocalCluster, version: int) -> None:
     for node in cluster.config.nodes:
         client = cluster.raw_client(node.id)
         try:
-            wait_until(lambda c=client: _version_on(c) == version or None, 30,
-                       f"machine v{version} on {node.id}")  # fmt: skip
+            def on_version(c: RawClient = client) -> bool | None:
+                return _version_on(c) == version or None
+
+            wait_until(on_version, 30, f"machine v{version} on {node.id}")
         finally:
             client.close()
         port = node.amqp_port
         assert port is not None
-        wait_until(lambda p=port: _accepts(p), 30, f"{node.id}'s AMQP port")
+        wait_until(functools.partial(_accepts, port), 30, f"{node.id}'s AMQP port")
 
 
 def _version_on(client: Any) -> int | None:

@@ -17,7 +17,7 @@ def test_header_pairs_keep_what_a_binding_can_match_and_the_machine_accepts() ->
     """str and int values (bytes decoded) are kept in order; bools, floats, tables, lists and
     values or keys too long for the machine are left out; at most HEADERS_MATCHED pairs, so a
     publish with many headers is stored, not refused."""
-    headers = {f"h{n}": n for n in range(HEADERS_MATCHED + 8)}
+    headers: dict[str, object] = {f"h{n}": n for n in range(HEADERS_MATCHED + 8)}
     headers.update({"b": b"bytes", "t": True, "f": 1.5, "d": {"a": 1}, "long": "x" * 256,
                     "k" * 256: "v"})  # fmt: skip
     pairs = header_pairs(headers)

@@ -6,8 +6,9 @@ the 540 naming v4 while the cluster is still before it."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def _queues(channel: BlockingChannel, count: int) -> list[str]:
 
 def _drain(channel: BlockingChannel, queue: str) -> list[bytes]:
     """Every message waiting in `queue` (acked), in order."""
-    bodies = []
+    bodies: list[bytes] = []
     while True:
         method, _properties, body = channel.basic_get(queue, auto_ack=True)
         if method is None:
@@ -88,10 +89,15 @@ def _got(got: tuple[Any, Any, Any]) -> tuple[Any, Any, Any] | None:
     return got if got[0] is not None else None
 
 
+def _got_from(channel: BlockingChannel, queue: str) -> tuple[Any, Any, Any] | None:
+    """One basic_get from `queue` (auto-acked), if it gave a message."""
+    return _got(channel.basic_get(queue, auto_ack=True))
+
+
 def test_before_v4_exchanges_are_refused_with_540_naming_v4(before_v4: AmqpCluster) -> None:
     """On a cluster still before v4 (this module's first test: the `v4` fixture upgrades the
     same cluster later), declaring, binding and publishing to an exchange are 540."""
-    refusals = [
+    refusals: list[Callable[[BlockingChannel], object]] = [
         lambda ch: ch.exchange_declare("early", "fanout"),
         lambda ch: ch.queue_bind("any", "early"),
         lambda ch: ch.basic_publish("early", "k", b"x"),
@@ -274,7 +280,7 @@ def test_nack_without_requeue_dead_letters_through_the_exchange(channel: Blockin
     method, _properties, _body = channel.basic_get(work)
     channel.basic_nack(method.delivery_tag, requeue=False)
     for queue in (dead, also_dead):
-        got = wait_until(lambda q=queue: _got(channel.basic_get(q, auto_ack=True)), 10, queue)
+        got = wait_until(functools.partial(_got_from, channel, queue), 10, queue)
         assert (got[2], got[1].message_id) == (b"job", "m-1")
     assert _drain(channel, elsewhere) == [] and _drain(channel, work) == []
 

@@ -120,7 +120,7 @@ def test_a_fenced_settle_is_not_counted_as_acked() -> None:
     metrics = NodeMetrics("n1", lambda: holder, lambda: 0, None)  # type: ignore[arg-type,return-value]
     server: Any = SimpleNamespace(replica=holder, metrics=metrics)
     session = ClientSession(server, None, None)  # type: ignore[arg-type]
-    answers: list[Reply] = []
+    answers: list[ReplicaReply] = []
     settle = Settle("q", key, (0,))
     sink = session._command_sink(settle, answers.append)
     assert holder.apply(Return("q", key, (0,))) == Ok()

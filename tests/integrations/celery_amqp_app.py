@@ -53,7 +53,7 @@ app.conf.update(
 )
 
 
-@app.task(name="qqamqp.double")
+@app.task(name="qqamqp.double")  # type: ignore[untyped-decorator]  # celery is untyped here
 def double(number: int) -> int:
     """Record the run (an O_APPEND write of one line is atomic), then answer."""
     with open(os.environ["QQ_RAN"], "a", encoding="ascii") as ran:

@@ -27,7 +27,9 @@ pytest.importorskip("celery")
 
 from cluster.client import Client
 from cluster.launcher import wait_until
+from fifo.queries import QueueOverview
 from tests.amqp.conftest import AmqpCluster, start_at_v4
+from tests.must import must
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -126,7 +128,7 @@ def test_celery_over_amqp_worker_killed_mid_run_with_ping_and_events(
     monkeypatch.syspath_prepend(str(HERE))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT)])}
     sys.modules.pop("celery_amqp_app", None)
-    import celery_amqp_app
+    import celery_amqp_app  # type: ignore[import-not-found]  # by name from HERE, as the worker does
 
     app = celery_amqp_app.app
     with app.connection_for_write() as connection:  # results of every sender thread come to
@@ -182,10 +184,12 @@ def _wait_for_returned(cluster: AmqpCluster) -> None:
     """The dead worker's connection is down: what it had checked out is back in `celery`."""
     endpoints = [node.client_address for node in cluster.cluster.config.nodes]
     with Client(endpoints, cluster.cluster.key) as client:
-        overview = wait_until(
-            lambda: (o := client.overview("celery")).checked_out == 0 and o, 20,
-            "the dead worker's messages returned",
-        )  # fmt: skip
+
+        def returned() -> QueueOverview | None:
+            found = must(client.overview("celery"))
+            return found if found.checked_out == 0 else None
+
+        overview = wait_until(returned, 20, "the dead worker's messages returned")
     assert overview.consumers == 0, overview
 
 
