@@ -200,10 +200,7 @@ def main() -> int:
     parser.add_argument("--reclassify", type=Path, help="only classify this JUnit XML report")
     parser.add_argument("--min-pass-rate", type=float, default=0.8)
     args, pytest_args = parser.parse_known_args()  # the rest goes to their pytest
-    if args.reclassify:
-        cases = outcomes(args.reclassify)
-    else:
-        cases = run_suite(pytest_args, args.junit)
+    cases = outcomes(args.reclassify) if args.reclassify else run_suite(pytest_args, args.junit)
     summary = summarise(cases)
     problems = verdict(summary, cases, args.min_pass_rate)
     summary["problems"] = problems
