@@ -29,6 +29,8 @@ RULES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
         (r"x-max-priority", NOT_APPLICABLE, "priority queues"),
         (r"x-queue-type '(classic|stream)'", NOT_APPLICABLE, "classic or stream queues"),
         (r"basic\.recover with requeue=false", NOT_APPLICABLE, "basic.recover requeue=false"),
+        (r"'QuorumqNode' object has no attribute '_request'", NOT_APPLICABLE,
+         "restarts RabbitMQ inside its Docker container (rabbitmqctl stop_app, docker exec)"),
         (r"(exchange\.\w+|exchange '[^']*'|binding to exchange|exchanges other than)"
          r".{0,200}not implemented by quorumq", NEEDS_EXCHANGES,
          "a named exchange (branch amqpx)"),

@@ -96,9 +96,9 @@ def test_python(cache: Path) -> Path:
     return python
 
 
-def start(data_dir: Path) -> LocalCluster:
+def start(data_dir: Path, tls: bool = False) -> LocalCluster:
     """A fresh 3-node cluster with guest allowed, on the newest machine version."""
-    created = init_cluster(data_dir, 3)
+    created = init_cluster(data_dir, 3, tls=tls)
     config.write(data_dir, dataclasses.replace(created, amqp_guest=True))
     cluster = start_cluster(data_dir, 3)
     client = cluster.raw_client(cluster.config.nodes[0].id)
@@ -109,9 +109,21 @@ def start(data_dir: Path) -> LocalCluster:
     return cluster
 
 
-def run_pytest(tree: Path, python: Path, port: int, args: list[str], junit: Path) -> int:
-    """aio-pika's pytest on `args` (default: their whole tests/) against `port`."""
-    env = dict(os.environ, QUORUMQ_AMQP_PORT=str(port))
+def amqp_port(cluster: LocalCluster) -> int:
+    """The AMQP port of the cluster's first node."""
+    port = cluster.config.nodes[0].amqp_port
+    if port is None:
+        raise RuntimeError("the cluster's nodes have no amqp_port")
+    return port
+
+
+def run_pytest(
+    tree: Path, python: Path, ports: dict[str, int], args: list[str], junit: Path
+) -> int:
+    """aio-pika's pytest on `args` (default: their whole tests/) against `ports` (amqp, amqps)."""
+    env = dict(os.environ, QUORUMQ_AMQP_PORT=str(ports["amqp"]))
+    if "amqps" in ports:
+        env["QUORUMQ_AMQPS_PORT"] = str(ports["amqps"])
     env["PYTHONPATH"] = os.pathsep.join([str(tree), str(SCRIPTS)])
     env.pop("PYTEST_ADDOPTS", None)
     command = [
@@ -211,18 +223,25 @@ def main() -> int:
 
 
 def run_suite(pytest_args: list[str], keep_junit: Path | None) -> list[dict[str, str]]:
-    """Start a cluster, run their pytest on it, stop it; the outcomes."""
+    """Start a cluster (and a TLS one for their test_amqps.py), run their pytest, stop them."""
     cache = cache_dir()
     tree, python = fetch_sdist(cache), test_python(cache)
+    args = [arg for arg in pytest_args if arg != "--"]
+    wants_tls = not any(arg.startswith("tests") for arg in args) or any(
+        "test_amqps" in arg for arg in args
+    )
     with tempfile.TemporaryDirectory(prefix="qq-aiopika-") as tmp:
         junit = Path(tmp) / "junit.xml"
-        cluster = start(Path(tmp) / "D")
+        clusters = [start(Path(tmp) / "D")]
         try:
-            port = cluster.config.nodes[0].amqp_port
-            assert port is not None
-            run_pytest(tree, python, port, [arg for arg in pytest_args if arg != "--"], junit)
+            ports = {"amqp": amqp_port(clusters[0])}
+            if wants_tls:  # their amqps tests connect with TLS to RabbitMQ's port 5671
+                clusters.append(start(Path(tmp) / "TLS", tls=True))
+                ports["amqps"] = amqp_port(clusters[1])
+            run_pytest(tree, python, ports, args, junit)
         finally:
-            cluster.stop()
+            for cluster in clusters:
+                cluster.stop()
         if keep_junit and junit.exists():
             shutil.copyfile(junit, keep_junit)
         return outcomes(junit)
