@@ -26,7 +26,13 @@ from typing import Any
 
 import fifo
 from cluster import config
-from cluster.launcher import LocalCluster, init_cluster, start_cluster, wait_until
+from cluster.launcher import (
+    LocalCluster,
+    init_cluster,
+    running_nodes,
+    start_cluster,
+    wait_until,
+)
 
 BENCH_QQ = Path(__file__).resolve().parents[1] / ".." / "shared" / "bench" / "rabbitmq"
 BODY = os.urandom(50).hex().encode()  # 100 bytes, as bench_qq.py's payload
@@ -50,8 +56,19 @@ def start(data_dir: Path) -> LocalCluster:
     return cluster
 
 
+def pid_files(cluster: LocalCluster, base: Path) -> Path:
+    """`base/rabbit{1,2,3}/beam.pid` naming our node processes: bench_qq.py reads the broker's
+    CPU time and peak RSS from the pid files under `$RMQ_BASE`, so it measures our nodes (and never
+    reads the stale pid files a stopped RabbitMQ left under /tmp/rmq)."""
+    pids = running_nodes(cluster.config)
+    for index, node in enumerate(cluster.config.nodes, start=1):
+        (base / f"rabbit{index}").mkdir(parents=True, exist_ok=True)
+        (base / f"rabbit{index}" / "beam.pid").write_text(f"{pids[node.id]}\n")
+    return base
+
+
 def amqp_figures(cluster: LocalCluster, n: int, reps: int, out: Path) -> dict[str, Any]:
-    """bench_qq.py's summary against the leader's AMQP port."""
+    """bench_qq.py's summary against the leader's AMQP port (and our nodes' CPU and peak RSS)."""
     leader = cluster.config.node(cluster.leader())
     other = next(node for node in cluster.config.nodes if node.id != leader.id)
     command = [
@@ -59,15 +76,18 @@ def amqp_figures(cluster: LocalCluster, n: int, reps: int, out: Path) -> dict[st
         "--port-b", str(other.amqp_port), "--n", str(n), "--reps", str(reps),
         "--windows", "100,1000", "--only", "stream,sync,consume", "--json", str(out),
     ]  # fmt: skip
+    env = dict(os.environ, RMQ_BASE=str(pid_files(cluster, out.parent / "rmq_base")))
     before = loadavg()
-    subprocess.run(command, check=True, capture_output=True, timeout=3600)
-    runs = json.loads(out.read_text())["runs"]
+    subprocess.run(command, check=True, capture_output=True, timeout=3600, env=env)
+    result = json.loads(out.read_text())
     summary = {
         f"{name}.{key}": round(value["median"], 2)
-        for name, run in runs.items()
+        for name, run in result["runs"].items()
         for key, value in run["summary"].items()
     }
-    return {"loadavg_before": before, "loadavg_after": loadavg(), **summary}
+    peak_rss = {node: round(v["VmHWM"] / 1024, 1) for node, v in result["broker_end"].items()}
+    return {"command": " ".join(command[1:]), "loadavg_before": before,
+            "loadavg_after": loadavg(), **summary, "peak_rss_mib": peak_rss}  # fmt: skip
 
 
 def native_figures(cluster: LocalCluster, n: int, reps: int) -> dict[str, Any]:
@@ -122,12 +142,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5000, help="messages per workload")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (medians reported)")
+    parser.add_argument("--amqp-only", action="store_true", help="skip the native client's half")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="qq-amqp-bench-") as tmp:
         cluster = start(Path(tmp) / "D")
         try:
             amqp = amqp_figures(cluster, args.n, args.reps, Path(tmp) / "bench_qq.json")
-            native = native_figures(cluster, args.n, args.reps)
+            native = {} if args.amqp_only else native_figures(cluster, args.n, args.reps)
         finally:
             cluster.stop()
     print(json.dumps({"n": args.n, "reps": args.reps, "amqp": amqp, "native": native}, indent=1))

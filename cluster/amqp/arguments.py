@@ -116,7 +116,8 @@ def group_config(queue: str, arguments: dict[str, Any]) -> GroupConfig | None:
 
 def check_flags(queue: str, durable: bool, exclusive: bool, auto_delete: bool, typed: bool) -> None:
     """Refuse what a quorum queue cannot be: exclusive, auto-delete (and non-durable when the
-    client asked for a quorum queue by name; untyped, durable is simply kept)."""
+    client asked for a quorum queue by name; untyped, durable is simply kept), and a name the
+    client chose in the reserved `amq.` prefix (`queue` is "" for a server-named queue)."""
     if queue.startswith("amq."):
         raise ChannelRefusal(
             ACCESS_REFUSED, f"queue name '{queue}' contains reserved prefix 'amq.*'"
@@ -127,7 +128,8 @@ def check_flags(queue: str, durable: bool, exclusive: bool, auto_delete: bool, t
             continue
         if typed:
             raise ChannelRefusal(
-                PRECONDITION_FAILED, f"invalid property '{name}' for queue '{queue}' in vhost '/'"
+                PRECONDITION_FAILED,
+                f"invalid property '{name}' for queue '{queue or 'amq.gen'}' in vhost '/'",
             )
         raise not_implemented(f"an {name} queue (every quorumq queue is a durable quorum queue)")
 

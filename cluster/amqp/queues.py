@@ -55,9 +55,7 @@ async def declare(server: NodeServer, method: commands.Queue.Declare) -> command
         return _declare_ok(server, queue)
     args = dict(method.arguments or {})
     typed = args.get("x-queue-type") is not None
-    arguments.check_flags(
-        method.queue or "amq.gen", method.durable, method.exclusive, method.auto_delete, typed
-    )
+    arguments.check_flags(method.queue, method.durable, method.exclusive, method.auto_delete, typed)
     groups = arguments.group_config(queue, args)
     config = arguments.queue_config(queue, args)
     dead_letter_exchange = arguments.dead_letter_exchange_of(config)
