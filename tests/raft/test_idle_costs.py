@@ -20,6 +20,7 @@ from raft.sim.clock import Scheduler
 from raft.sim.cluster import ClusterParams, SimCluster, SimNode
 from raft.sim.network import SimNetwork
 from raft.sim.patches import simulated
+from raft.snapshotter import SnapshotJob
 from raft.ticker import PAST_DUE_RETRY_S
 
 
@@ -169,3 +170,26 @@ def test_the_idle_heartbeat_stays_a_quarter_of_the_shortest_election_timeout_at_
         idle_heartbeat_ms=idle_ms,
     )  # fmt: skip
     assert settings.idle_heartbeat_s == pytest.approx(expected_s)
+
+
+def test_an_idle_cluster_snapshots_an_unchanged_state_only_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Time-based compaction (every `compaction_min_time_s`, 300 s) takes one snapshot of what
+    the nodes applied since they started, and none more while nothing is applied: pysyncobj
+    skips a snapshot whose last applied entry is the one already snapshotted."""
+    started: list[tuple[float, int]] = []
+    real_start = SnapshotJob.start
+
+    with simulated_cluster(tmp_path) as (cluster, _sent):
+
+        def recording(job: SnapshotJob, encode: Any, below: int, in_child: bool = True) -> None:
+            started.append((cluster.scheduler.now, below))
+            real_start(job, encode, below, in_child)
+
+        monkeypatch.setattr(SnapshotJob, "start", recording)
+        period = RaftSettings("n", "a:1", {}, Path("."), "", 1, 1).compaction_min_time_s
+        cluster.scheduler.run_until(2.2 * period)
+        assert leader_of(cluster) is not None
+    assert len(started) == len(cluster.nodes), started  # one each, in the first period
+    assert all(at < period + 5 for at, _below in started), started
