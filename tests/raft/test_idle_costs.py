@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fifo.commands import DeclareQueue
-from raft import durability
+from raft import storage
 from raft.durability import DurableFileJournal
 from raft.settings import RaftSettings
 from raft.sim.clock import Scheduler
@@ -31,13 +31,13 @@ def test_an_unchanged_commit_index_rewrites_no_meta_file(
     (temporary file, fsync, rename) is written again only when the value changed."""
     journal = DurableFileJournal(str(tmp_path / "raft.journal"), "batch", "n1")
     writes: list[bytes] = []
-    real_write = durability.storage.write_atomically
+    real_write = storage.write_atomically
 
     def counting(path: Path, data: bytes, sync: bool) -> None:
         writes.append(data)
         real_write(path, data, sync)
 
-    monkeypatch.setattr(durability.storage, "write_atomically", counting)
+    monkeypatch.setattr(storage, "write_atomically", counting)
     try:
         journal.setRaftCommitIndex(7)
         journal.onOneSecondTimer()
