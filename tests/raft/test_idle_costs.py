@@ -63,7 +63,8 @@ def test_an_unchanged_commit_index_rewrites_no_meta_file(
 
 # --- an idle leader's heartbeat (raft.appends._stretch_idle_heartbeat), on the simulator --------
 
-IDLE_HEARTBEAT_S = RaftSettings("n", "a:1", {}, Path("."), "", 1, 1).idle_heartbeat_s
+PRODUCTION = RaftSettings("n", "a:1", {}, Path("."), "", 1, 1)  # the defaults a node runs with
+IDLE_HEARTBEAT_S = PRODUCTION.idle_heartbeat_s
 BUSY_HEARTBEAT_S = 0.05
 # on the simulator's exact clock the ticker's timer fires at the very instant of the heartbeat
 # deadline, which pysyncobj (`now > deadline`) does not take as passed: the heartbeat goes at the
@@ -77,7 +78,8 @@ def simulated_cluster(root: Path) -> Iterator[tuple[SimCluster, list[tuple[float
     AppendEntries sent on it from then on: (virtual time, from address, to address)."""
     scheduler = Scheduler()
     network = SimNetwork(scheduler, random.Random(1), [])
-    cluster = SimCluster(ClusterParams(), scheduler, network, root, _ignore, random.Random(2))
+    params = ClusterParams(idle_heartbeat_ms=PRODUCTION.idle_heartbeat_ms)
+    cluster = SimCluster(params, scheduler, network, root, _ignore, random.Random(2))
     sent: list[tuple[float, str, str]] = []
     real_send = network.send
 
@@ -188,7 +190,7 @@ def test_an_idle_cluster_snapshots_an_unchanged_state_only_once(
             real_start(job, encode, below, in_child)
 
         monkeypatch.setattr(SnapshotJob, "start", recording)
-        period = RaftSettings("n", "a:1", {}, Path("."), "", 1, 1).compaction_min_time_s
+        period = PRODUCTION.compaction_min_time_s
         cluster.scheduler.run_until(2.2 * period)
         assert leader_of(cluster) is not None
     assert len(started) == len(cluster.nodes), started  # one each, in the first period
