@@ -5,7 +5,8 @@
 - the leader's AppendEntries (pysyncobj sends after every appended entry, every apply and every
   heartbeat) go out once per tick, then the leader fsyncs (`send_append_entries`,
   `_flush_sends`); one that would carry only a new commit index waits up to
-  COMMIT_SEND_DELAY_S for the next entry's to carry it (`_commit_send_due`);
+  COMMIT_SEND_DELAY_S for the next entry's to carry it (`_commit_send_due`); an idle leader
+  heartbeats every `idle_heartbeat_s` instead of `heartbeat_ms` (`_stretch_idle_heartbeat`);
 - Raft's log matching, which pysyncobj skips: a follower cuts its log only at the first
   conflicting entry (`_trim_present_entries`), and a snapshot chunk never advances its commit
   index over its own unverified entries (`_without_commit_advance`);
@@ -81,7 +82,29 @@ class Appends(NodeBase):
         # the loop reads any ack (we return to it after this), so an entry is never counted as
         # committed, nor its commit index sent out, before the leader's copy is on disk
         self.syncobj_send_append_entries()
+        self._stretch_idle_heartbeat()
         self.sync_journal()
+
+    def _stretch_idle_heartbeat(self) -> None:
+        """After a send: an idle leader's next heartbeat comes `idle_heartbeat_ms` later, not
+        pysyncobj's `heartbeat_ms`. Idle: every follower holds every entry, all of it committed
+        (so the message just sent told them the commit index), no commit index held back, no
+        snapshot being sent. The heartbeat then only keeps the followers' election timers and
+        contact (raft.contact) fresh; anything new (a command, an apply, a follower behind)
+        sends at once or leaves the leader busy, back at `heartbeat_ms`."""
+        idle_s = self.settings.idle_heartbeat_s
+        if idle_s > self.settings.heartbeat_ms / 1000 and self._leader_idle():
+            self.next_append_entries_time = float(monotonic_time()) + idle_s
+
+    def _leader_idle(self) -> bool:
+        """Whether this node leads and has nothing for any follower but a heartbeat."""
+        if self.raft_state != _RAFT_STATE.LEADER or self._commit_send_at is not None:
+            return False
+        last = int(self.current_log_index())
+        if int(self.commit_index) != last or self.serializer_transmissions():
+            return False
+        matched = self.match_index
+        return all(int(matched.get(node, 0)) == last for node in self.other_nodes)
 
     def _receive_append(self, node: Any, message: Any) -> None:
         """An AppendEntries or snapshot chunk (or any message pysyncobj handles): guarded, then

@@ -637,6 +637,10 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self._meta_saved = True
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        # pysyncobj sets it on every AppendEntries a follower handles: an unchanged value is
+        # already what the file holds (or will, at the next one-second timer), nothing to write
+        if self._meta.get("raftCommitIndex") == raftCommitIndex:
+            return
         self._meta["raftCommitIndex"] = raftCommitIndex
         self._meta_saved = False
 

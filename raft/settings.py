@@ -25,6 +25,9 @@ APPEND_ENTRIES_BYTES_MAX = 64 * 1024 * 1024
 # least this often for the other timers (connection retries, handshake deadlines, the disk probe)
 TICK_PERIOD_S = 0.1
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024
+# the shortest election timeout is at least this many idle heartbeat periods (pysyncobj asks
+# more than 3 of its heartbeat): a follower misses 3 in a row before it asks for votes
+IDLE_HEARTBEAT_MARGIN = 4
 # the peer transport: "quorumq" (raft/transport.py, the default) or "pysyncobj" (its pickle +
 # zlib + Fernet transport, kept selectable only to measure against; every node must agree)
 TRANSPORT_ENV = "QUORUMQ_RAFT_TRANSPORT"
@@ -54,6 +57,10 @@ class RaftSettings:
     bind_host: str = "127.0.0.1"
     election_timeout_ms: tuple[int, int] = (400, 800)
     heartbeat_ms: int = 50
+    # an idle leader's heartbeat period (raft.appends: every follower holds every entry, all
+    # committed), capped by `idle_heartbeat_s`: with the default election timeouts 4x below
+    # the shortest (400 ms) and raft.contact's LEADER_SILENCE_S_MAX (0.4 s)
+    idle_heartbeat_ms: int = 100
     compaction_min_entries: int = 5000
     compaction_min_time_s: int = 300
     peer_dial: dict[str, str] = field(default_factory=dict)  # node id -> address to dial
@@ -63,6 +70,13 @@ class RaftSettings:
     # mutual TLS on the peer connections (built by cluster/tls.py; None: plain TCP)
     tls_server_context: ssl.SSLContext | None = None
     tls_client_context: ssl.SSLContext | None = None
+
+    @property
+    def idle_heartbeat_s(self) -> float:
+        """An idle leader's heartbeat period: `idle_heartbeat_ms`, at most the shortest election
+        timeout / IDLE_HEARTBEAT_MARGIN, never below `heartbeat_ms`."""
+        cap = self.election_timeout_ms[0] / IDLE_HEARTBEAT_MARGIN
+        return max(self.heartbeat_ms, min(self.idle_heartbeat_ms, cap)) / 1000
 
     @property
     def journal_file(self) -> str:

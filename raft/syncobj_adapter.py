@@ -36,7 +36,8 @@ PRIVATE_NAMES: dict[type, tuple[str, ...]] = {
         "getCurrentLogTerm", "getEntries", "leaderCommitIndex", "newAppendEntriesTime",
         "noopIDx", "onLeaderChanged", "onMessageReceived", "onNodeDisconnected", "otherNodes",
         "parseChangeClusterRequest", "pipeNotifier", "raftCommitIndex", "raftCurrentTerm",
-        "raftElectionDeadline", "raftLastApplied", "raftLeader", "raftLog", "raftState",
+        "raftElectionDeadline", "raftLastApplied", "raftLeader", "raftLog", "raftMatchIndex",
+        "raftState",
         "selfNode", "sendAppendEntries", "sendNextNodeIdx", "serializer", "setCurrentTerm",
         "setState", "transferInProgress", "transport",
     ),
@@ -164,6 +165,15 @@ class SyncObjAdapter(SyncObj):  # type: ignore[misc]
     def next_append_entries_time(self) -> Any:
         """When the leader's next heartbeat falls due."""
         return self._SyncObj__newAppendEntriesTime
+
+    @next_append_entries_time.setter
+    def next_append_entries_time(self, value: float) -> None:
+        self._SyncObj__newAppendEntriesTime = value
+
+    @property
+    def match_index(self) -> Any:
+        """The leader's match index per follower node (the last entry it is known to hold)."""
+        return self._SyncObj__raftMatchIndex
 
     # --- pysyncobj's private steps, called -------------------------------------------------------
 

@@ -94,6 +94,27 @@ def test_planted_bug_exits_1_and_prints_each_failing_seed_with_its_command(
     assert f"{summary['failures']} of 20 seeds failed" in captured.err
 
 
+def test_an_unreleased_machine_version_is_fuzzed_from_the_cli(
+    spark: SparkSession,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """v4 is not released (not in SUPPORTED_VERSIONS) yet is fuzzed before it ships: every
+    seed runs v4 and the campaign is clean."""
+    version = max(fifo.UNRELEASED_VERSIONS)
+    assert version not in fifo.SUPPORTED_VERSIONS
+    code = run_cli(
+        monkeypatch, "-o", "json", "pipeline", "fuzz", "--seeds", "4", "--steps", "200",
+        "--machine-version", str(version), "--master", "local[2]", "--out", str(tmp_path),
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == exits.OK, captured.err
+    assert (json.loads(captured.out)["seeds"], json.loads(captured.out)["failures"]) == (4, 0)
+    rows = spark.read.parquet(str(tmp_path / "seeds.parquet")).collect()
+    assert sorted(row["initial_machine_version"] for row in rows) == [version] * 4
+
+
 @pytest.mark.parametrize(
     "flags",
     [
