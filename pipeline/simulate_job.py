@@ -31,7 +31,7 @@ class SimCampaign:
     nodes: int = 3
     clients: int = 6
     flaky: bool = True
-    wire: str = "quorumq"
+    wire: str = "rotate"  # raft.sim's ROTATE: each seed's wire from its number
     shrink: bool = True
     shrink_runs_max: int = SHRINK_RUNS_MAX
     plant: str | None = None  # `module:function` of a context manager (a planted bug, in tests)

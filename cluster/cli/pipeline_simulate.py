@@ -29,7 +29,13 @@ Example:
 @click.option("--nodes", type=click.IntRange(3, 5), default=3, show_default=True)
 @click.option("--clients", type=click.IntRange(1, 32), default=6, show_default=True)
 @click.option("--no-flaky", is_flag=True, help="No lossy/duplicating/reordering links.")
-@click.option("--wire", type=click.Choice(["quorumq", "pysyncobj"]), default="quorumq")
+@click.option(
+    "--wire",
+    type=click.Choice(["quorumq", "pysyncobj", "pysyncobj2", "rotate"]),
+    default="rotate",
+    show_default=True,
+    help="The peer codec of every seed, or rotate: each seed's from its number (quorumq simulate).",
+)
 @click.option("--no-shrink", is_flag=True, help="Report failures as found, unshrunk.")
 @click.option("--partitions", type=click.IntRange(min=1), help="Spark tasks (default 4/core).")
 @click.option(

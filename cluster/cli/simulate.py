@@ -22,6 +22,7 @@ Example:
   quorumq simulate --seeds 100 --minutes 5 -o json"""
 
 SHRINK_RUNS_MAX = 30
+WIRE_CHOICES = ["quorumq", "pysyncobj", "pysyncobj2", "rotate"]  # raft.sim's WIRES and ROTATE
 
 
 @click.command("simulate", epilog=EXAMPLE)
@@ -56,10 +57,10 @@ SHRINK_RUNS_MAX = 30
 @click.option("--reads", is_flag=True, help="Also reads on every member, checked for staleness.")
 @click.option(
     "--wire",
-    type=click.Choice(["quorumq", "pysyncobj"]),
-    default="quorumq",
-    show_default=True,
-    help='The peer codec: ours (CBOR) or pysyncobj\'s pickle (transport = "pysyncobj").',
+    type=click.Choice(WIRE_CHOICES),
+    help='The peer codec: ours (CBOR), pysyncobj\'s pickle (transport = "pysyncobj"), that '
+    "pickle at protocol 2 (peers from before 8345617), or rotate: each seed's from its number "
+    "[default: quorumq for --seed, rotate for --seeds].",
 )
 @click.option("--faults", help="This fault schedule instead of the seed's (at:op:args,...).")
 @click.option("--no-shrink", is_flag=True, help="Report failures as found, unshrunk.")
@@ -85,7 +86,7 @@ def simulate(
     slow: bool,
     disk: bool,
     reads: bool,
-    wire: str,
+    wire: str | None,
     faults: str | None,
     no_shrink: bool,
     output_here: str | None,
@@ -107,6 +108,7 @@ def simulate(
         schedule = None if faults is None else parse_faults(faults)
     except FaultSyntaxError as err:
         raise CliError(str(err), USAGE) from err
+    wire = wire or ("quorumq" if seed is not None else "rotate")
     params = SimParams(
         nodes, seconds, clients, not no_flaky, wire=wire, slow=slow, reads=reads, disk=disk
     )
