@@ -5,6 +5,7 @@ that replays them."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,3 +59,14 @@ def test_the_cli_runs_a_campaign_and_prints_its_summary(spark: SparkSession) -> 
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{") :])
     assert summary["seeds_run"] == 4 and summary["failures"] == 0 and summary["sim_s"] > 8
+
+
+def test_each_seed_s_row_is_appended_to_the_rows_dir_as_it_completes(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    campaign = SimCampaign(4, 1, 2.0, rows_dir=str(tmp_path / "rows"))
+    summary = run_campaign(spark, campaign, 2)
+    files = sorted((tmp_path / "rows").iterdir())
+    assert [f.name for f in files] == ["part-00000.jsonl", "part-00001.jsonl"]
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    assert {r["seed"]: r["trace_hash"] for r in rows} == summary["trace_hashes"]
