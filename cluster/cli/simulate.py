@@ -122,10 +122,13 @@ def simulate(
         ctx.exit(FAILURE)
 
 
-def _row(result: Any) -> dict[str, Any]:
+def _row(result: Any, params: Any) -> dict[str, Any]:
+    from raft.sim import seed_params
+
     verdict = result.verdict
     return {
         "seed": result.seed,
+        "wire": seed_params(result.seed, params).wire,
         "trace_hash": result.trace_hash,
         "ok": not result.failed,
         "faults": len(result.faults),
@@ -146,7 +149,8 @@ def _show(row: dict[str, Any], output: str) -> None:
         return
     status = "ok" if row["ok"] else "FAILED"
     click.echo(
-        f"seed {row['seed']}: {status}  trace {row['trace_hash']}  {row['sim_s']} sim s in "
+        f"seed {row['seed']} ({row['wire']}): {status}  trace {row['trace_hash']}  "
+        f"{row['sim_s']} sim s in "
         f"{row['wall_s']} s ({row['sim_per_wall']}x; {row['sim_per_cpu']}x per CPU second)  "
         f"{row['operations']} ops, "
         f"{row['confirmed']} confirmed, {row['faults']} faults"
@@ -173,7 +177,7 @@ def _one(seed: int, params: Any, schedule: Any, shrink_it: bool, output: str) ->
     from raft.sim import run_seed
 
     result = run_seed(seed, params, schedule)
-    _show(_row(result), output)
+    _show(_row(result, params), output)
     if result.failed:
         _report_failure(result, params, shrink_it and schedule is None, output)
     return bool(result.failed)
@@ -194,7 +198,7 @@ def _campaign(
         runs += 1
         sim_total += result.sim_seconds
         if result.failed or output != "table":
-            _show(_row(result), output)
+            _show(_row(result, params), output)
         if result.failed:
             failures += 1
             _report_failure(result, params, shrink_it, output)

@@ -142,6 +142,15 @@ def test_the_cli_prints_the_seed_s_trace_hash(seed_5: SimResult) -> None:
     assert row["ok"] and row["trace_hash"] == seed_5.trace_hash
 
 
+def test_a_cli_campaign_rotates_the_wire_and_each_row_names_its_seed_s() -> None:
+    args = ["simulate", "--seeds", "2", "--first-seed", "2", "--seconds", "3", "-o", "jsonl"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.output.splitlines() if '"seed"' in line]
+    assert [(r["seed"], r["wire"]) for r in rows] == [(2, "pysyncobj"), (3, "pysyncobj2")]
+    assert rows[1]["trace_hash"] == run_seed(3, SimParams(seconds=3.0, wire=ROTATE)).trace_hash
+
+
 def test_the_cli_wants_one_of_seed_or_seeds() -> None:
     result = CliRunner().invoke(cli, ["simulate"])
     assert isinstance(result.exception, CliError) and result.exception.exit_code == USAGE
