@@ -3,15 +3,20 @@
 seed; a failing seed is shrunk on its executor and comes back with the command that replays it.
 
 Only seeds travel to the executors and only rows (a trace hash, counts, the first violations,
-the reproduce command) come back; nothing is written to disk but the runs' own temp dirs.
+the reproduce command) come back; nothing is written to disk but the runs' own temp dirs, and,
+with `rows_dir` (a directory every executor can write: local masters, a shared mount), each
+seed's row as it completes, one JSON line in the task's `part-NNNNN.jsonl`: what a long campaign
+ran so far, readable while it runs and kept if it is stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -31,10 +36,11 @@ class SimCampaign:
     nodes: int = 3
     clients: int = 6
     flaky: bool = True
-    wire: str = "quorumq"
+    wire: str = "rotate"  # raft.sim's ROTATE: each seed's wire from its number
     shrink: bool = True
     shrink_runs_max: int = SHRINK_RUNS_MAX
     plant: str | None = None  # `module:function` of a context manager (a planted bug, in tests)
+    rows_dir: str | None = None  # each seed's row appended there as it completes (module doc)
 
 
 def _params(campaign: SimCampaign) -> Any:
@@ -94,10 +100,20 @@ def _result_columns(result: Any) -> dict[str, Any]:
     }
 
 
+def rows_file(rows_dir: str, partition: int) -> Path:
+    """The JSON-lines file a task appends its seeds' rows to."""
+    return Path(rows_dir) / f"part-{partition:05d}.jsonl"
+
+
 def _run_partition(campaign: SimCampaign) -> Any:
-    def run(seeds: Iterator[int]) -> Iterator[dict[str, Any]]:
+    def run(partition: int, seeds: Iterator[int]) -> Iterator[dict[str, Any]]:
+        path = None if campaign.rows_dir is None else rows_file(campaign.rows_dir, partition)
         for seed in seeds:
-            yield simulate_seed(int(seed), campaign)
+            row = simulate_seed(int(seed), campaign)
+            if path is not None:
+                with open(path, "a", encoding="utf-8") as out:
+                    out.write(json.dumps(row, sort_keys=True) + "\n")
+            yield row
 
     return run
 
@@ -105,10 +121,12 @@ def _run_partition(campaign: SimCampaign) -> Any:
 def run_campaign(spark: SparkSession, campaign: SimCampaign, partitions: int) -> dict[str, Any]:
     """Run every seed of `campaign` over `partitions` tasks; the summary with the failing rows."""
     started = time.perf_counter()
+    if campaign.rows_dir is not None:
+        Path(campaign.rows_dir).mkdir(parents=True, exist_ok=True)
     seeds = range(campaign.first_seed, campaign.first_seed + campaign.seeds)
     rows = (
         spark.sparkContext.parallelize(seeds, partitions)
-        .mapPartitions(_run_partition(campaign))
+        .mapPartitionsWithIndex(_run_partition(campaign))
         .collect()
     )
     wall = time.perf_counter() - started

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -12,7 +14,8 @@ from cluster.cli.exits import FAILURE, UNAVAILABLE, CliError
 EXAMPLE = """\b
 Example:
   quorumq pipeline simulate --master 'local[2]' --seeds 200 --sim-seconds 60
-  quorumq pipeline simulate --master spark://host:7077 --seeds 10000 -o json"""
+  quorumq pipeline simulate --master spark://host:7077 --seeds 10000 -o json
+  quorumq pipeline simulate --master 'local[2]' --seeds 10000 --partitions 400 --rows-dir rows"""
 
 
 @click.command("simulate", epilog=EXAMPLE)
@@ -29,9 +32,21 @@ Example:
 @click.option("--nodes", type=click.IntRange(3, 5), default=3, show_default=True)
 @click.option("--clients", type=click.IntRange(1, 32), default=6, show_default=True)
 @click.option("--no-flaky", is_flag=True, help="No lossy/duplicating/reordering links.")
-@click.option("--wire", type=click.Choice(["quorumq", "pysyncobj"]), default="quorumq")
+@click.option(
+    "--wire",
+    type=click.Choice(["quorumq", "pysyncobj", "pysyncobj2", "rotate"]),
+    default="rotate",
+    show_default=True,
+    help="The peer codec of every seed, or rotate: each seed's from its number (quorumq simulate).",
+)
 @click.option("--no-shrink", is_flag=True, help="Report failures as found, unshrunk.")
 @click.option("--partitions", type=click.IntRange(min=1), help="Spark tasks (default 4/core).")
+@click.option(
+    "--rows-dir",
+    type=click.Path(file_okay=False),
+    help="Append each seed's row there as it completes (part-NNNNN.jsonl per task; every "
+    "executor must reach it): a long campaign's results so far, kept if it is stopped.",
+)
 @click.option(
     "-o",
     "--output",
@@ -52,6 +67,7 @@ def simulate(
     wire: str,
     no_shrink: bool,
     partitions: int | None,
+    rows_dir: str | None,
     output_here: str | None,
 ) -> None:
     """Run seeds FIRST_SEED .. FIRST_SEED+SEEDS-1 of the deterministic cluster simulator
@@ -61,7 +77,15 @@ def simulate(
     from pipeline.simulate_job import SimCampaign  # Spark imports are slow: only when used
 
     campaign = SimCampaign(
-        seeds, first_seed, sim_seconds, nodes, clients, not no_flaky, wire, not no_shrink
+        seeds,
+        first_seed,
+        sim_seconds,
+        nodes,
+        clients,
+        not no_flaky,
+        wire,
+        not no_shrink,
+        rows_dir=None if rows_dir is None else str(Path(rows_dir).resolve()),
     )
     summary = _run(campaign, master, partitions)
     output = output_here or (ctx.obj.output if ctx.obj is not None else "table")
@@ -75,6 +99,7 @@ def _run(campaign: Any, master: str, partitions: int | None) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
     from pipeline.campaign import default_partitions
+    from pipeline.progress import report_progress
     from pipeline.simulate_job import run_campaign
     from pipeline.spark import create_session
 
@@ -87,7 +112,8 @@ def _run(campaign: Any, master: str, partitions: int | None) -> dict[str, Any]:
     try:
         slices = partitions or default_partitions(spark, campaign.seeds)
         click.echo(f"simulating {campaign.seeds} seeds in {slices} partitions", err=True)
-        return run_campaign(spark, campaign, slices)
+        with report_progress(spark, "simulate", sys.stderr):
+            return run_campaign(spark, campaign, slices)
     finally:
         if owned:
             spark.stop()

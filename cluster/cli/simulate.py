@@ -22,6 +22,7 @@ Example:
   quorumq simulate --seeds 100 --minutes 5 -o json"""
 
 SHRINK_RUNS_MAX = 30
+WIRE_CHOICES = ["quorumq", "pysyncobj", "pysyncobj2", "rotate"]  # raft.sim's WIRES and ROTATE
 
 
 @click.command("simulate", epilog=EXAMPLE)
@@ -56,10 +57,10 @@ SHRINK_RUNS_MAX = 30
 @click.option("--reads", is_flag=True, help="Also reads on every member, checked for staleness.")
 @click.option(
     "--wire",
-    type=click.Choice(["quorumq", "pysyncobj"]),
-    default="quorumq",
-    show_default=True,
-    help='The peer codec: ours (CBOR) or pysyncobj\'s pickle (transport = "pysyncobj").',
+    type=click.Choice(WIRE_CHOICES),
+    help='The peer codec: ours (CBOR), pysyncobj\'s pickle (transport = "pysyncobj"), that '
+    "pickle at protocol 2 (peers from before 8345617), or rotate: each seed's from its number "
+    "[default: quorumq for --seed, rotate for --seeds].",
 )
 @click.option("--faults", help="This fault schedule instead of the seed's (at:op:args,...).")
 @click.option("--no-shrink", is_flag=True, help="Report failures as found, unshrunk.")
@@ -85,7 +86,7 @@ def simulate(
     slow: bool,
     disk: bool,
     reads: bool,
-    wire: str,
+    wire: str | None,
     faults: str | None,
     no_shrink: bool,
     output_here: str | None,
@@ -107,6 +108,7 @@ def simulate(
         schedule = None if faults is None else parse_faults(faults)
     except FaultSyntaxError as err:
         raise CliError(str(err), USAGE) from err
+    wire = wire or ("quorumq" if seed is not None else "rotate")
     params = SimParams(
         nodes, seconds, clients, not no_flaky, wire=wire, slow=slow, reads=reads, disk=disk
     )
@@ -120,10 +122,13 @@ def simulate(
         ctx.exit(FAILURE)
 
 
-def _row(result: Any) -> dict[str, Any]:
+def _row(result: Any, params: Any) -> dict[str, Any]:
+    from raft.sim import seed_params
+
     verdict = result.verdict
     return {
         "seed": result.seed,
+        "wire": seed_params(result.seed, params).wire,
         "trace_hash": result.trace_hash,
         "ok": not result.failed,
         "faults": len(result.faults),
@@ -144,7 +149,8 @@ def _show(row: dict[str, Any], output: str) -> None:
         return
     status = "ok" if row["ok"] else "FAILED"
     click.echo(
-        f"seed {row['seed']}: {status}  trace {row['trace_hash']}  {row['sim_s']} sim s in "
+        f"seed {row['seed']} ({row['wire']}): {status}  trace {row['trace_hash']}  "
+        f"{row['sim_s']} sim s in "
         f"{row['wall_s']} s ({row['sim_per_wall']}x; {row['sim_per_cpu']}x per CPU second)  "
         f"{row['operations']} ops, "
         f"{row['confirmed']} confirmed, {row['faults']} faults"
@@ -171,7 +177,7 @@ def _one(seed: int, params: Any, schedule: Any, shrink_it: bool, output: str) ->
     from raft.sim import run_seed
 
     result = run_seed(seed, params, schedule)
-    _show(_row(result), output)
+    _show(_row(result, params), output)
     if result.failed:
         _report_failure(result, params, shrink_it and schedule is None, output)
     return bool(result.failed)
@@ -192,7 +198,7 @@ def _campaign(
         runs += 1
         sim_total += result.sim_seconds
         if result.failed or output != "table":
-            _show(_row(result), output)
+            _show(_row(result, params), output)
         if result.failed:
             failures += 1
             _report_failure(result, params, shrink_it, output)

@@ -7,9 +7,18 @@ violations, queue verdict); `shrink` makes a failing schedule shorter.
 """
 
 from raft.sim.faults import Fault, encode_faults, parse_faults
-from raft.sim.run import SimParams, SimResult, reproduce_command, run_seed, shrink
+from raft.sim.run import (
+    ROTATE,
+    SimParams,
+    SimResult,
+    reproduce_command,
+    run_seed,
+    seed_params,
+    shrink,
+)
 
 __all__ = [
+    "ROTATE",
     "Fault",
     "SimParams",
     "SimResult",
@@ -17,5 +26,6 @@ __all__ = [
     "parse_faults",
     "reproduce_command",
     "run_seed",
+    "seed_params",
     "shrink",
 ]

@@ -25,6 +25,7 @@ from raft.sim.cluster import SimCluster, SimNode
 from raft.sim.workload import Event
 
 VIOLATIONS_MAX = 20  # keep the first few: one is enough to fail a seed
+LEADER_RECHECK_COMMITS = 16  # leader completeness re-read after this many new commits
 
 
 def _hash(blob: Any) -> str:
@@ -76,8 +77,10 @@ class RaftChecker:
                 holder = self.leaders.setdefault(term, node.node_id)
                 if holder != node.node_id:
                     self.fail(f"election safety: {holder} and {node.node_id} both led term {term}")
-                key = (node.node_id, term, len(self.committed))
-                if key not in self._checked_leader:  # once per leader and commit count
+                # once when a leader is first seen in a term, then again every
+                # LEADER_RECHECK_COMMITS newly committed entries (a whole-log read each time)
+                key = (node.node_id, term, len(self.committed) // LEADER_RECHECK_COMMITS)
+                if key not in self._checked_leader:
                     self._checked_leader.add(key)
                     self._check_leader_log(node, raft, term)
             self._check_commits(node, raft, max_term)

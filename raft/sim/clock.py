@@ -17,6 +17,9 @@ from typing import Any
 # the scheduler refuses to run more events than this in one `run_until` (a livelock: some
 # callback rescheduling itself at the same instant for ever)
 EVENTS_PER_RUN_MAX = 5_000_000
+# pending events at once (a run has a few hundred): more is a runaway (seed 62 of the 60 s
+# campaign multiplied its events after a heal until the Spark worker died of it); the seed fails
+PENDING_EVENTS_MAX = 1_000_000
 
 
 class SimulationError(RuntimeError):
@@ -57,6 +60,8 @@ class Scheduler:
 
     def schedule(self, when: float, handle: Handle) -> None:
         """Run `handle` at `when` (never before now)."""
+        if len(self._heap) >= PENDING_EVENTS_MAX:
+            raise SimulationError(f"more than {PENDING_EVENTS_MAX} events pending at {self.now}")
         self._seq += 1
         heapq.heappush(self._heap, (max(when, self.now), self._seq, handle))
 

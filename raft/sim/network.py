@@ -13,12 +13,17 @@ A pair of members shares one connection, as with raft.transport (one TCP connect
 Every message goes through a real wire codec, so what arrives is a copy: `raft.peercodec`
 (wire "quorumq", our transport's) or pysyncobj's own, `zlib(pysyncobj.pickle.dumps(message))`
 read back with `pysyncobj.pickle.loads` (wire "pysyncobj", the `transport = "pysyncobj"` option:
-the node installs `raft.safe_pickle`'s allow-list there); as pysyncobj's TcpConnection, a
-message that does not load breaks its connection.
+the node installs `raft.safe_pickle`'s allow-list there, and its protocol-5 pickler), or
+that pickle at protocol 2 (wire "pysyncobj2": what every peer running the code from before
+8345617 sends, e.g. during a rolling upgrade from it; bytes as `_codecs.encode`, b"" as
+`bytes()`, so the empty last chunk of each snapshot transfer needs `builtins.bytes` allowed;
+the receivers run today's code); as pysyncobj's TcpConnection, a message that does not load
+breaks its connection.
 """
 
 from __future__ import annotations
 
+import pickle
 import random
 import zlib
 from dataclasses import dataclass
@@ -37,20 +42,24 @@ DUPLICATE_RATE = 0.05  # on a flaky direction
 LOSS_RATE = 0.1  # on a flaky direction
 REORDER_SPREAD_S = 0.02  # extra random delay on a flaky direction (reorders)
 SLOW_DELAY_S = (0.2, 1.4)  # extra in-order delay on a slow direction (under BROKEN_AFTER_S)
-WIRES = ("quorumq", "pysyncobj")
+WIRES = ("quorumq", "pysyncobj", "pysyncobj2")
 PYSYNCOBJ_ZLIB_LEVEL = 3  # as pysyncobj's TcpConnection
+LEGACY_PICKLE_PROTOCOL = 2  # pysyncobj's own (pysyncobj.pickle), before raft.safe_pickle's 5
 
 
 def encode_message(wire: str, message: Any) -> bytes:
     """A message's bytes on `wire`."""
     if wire == "pysyncobj":
         return zlib.compress(pysyncobj_pickle.dumps(message), PYSYNCOBJ_ZLIB_LEVEL)
+    if wire == "pysyncobj2":
+        body = pickle.dumps(message, LEGACY_PICKLE_PROTOCOL)
+        return zlib.compress(body, PYSYNCOBJ_ZLIB_LEVEL)
     return peercodec.encode(message)
 
 
 def decode_message(wire: str, body: bytes) -> Any:
     """The message in `body` (pysyncobj's loads is the allow-list unpickler once installed)."""
-    if wire == "pysyncobj":
+    if wire in ("pysyncobj", "pysyncobj2"):
         return pysyncobj_pickle.loads(zlib.decompress(body))
     return peercodec.decode(body)
 

@@ -73,8 +73,18 @@ def _time_module(clock: Callable[[], float]) -> types.SimpleNamespace:
     )
 
 
+_NODE_HASHES: dict[str, int] = {}  # a node id's CRC (pysyncobj hashes nodes ~700 times a sim s)
+_NODE_HASHES_MAX = 10_000
+
+
 def _stable_node_hash(node: Any) -> int:
-    return zlib.crc32(str(node.id).encode())
+    node_id = str(node.id)
+    value = _NODE_HASHES.get(node_id)
+    if value is None:
+        if len(_NODE_HASHES) >= _NODE_HASHES_MAX:
+            _NODE_HASHES.clear()
+        value = _NODE_HASHES[node_id] = zlib.crc32(node_id.encode())
+    return value
 
 
 def _no_sleep(_seconds: float) -> None:

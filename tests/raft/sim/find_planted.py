@@ -14,7 +14,7 @@ import dataclasses
 import json
 import time
 
-from raft.sim import SimParams, run_seed
+from raft.sim import ROTATE, SimParams, run_seed, seed_params
 from raft.sim.network import WIRES
 from tests.raft.sim.plants import PLANTS
 
@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--wire", choices=WIRES, default="quorumq")
+    parser.add_argument("--wire", choices=(*WIRES, ROTATE), default=ROTATE)
     args = parser.parse_args()
     params = dataclasses.replace(SimParams(), seconds=args.seconds, wire=args.wire)
     started = time.perf_counter()
@@ -46,7 +46,7 @@ def main() -> None:
             row = {
                 "plant": args.plant,
                 "seed": seed,
-                "params": dataclasses.asdict(params),
+                "params": dataclasses.asdict(seed_params(seed, params)),
                 "seeds_run": seed - args.first_seed + 1,
                 "sim_s_to_find": round(sim_total, 1),
                 "wall_s_to_find": round(wall, 1),
