@@ -43,9 +43,10 @@ def loadavg() -> list[str]:
     return Path("/proc/loadavg").read_text().split()[:3]
 
 
-def start(data_dir: Path) -> LocalCluster:
-    """A 3-node cluster with guest allowed, on the newest machine version."""
-    created = init_cluster(data_dir, 3)
+def start(data_dir: Path, tls: bool = False) -> LocalCluster:
+    """A 3-node cluster with guest allowed, on the newest machine version (peer and client
+    traffic over TLS with `tls`); scripts/run_aiopika_suite.py starts its clusters so too."""
+    created = init_cluster(data_dir, 3, tls=tls)
     config.write(data_dir, dataclasses.replace(created, amqp_guest=True))
     cluster = start_cluster(data_dir, 3)
     client = cluster.raw_client(cluster.config.nodes[0].id)

@@ -19,7 +19,6 @@ pass and no test listed as one that must pass failed; 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -36,10 +35,9 @@ sys.path.insert(0, str(SCRIPTS.parent))
 sys.path.insert(0, str(SCRIPTS))
 
 import aiopika_classes  # noqa: E402
+from bench_amqp import start  # noqa: E402  (a sibling script: the same cluster)
 
-import fifo  # noqa: E402
-from cluster import config  # noqa: E402
-from cluster.launcher import LocalCluster, init_cluster, start_cluster, wait_until  # noqa: E402
+from cluster.launcher import LocalCluster  # noqa: E402
 
 VERSION = "10.2.1"  # pyproject.toml pins aio-pika==10.2.1
 # aio-pika's `test` dependency group, pinned to what this was last run with
@@ -94,19 +92,6 @@ def test_python(cache: Path) -> Path:
     )  # fmt: skip
     marker.write_text(wanted)
     return python
-
-
-def start(data_dir: Path, tls: bool = False) -> LocalCluster:
-    """A fresh 3-node cluster with guest allowed, on the newest machine version."""
-    created = init_cluster(data_dir, 3, tls=tls)
-    config.write(data_dir, dataclasses.replace(created, amqp_guest=True))
-    cluster = start_cluster(data_dir, 3)
-    client = cluster.raw_client(cluster.config.nodes[0].id)
-    wait_until(lambda: len(client.query("machine")["supported"]) == 3 or None, 15, "hellos")
-    latest = max(fifo.SUPPORTED_VERSIONS)
-    client.admin("machine_upgrade", to=latest)
-    wait_until(lambda: client.query("machine")["effective_version"] == latest or None, 15, "v")
-    return cluster
 
 
 def amqp_port(cluster: LocalCluster) -> int:
