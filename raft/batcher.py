@@ -3,7 +3,10 @@
 Runs on the node's asyncio loop. A batch is flushed when the window (1 ms) elapses, or when it
 reaches `count_max` commands or `bytes_max` bytes; with nothing in flight it is flushed at the end
 of the current loop iteration (no added latency for a lone command); with `inflight_max` entries
-of this node in flight it waits for one of them to be applied (bigger entries under load). Each
+of this node in flight it waits for one of them to be applied (bigger entries under load), but
+never for an entry older than `stuck_s`: one whose answer will not come (a deposed leader's entry
+replaced under a snapshot, a forward whose reply was lost) must not hold the node's commands until
+the sweep fails it. Each
 command keeps its own reply sink; the sinks are resolved when the submitting node applies the
 entry (`resolve`, in log order), or failed with a SubmitError when pysyncobj reports a failure
 or the batch times out.
@@ -39,6 +42,7 @@ COUNT_MAX_DEFAULT = SUB_INDEX_SPAN
 BYTES_MAX_DEFAULT = 256 * 1024
 TIMEOUT_S_DEFAULT = 10.0
 INFLIGHT_MAX_DEFAULT = 3
+STUCK_S_DEFAULT = 0.5  # an entry unanswered this long no longer holds new commands back
 
 _FAILURES = {
     FAIL_REASON.QUEUE_FULL: ("unavailable", "the node's command queue is full"),
@@ -75,6 +79,7 @@ class GroupCommitter:
         timeout_s: float = TIMEOUT_S_DEFAULT,
         inflight_max: int = INFLIGHT_MAX_DEFAULT,
         clock: MachineClock | None = None,
+        stuck_s: float | None = None,
     ) -> None:
         self.node = node
         self.clock = clock if clock is not None else MachineClock()  # stamps entries (issue 31)
@@ -84,6 +89,7 @@ class GroupCommitter:
         self.bytes_max = bytes_max
         self.timeout_s = timeout_s
         self.inflight_max = inflight_max
+        self.stuck_s = STUCK_S_DEFAULT if stuck_s is None else stuck_s
         self._buffer: list[bytes] = []
         self._sinks: list[Sink] = []
         self._decoded: list[Command | None] = []
@@ -119,15 +125,24 @@ class GroupCommitter:
 
     def _window_elapsed(self) -> None:
         # with enough entries in flight, hold the batch until one of them is applied: under a
-        # trickle of commands (acks) this makes fewer, larger entries instead of one per window
+        # trickle of commands (acks) this makes fewer, larger entries instead of one per window;
+        # look again when the oldest of them is stuck_s old
         self._timer = None
-        if len(self._pending) >= self.inflight_max:
+        young = self._young_in_flight()
+        if len(young) >= self.inflight_max:
             self._held = True
+            wait = max(0.0, min(young) + self.stuck_s - time.monotonic())
+            self._timer = self.loop.call_later(wait + self.window_s, self._window_elapsed)
         else:
             self.flush()
 
+    def _young_in_flight(self) -> list[float]:
+        """When each entry in flight that is younger than stuck_s was submitted."""
+        since = time.monotonic() - self.stuck_s
+        return [b.submitted_s for b in self._pending.values() if b.submitted_s > since]
+
     def _release(self) -> None:
-        if self._held and len(self._pending) < self.inflight_max:
+        if self._held and len(self._young_in_flight()) < self.inflight_max:
             self._held = False
             self.flush()
 

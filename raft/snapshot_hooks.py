@@ -75,7 +75,8 @@ class SnapshotHooks(NodeBase):
         self._restore_state(body)
         raft = body["raft"]
         last, prev = raft["last"], raft["prev"]
-        log.info("snapshot_loaded", index=last[1])
+        failed = self.fail_commits_covered(int(last[1]))
+        log.info("snapshot_loaded", index=last[1], commands_failed=failed)
         if self._on_snapshot_loaded is not None:
             try:
                 self._on_snapshot_loaded(int(last[1]))

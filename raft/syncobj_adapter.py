@@ -30,7 +30,8 @@ from pysyncobj.tcp_connection import TcpConnection
 # the owner's constructor; the test builds one to check them)
 PRIVATE_NAMES: dict[type, tuple[str, ...]] = {
     SyncObj: (
-        "applyLogEntries", "changeCluster", "commandsWaitingReply", "conf", "connectedNodes",
+        "applyLogEntries", "changeCluster", "commandsWaitingCommit", "commandsWaitingReply",
+        "conf", "connectedNodes",
         "connectedToAnyone",
         "doApplyCommand", "doChangeCluster", "generateRaftTimeout", "getCurrentLogIndex",
         "getCurrentLogTerm", "getEntries", "leaderCommitIndex", "newAppendEntriesTime",
@@ -197,6 +198,25 @@ class SyncObjAdapter(SyncObj):  # type: ignore[misc]
         """The callbacks of commands forwarded to the leader, by request id, awaiting its answer."""
         waiting: dict[int, Callable[[Any, int], None]] = self._SyncObj__commandsWaitingReply
         return waiting
+
+    def waiting_commit_indexes(self) -> list[int]:
+        """The log indexes whose commit a command of this node waits for, lowest first."""
+        return sorted(self._SyncObj__commandsWaitingCommit)
+
+    def fail_commits_covered(self, index: int) -> int:
+        """Fail every command waiting for the commit of an entry at or below `index` (a snapshot
+        up to `index` was just loaded) with UNKNOWN_OUTCOME; return how many.
+
+        pysyncobj answers a command only when it applies the command's index one entry at a
+        time: a leader cut off with entries in flight that, after stepping down, is caught up by
+        a snapshot skips those indexes, and their callbacks waited for the committer's 10 s sweep
+        (found by the simulator: seed 367). Whether the entry at such an index is the command's
+        is unknown here, so the client retries, deduplicated."""
+        waiting = self._SyncObj__commandsWaitingCommit
+        callbacks = [cb for i in sorted(waiting) if i <= index for _term, cb in waiting.pop(i)]
+        for callback in callbacks:
+            callback(None, FAIL_REASON.UNKNOWN_OUTCOME)
+        return len(callbacks)
 
     def guard_forwards(self) -> None:
         """Fail a forwarded command that nothing will answer, as a leader change fails it.

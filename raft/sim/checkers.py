@@ -44,6 +44,7 @@ class RaftChecker:
     violations: list[str] = field(default_factory=list)
     _checked_commit: dict[str, int] = field(default_factory=dict)
     _checked_leader: set[tuple[str, int, int]] = field(default_factory=set)
+    _orphans: set[tuple[str, int]] = field(default_factory=set)  # (node, index) reported
 
     def fail(self, message: str) -> None:
         """Record a violation (the first VIOLATIONS_MAX)."""
@@ -84,6 +85,19 @@ class RaftChecker:
                     self._checked_leader.add(key)
                     self._check_leader_log(node, raft, term)
             self._check_commits(node, raft, max_term)
+            self._check_waiting(node, raft)
+
+    def _check_waiting(self, node: SimNode, raft: Any) -> None:
+        """A command waiting for the commit of an index this node has applied (or loaded a
+        snapshot over) is never answered: pysyncobj answers only as it applies that index."""
+        waiting = raft.waiting_commit_indexes()
+        applied = int(raft.last_applied)
+        if waiting and waiting[0] <= applied and (node.node_id, waiting[0]) not in self._orphans:
+            self._orphans.add((node.node_id, waiting[0]))
+            self.fail(
+                f"orphaned proposal: {node.node_id} waits for the commit of index {waiting[0]}, "
+                f"at or below its applied index {applied}"
+            )
 
     def _entries(self, raft: Any, after: int = 0) -> tuple[int, list[tuple[bytes, int, int]]]:
         """The first index of `raft`'s log and its entries above index `after`."""

@@ -31,7 +31,7 @@ from raft.sim.faults import LEADER, Fault, encode_faults, generate_faults
 from raft.sim.network import SimNetwork
 from raft.sim.patches import CUTS_BELOW_COMMIT, simulated
 from raft.sim.reads import ReadChecker
-from raft.sim.workload import QUEUE, Workload
+from raft.sim.workload import CLIENT_TIMEOUT_S, QUEUE, Event, Workload
 
 STEP_S = 0.05
 SETUP_S_MAX = 20.0
@@ -80,6 +80,7 @@ class SimResult:
     events: int = 0
     messages: int = 0
     operations: int = 0
+    history: list[Event] = field(default_factory=list)  # the workload's (checkers' input)
 
     @property
     def failed(self) -> bool:
@@ -124,6 +125,8 @@ class _Run:
                 self.workload.step()
                 if self.reads is not None:
                     self.reads.step(self.cluster, self.scheduler.now)
+            else:
+                self.workload.give_up_stale()  # a client that stopped still times out
             self._check_step()
 
     def wait_for(self, done: Callable[[], bool], seconds: float) -> None:
@@ -253,12 +256,14 @@ def _simulate(run: _Run, seed: int, params: SimParams, faults: list[Fault] | Non
     result.violations += [f"committed entries cut: {cut}" for cut in CUTS_BELOW_COMMIT[:3]]
     result.violations += [f"node code raised: {e}" for e in run.network.errors[:3]]
     result.violations += [f"apply failed: {m}" for m in run.workload.apply_failures[:3]]
+    result.violations += [f"liveness: {m}" for m in run.workload.stalls[:3]]
     if run.reads is not None:
         result.violations += run.reads.violations(run.workload.confirms)
     result.sim_seconds = run.scheduler.now
     result.events = run.scheduler.events
     result.messages = run.network.messages
     result.operations = sum(1 for e in run.workload.history if e[2] == "invoke")
+    result.history = run.workload.history
     digests = [(n.node_id, n.incarnation) for n in run.cluster.nodes.values()]
     blob = repr((run.trace, run.workload.history, digests, result.violations)).encode()
     result.trace_hash = hashlib.sha256(blob).hexdigest()[:16]
@@ -293,11 +298,24 @@ def _heal_and_drain(run: _Run) -> None:
     for node_id in sorted(run.cluster.nodes):
         if not run.cluster.nodes[node_id].up:
             run.start(node_id)
+    run.workload.healed_at = run.scheduler.now
     run.advance(AFTER_HEAL_S)
     run.workload.close_connections()
     run.advance(CLOSE_S, workload=False)
+    _wait_for_clients(run)
     _drain(run)
     run.advance(CATCH_UP_S, workload=False)
+
+
+def _wait_for_clients(run: _Run) -> None:
+    """Let every client operation get its reply or be given up before the drain: a publish
+    confirmed after the drain had found the queue empty was reported lost (seed 367)."""
+    deadline = run.scheduler.now + CLIENT_TIMEOUT_S + STEP_S
+    while run.workload.pending() and run.scheduler.now < deadline:
+        run.advance(STEP_S, workload=False)
+    if run.workload.pending():
+        stuck = run.workload.pending()
+        run.checker.fail(f"{stuck} client operations neither answered nor given up")
 
 
 def _check_nobody_listed_down(run: _Run) -> None:

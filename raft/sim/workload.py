@@ -31,6 +31,7 @@ from raft.sim.cluster import SimCluster, SimNode
 
 QUEUE = "sim"
 CLIENT_TIMEOUT_S = 3.0
+HEALED_SETTLE_S = 1.0  # after the final heal: time for an election and the restarted to rejoin
 OP_GAP_S = (0.01, 0.12)  # pause between a client's operations
 WORK_S = (0.0, 0.4)  # a consumer works on a message this long before it acks it
 DRAIN_STEPS_MAX = 20_000
@@ -97,6 +98,10 @@ class Workload:
             client.next_at = self.rng.uniform(0.0, 1.0)  # not all at once
         self._op_ids = 0
         self.active = True
+        # liveness on a healed cluster: set by the run at the final heal; an operation started
+        # HEALED_SETTLE_S after it that gets no reply within CLIENT_TIMEOUT_S is a violation
+        self.healed_at: float | None = None
+        self.stalls: list[str] = []
 
     def record(self, client: str, kind: str, f: str, value: str, redelivered: bool = False) -> None:
         """Append one history event at the current virtual time."""
@@ -108,12 +113,7 @@ class Workload:
         order = list(self.clients)
         self.rng.shuffle(order)  # clients are concurrent: who goes first varies
         for client in order:
-            pending = client.pending
-            if pending is not None and now - pending.started > CLIENT_TIMEOUT_S:
-                self._finish(client, pending.op_id, "info", pending.f, pending.value)
-                # a late reply is ignored: the publish (if it was one) goes again, same seq;
-                # a client whose node stopped answering reconnects, as the client library does
-                client.reconnect_due = True
+            self._give_up_if_stale(client, now)
             node = self.cluster.nodes[client.node_id]
             if client.incarnation != node.incarnation and client.pending is not None:
                 pending = client.pending
@@ -133,6 +133,30 @@ class Workload:
                 self._publish(client, node)
             else:
                 self._dequeue(client, node)
+
+    def give_up_stale(self) -> None:
+        """Time out stale operations only (after the clients stopped: no new operation)."""
+        for client in self.clients:
+            self._give_up_if_stale(client, self.scheduler.now)
+
+    def pending(self) -> int:
+        """Client operations still waiting for their reply."""
+        return sum(1 for client in self.clients if client.pending is not None)
+
+    def _give_up_if_stale(self, client: Client, now: float) -> None:
+        pending = client.pending
+        if pending is not None and now - pending.started > CLIENT_TIMEOUT_S:
+            healed = self.healed_at
+            if healed is not None and pending.started >= healed + HEALED_SETTLE_S:
+                self.stalls.append(
+                    f"{client.name} {pending.f} {pending.value!r} sent at {pending.started:.2f} "
+                    f"via {client.node_id}, {pending.started - healed:.2f} s after the heal: "
+                    f"no reply in {CLIENT_TIMEOUT_S:g} s"
+                )
+            self._finish(client, pending.op_id, "info", pending.f, pending.value)
+            # a late reply is ignored: the publish (if it was one) goes again, same seq;
+            # a client whose node stopped answering reconnects, as the client library does
+            client.reconnect_due = True
 
     def _attach(self, client: Client, node: SimNode) -> None:
         """Open a session for the client on its node's current incarnation, if it has none."""
