@@ -26,6 +26,7 @@ from raft.contact import Contact
 from raft.errors import DiskFullError
 from raft.node_base import NodeBase
 from raft.settings import int_or
+from raft.transfer import TRANSFER_BUFFERED_MAX, send_buffered
 
 log = structlog.get_logger("raft")
 
@@ -81,9 +82,22 @@ class Appends(NodeBase):
         # leader: send first so the followers' fsyncs overlap ours; ours still completes before
         # the loop reads any ack (we return to it after this), so an entry is never counted as
         # committed, nor its commit index sent out, before the leader's copy is on disk
-        self.syncobj_send_append_entries()
+        self.syncobj_send_append_entries(skip=self._transfers_backed_up())
         self._stretch_idle_heartbeat()
         self.sync_journal()
+
+    def _transfers_backed_up(self) -> frozenset[Any]:
+        """Followers in a snapshot transfer whose connection is behind (raft.transfer): a send
+        round skips them (returning no chunk instead made pysyncobj's loop spin for the rest of
+        its heartbeat period, sending empty messages, and the transfer never finished)."""
+        transfers = self.serializer_transmissions()
+        if not transfers:
+            return frozenset()
+        return frozenset(
+            node
+            for node in transfers
+            if send_buffered(self.raft_transport, node) > TRANSFER_BUFFERED_MAX
+        )
 
     def _stretch_idle_heartbeat(self) -> None:
         """After a send: an idle leader's next heartbeat comes `idle_heartbeat_ms` later, not

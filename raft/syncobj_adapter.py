@@ -323,9 +323,18 @@ class SyncObjAdapter(SyncObj):  # type: ignore[misc]
         """The leader sends AppendEntries to its followers."""
         self.syncobj_send_append_entries()
 
-    def syncobj_send_append_entries(self) -> None:
-        """pysyncobj's send of AppendEntries (new entries, commit index, snapshot chunks)."""
-        SyncObj._SyncObj__sendAppendEntries(self)
+    def syncobj_send_append_entries(self, skip: frozenset[Any] = frozenset()) -> None:
+        """pysyncobj's send of AppendEntries (new entries, commit index, snapshot chunks), to
+        every other member but those in `skip` (hidden from its loop for this one call)."""
+        others: set[Any] = self.other_nodes
+        if not skip & others:
+            SyncObj._SyncObj__sendAppendEntries(self)
+            return
+        self._SyncObj__otherNodes = others - skip
+        try:
+            SyncObj._SyncObj__sendAppendEntries(self)
+        finally:
+            self._SyncObj__otherNodes = others
 
     def _SyncObj__parseChangeClusterRequest(self, command: bytes) -> list[Any] | None:
         return self.parse_change_request(command)
