@@ -454,6 +454,11 @@ class _Chunks:
         pass
 
 
+def _record(sent: list[tuple[Any, Any]], to: Any, message: Any) -> bool:
+    sent.append((to, message))
+    return True
+
+
 def test_a_follower_whose_snapshot_transfer_is_backed_up_is_skipped_by_a_send_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -475,7 +480,7 @@ def test_a_follower_whose_snapshot_transfer_is_backed_up_is_skipped_by_a_send_ro
             node._SyncObj__connectedNodes.add(n2)
             node._SyncObj__raftNextIndex = {n2: 0}
             node.serializer_transmissions()[n2] = {"file": stream, "transmitted": 1}
-            node.raft_transport.send = lambda to, message: sent.append((to, message)) or True
+            node.raft_transport.send = lambda to, message: _record(sent, to, message)
             node._send_pending = True
             node._flush_sends()
             assert [m for to, m in sent if to == n2] == [] and stream.reads == 0
