@@ -82,22 +82,24 @@ class Appends(NodeBase):
         # leader: send first so the followers' fsyncs overlap ours; ours still completes before
         # the loop reads any ack (we return to it after this), so an entry is never counted as
         # committed, nor its commit index sent out, before the leader's copy is on disk
-        self.syncobj_send_append_entries(skip=self._transfers_backed_up())
+        self.syncobj_send_append_entries(skip=self._transfers_on_hold())
         self._stretch_idle_heartbeat()
         self.sync_journal()
 
-    def _transfers_backed_up(self) -> frozenset[Any]:
-        """Followers in a snapshot transfer whose connection is behind (raft.transfer): a send
-        round skips them (returning no chunk instead made pysyncobj's loop spin for the rest of
-        its heartbeat period, sending empty messages, and the transfer never finished)."""
-        transfers = self.serializer_transmissions()
-        if not transfers:
+    def _transfers_on_hold(self) -> frozenset[Any]:
+        """Followers owed snapshot chunks that cannot have one now, left out of this send round:
+        every one while a snapshot is being taken (there is no dump to read), and one whose
+        connection is behind (raft.transfer). pysyncobj's send loop, given no chunk, spins for
+        the rest of its heartbeat period sending empty messages (thousands per round; for ever
+        on the simulator's clock: seed 366 of the campaign); given every chunk whatever the
+        socket takes, it grew the leader's write buffer by tens of MiB and stalled its loop."""
+        owed = self.nodes_needing_snapshot()
+        if not owed:
             return frozenset()
-        return frozenset(
-            node
-            for node in transfers
-            if send_buffered(self.raft_transport, node) > TRANSFER_BUFFERED_MAX
-        )
+        if self.serializer_busy():
+            return frozenset(owed)
+        transport = self.raft_transport
+        return frozenset(n for n in owed if send_buffered(transport, n) > TRANSFER_BUFFERED_MAX)
 
     def _stretch_idle_heartbeat(self) -> None:
         """After a send: an idle leader's next heartbeat comes `idle_heartbeat_ms` later, not
