@@ -26,6 +26,7 @@ from raft.contact import Contact
 from raft.errors import DiskFullError
 from raft.node_base import NodeBase
 from raft.settings import int_or
+from raft.transfer import TRANSFER_BUFFERED_MAX, send_buffered
 
 log = structlog.get_logger("raft")
 
@@ -81,9 +82,24 @@ class Appends(NodeBase):
         # leader: send first so the followers' fsyncs overlap ours; ours still completes before
         # the loop reads any ack (we return to it after this), so an entry is never counted as
         # committed, nor its commit index sent out, before the leader's copy is on disk
-        self.syncobj_send_append_entries()
+        self.syncobj_send_append_entries(skip=self._transfers_on_hold())
         self._stretch_idle_heartbeat()
         self.sync_journal()
+
+    def _transfers_on_hold(self) -> frozenset[Any]:
+        """Followers owed snapshot chunks that cannot have one now, left out of this send round:
+        every one while a snapshot is being taken (there is no dump to read), and one whose
+        connection is behind (raft.transfer). pysyncobj's send loop, given no chunk, spins for
+        the rest of its heartbeat period sending empty messages (thousands per round; for ever
+        on the simulator's clock: seed 366 of the campaign); given every chunk whatever the
+        socket takes, it grew the leader's write buffer by tens of MiB and stalled its loop."""
+        owed = self.nodes_needing_snapshot()
+        if not owed:
+            return frozenset()
+        if self.serializer_busy():
+            return frozenset(owed)
+        transport = self.raft_transport
+        return frozenset(n for n in owed if send_buffered(transport, n) > TRANSFER_BUFFERED_MAX)
 
     def _stretch_idle_heartbeat(self) -> None:
         """After a send: an idle leader's next heartbeat comes `idle_heartbeat_ms` later, not

@@ -38,6 +38,7 @@ PRIVATE_NAMES: dict[type, tuple[str, ...]] = {
         "noopIDx", "onLeaderChanged", "onMessageReceived", "onNodeDisconnected", "otherNodes",
         "parseChangeClusterRequest", "pipeNotifier", "raftCommitIndex", "raftCurrentTerm",
         "raftElectionDeadline", "raftLastApplied", "raftLeader", "raftLog", "raftMatchIndex",
+        "raftNextIndex",
         "raftState",
         "selfNode", "sendAppendEntries", "sendNextNodeIdx", "serializer", "setCurrentTerm",
         "setState", "transferInProgress", "transport",
@@ -323,9 +324,27 @@ class SyncObjAdapter(SyncObj):  # type: ignore[misc]
         """The leader sends AppendEntries to its followers."""
         self.syncobj_send_append_entries()
 
-    def syncobj_send_append_entries(self) -> None:
-        """pysyncobj's send of AppendEntries (new entries, commit index, snapshot chunks)."""
-        SyncObj._SyncObj__sendAppendEntries(self)
+    def nodes_needing_snapshot(self) -> list[Any]:
+        """The followers a leader's next send round would send snapshot chunks (their next
+        index is at or below the log's first entry); none if this node does not lead."""
+        if not self._isLeader():
+            return []
+        first = int(self._SyncObj__raftLog[0][1])
+        next_index: dict[Any, int] = self._SyncObj__raftNextIndex
+        return [node for node, index in next_index.items() if index <= first]
+
+    def syncobj_send_append_entries(self, skip: frozenset[Any] = frozenset()) -> None:
+        """pysyncobj's send of AppendEntries (new entries, commit index, snapshot chunks), to
+        every other member but those in `skip` (hidden from its loop for this one call)."""
+        others: set[Any] = self.other_nodes
+        if not skip & others:
+            SyncObj._SyncObj__sendAppendEntries(self)
+            return
+        self._SyncObj__otherNodes = others - skip
+        try:
+            SyncObj._SyncObj__sendAppendEntries(self)
+        finally:
+            self._SyncObj__otherNodes = others
 
     def _SyncObj__parseChangeClusterRequest(self, command: bytes) -> list[Any] | None:
         return self.parse_change_request(command)

@@ -16,13 +16,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from raft import storage
 from raft.durability import DurableFileJournal
 from raft.errors import EntryGoneError
 
-__all__ = ["TransferStream"]
+__all__ = ["TRANSFER_BUFFERED_MAX", "TransferStream", "send_buffered"]
+
+# a follower in a snapshot transfer is sent nothing (no chunk, no heartbeat: the chunks are its
+# heartbeats) while its connection holds more bytes than this not yet taken by its socket:
+# pysyncobj sends chunks for a whole heartbeat period per send round whatever the socket takes,
+# and a write buffer of tens of MiB stalled the loop (raft.appends._flush_sends)
+TRANSFER_BUFFERED_MAX = 4 * 1024 * 1024
+
+
+def send_buffered(transport: Any, node: Any) -> int:
+    """Bytes queued on `transport`'s connection to `node` and not yet taken by the socket (0
+    for a transport without such connections: the simulator's network)."""
+    connection = getattr(transport, "_connections", {}).get(node)
+    return int(connection.getSendBufferSize()) if connection is not None else 0
 
 
 class TransferStream:
