@@ -26,7 +26,7 @@ from raft.contact import Contact
 from raft.errors import DiskFullError
 from raft.node_base import NodeBase
 from raft.settings import int_or
-from raft.transfer import TRANSFER_BUFFERED_MAX, send_buffered
+from raft.transfer import TRANSFER_BUFFERED_MAX, TransferFailed, send_buffered
 
 log = structlog.get_logger("raft")
 
@@ -82,9 +82,20 @@ class Appends(NodeBase):
         # leader: send first so the followers' fsyncs overlap ours; ours still completes before
         # the loop reads any ack (we return to it after this), so an entry is never counted as
         # committed, nor its commit index sent out, before the leader's copy is on disk
-        self.syncobj_send_append_entries(skip=self._transfers_on_hold())
+        self._send_round(self._transfers_on_hold())
         self._stretch_idle_heartbeat()
         self.sync_journal()
+
+    def _send_round(self, skip: frozenset[Any]) -> None:
+        """pysyncobj's send of AppendEntries to every follower but `skip`; a follower whose
+        snapshot chunk could not be read is left out and the round goes again without it
+        (the followers before it get their messages again: Raft takes repeats)."""
+        for _attempt in range(len(self.other_nodes) + 1):
+            try:
+                self.syncobj_send_append_entries(skip=skip)
+                return
+            except TransferFailed as failed:
+                skip = skip | {failed.node}
 
     def _transfers_on_hold(self) -> frozenset[Any]:
         """Followers owed snapshot chunks that cannot have one now, left out of this send round:
@@ -92,14 +103,18 @@ class Appends(NodeBase):
         connection is behind (raft.transfer). pysyncobj's send loop, given no chunk, spins for
         the rest of its heartbeat period sending empty messages (thousands per round; for ever
         on the simulator's clock: seed 366 of the campaign); given every chunk whatever the
-        socket takes, it grew the leader's write buffer by tens of MiB and stalled its loop."""
+        socket takes, it grew the leader's write buffer by tens of MiB and stalled its loop.
+        Also one whose last chunk could not be read, for TRANSFER_RETRY_S (snapshot_hooks)."""
+        now = float(monotonic_time())
+        holds = {node: until for node, until in self._transfer_holds.items() if until > now}
+        self._transfer_holds = holds
         owed = self.nodes_needing_snapshot()
-        if not owed:
-            return frozenset()
-        if self.serializer_busy():
+        if not owed or self.serializer_busy():
             return frozenset(owed)
         transport = self.raft_transport
-        return frozenset(n for n in owed if send_buffered(transport, n) > TRANSFER_BUFFERED_MAX)
+        return frozenset(
+            n for n in owed if n in holds or send_buffered(transport, n) > TRANSFER_BUFFERED_MAX
+        )
 
     def _stretch_idle_heartbeat(self) -> None:
         """After a send: an idle leader's next heartbeat comes `idle_heartbeat_ms` later, not

@@ -188,6 +188,7 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         self._decoded_by_batch: dict[int, tuple[Any, ...]] = {}
         self._send_pending = False
         self._commit_send_at = None
+        self._transfer_holds = {}
         self._deferred_acks = []
         self._on_outcome = on_outcome
         self._on_snapshot_loaded = on_snapshot_loaded

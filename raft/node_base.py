@@ -66,6 +66,7 @@ class NodeBase(SyncObjAdapter):
     _applied_through: int
     _send_pending: bool
     _commit_send_at: float | None
+    _transfer_holds: dict[Any, float]  # follower -> until when its snapshot transfer waits
     _deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]]
     observe_fsync: Callable[[float], None] | None
     observe_apply: Callable[[float], None] | None

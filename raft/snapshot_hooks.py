@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import cbor2
 import structlog
+from pysyncobj.monotonic import monotonic as monotonic_time
 
 from raft import storage
 from raft.durability import DurableFileJournal
@@ -23,7 +24,7 @@ from raft.errors import RaftError, StorageError
 from raft.node_base import NodeBase
 from raft.settings import DialedTCPNode
 from raft.snapshotter import SnapshotStarted
-from raft.transfer import TransferStream
+from raft.transfer import TRANSFER_RETRY_S, TransferFailed, TransferStream
 
 log = structlog.get_logger("raft")
 
@@ -149,21 +150,28 @@ class SnapshotHooks(NodeBase):
             try:
                 stream = TransferStream(Path(self.settings.dump_file), self._snapshots.journal)
             except OSError as err:
-                log.error("snapshot_transfer_failed", error=repr(err))
-                return None
+                self._transfer_failed(transmission_id, err)
             transmission = transmissions[transmission_id] = {"file": stream, "transmitted": 0}
         is_first = transmission["transmitted"] == 0
         try:
             data = transmission["file"].read(self.transmission_batch_size())
         except (OSError, RaftError) as err:
-            log.error("snapshot_transfer_failed", error=repr(err))
             transmissions.pop(transmission_id, None)
             transmission["file"].close()
-            return False
+            self._transfer_failed(transmission_id, err)
         transmission["transmitted"] += len(data)
         if not data:
             transmissions.pop(transmission_id, None)
         return data, is_first, not data
+
+    def _transfer_failed(self, node: Any, err: Exception) -> NoReturn:
+        """Log a chunk that could not be read and hold `node`'s transfer for TRANSFER_RETRY_S.
+        Raises TransferFailed: pysyncobj's send loop, given no chunk (None), spins for its
+        heartbeat period, and given False (its own serializer's answer) raises a TypeError that
+        ends the round before the followers after this one were sent anything."""
+        log.error("snapshot_transfer_failed", follower=str(node), error=repr(err))
+        self._transfer_holds[node] = float(monotonic_time()) + TRANSFER_RETRY_S
+        raise TransferFailed(node) from err
 
     def _snapshot_peers(self, index: int, cluster: list[str]) -> list[DialedTCPNode]:
         """The peers as of a snapshot: its member set if a change recorded one (persisted

@@ -22,13 +22,33 @@ from raft import storage
 from raft.durability import DurableFileJournal
 from raft.errors import EntryGoneError
 
-__all__ = ["TRANSFER_BUFFERED_MAX", "TransferStream", "send_buffered"]
+__all__ = [
+    "TRANSFER_BUFFERED_MAX",
+    "TRANSFER_RETRY_S",
+    "TransferFailed",
+    "TransferStream",
+    "send_buffered",
+]
 
 # a follower in a snapshot transfer is sent nothing (no chunk, no heartbeat: the chunks are its
 # heartbeats) while its connection holds more bytes than this not yet taken by its socket:
 # pysyncobj sends chunks for a whole heartbeat period per send round whatever the socket takes,
 # and a write buffer of tens of MiB stalled the loop (raft.appends._flush_sends)
 TRANSFER_BUFFERED_MAX = 4 * 1024 * 1024
+
+
+# after a chunk could not be read (the dump or a live entry), the follower's transfer starts
+# again this much later: not in the same send round, where it would fail the same way
+TRANSFER_RETRY_S = 1.0
+
+
+class TransferFailed(Exception):
+    """A snapshot chunk for `node` could not be read (logged): the send round goes on without
+    that follower (raft.appends), which gets a new transfer after TRANSFER_RETRY_S."""
+
+    def __init__(self, node: Any) -> None:
+        super().__init__(f"snapshot transfer to {node} failed")
+        self.node = node
 
 
 def send_buffered(transport: Any, node: Any) -> int:

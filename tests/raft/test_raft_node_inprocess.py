@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import cbor2
 import pysyncobj.journal as pysyncobj_journal
 import pytest
+import structlog.testing
 from pysyncobj.config import FAIL_REASON
 from pysyncobj.syncobj import _COMMAND_TYPE, _RAFT_STATE
 
 import fifo
 from cluster.launcher import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue
-from raft import appends, storage
+from raft import appends, snapshot_hooks, storage
 from raft.durability import DurableFileJournal
 from raft.entry import Entry, encode_entry
 from raft.errors import StorageError
 from raft.node import RaftNode, RaftSettings
 from raft.replicated import Outcome
-from raft.transfer import TRANSFER_BUFFERED_MAX
+from raft.transfer import TRANSFER_BUFFERED_MAX, TRANSFER_RETRY_S
 
 
 class Harness:
@@ -459,20 +461,36 @@ def _record(sent: list[tuple[Any, Any]], to: Any, message: Any) -> bool:
     return True
 
 
-def _leader_owing_a_transfer(
-    tmp_path: Path, stream: _Chunks
-) -> tuple[RaftNode, Any, list[tuple[Any, Any]]]:
-    """A node made leader, connected to n2 whose next index is below its log (a transfer
-    under way, reading `stream`); returns (node, n2, the messages sent). Call under its lock."""
-    node, _last, _term = _follower_with_tail(tmp_path, 1)  # two entries: a transfer's end
-    n2 = node._peer_nodes["n2"]
-    sent: list[tuple[Any, Any]] = []
+def _node_for_transfers(tmp_path: Path) -> tuple[RaftNode, Any, list[tuple[Any, Any]]]:
+    """A node with two entries (a transfer's end needs them), its peer n2 and an empty list
+    for the messages `_owe_transfer` records."""
+    node, _last, _term = _follower_with_tail(tmp_path, 1)
+    return node, node._peer_nodes["n2"], []
+
+
+def _owe_transfer(node: RaftNode, peer: Any, stream: _Chunks, sent: list[Any]) -> None:
+    """Make `node` a leader owing `peer` a snapshot transfer that reads `stream` (loop thread)."""
     node._SyncObj__raftState = _RAFT_STATE.LEADER
-    node._SyncObj__connectedNodes.add(n2)
-    node._SyncObj__raftNextIndex = {n2: 0}
-    node.serializer_transmissions()[n2] = {"file": stream, "transmitted": 1}
+    node._SyncObj__connectedNodes.add(peer)
+    next_index = getattr(node, "_SyncObj__raftNextIndex", None)
+    node._SyncObj__raftNextIndex = {**(next_index or {}), peer: 0}
+    node.serializer_transmissions()[peer] = {"file": stream, "transmitted": 1}
     node.raft_transport.send = lambda to, message: _record(sent, to, message)
-    return node, n2, sent
+
+
+def _on_loop(node: RaftNode, scenario: Callable[[], None]) -> None:
+    """Run `scenario` on the node's loop thread, in one go: no tick runs in between."""
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            scenario()
+            done.set_result(None)
+        except BaseException as err:  # the test's assertion, re-raised in the test's thread
+            done.set_exception(err)
+
+    node.loop.call_soon_threadsafe(run)
+    done.result(timeout=30)
 
 
 def _send_round(node: RaftNode) -> None:
@@ -492,17 +510,22 @@ def test_a_follower_whose_snapshot_transfer_is_backed_up_is_skipped_by_a_send_ro
     stream = _Chunks(3)
     buffered = {"bytes": TRANSFER_BUFFERED_MAX + 1}
     monkeypatch.setattr(appends, "send_buffered", lambda _t, _n: buffered["bytes"])
-    with contextlib.ExitStack() as stack:
-        node, n2, sent = _leader_owing_a_transfer(tmp_path, stream)
-        stack.callback(node.destroy_synchronous)
-        with node.lock:
-            _send_round(node)
-            assert [m for to, m in sent if to == n2] == [] and stream.reads == 0
-            buffered["bytes"] = 0
-            _send_round(node)
+    node, n2, sent = _node_for_transfers(tmp_path)
+
+    def scenario() -> None:
+        _owe_transfer(node, n2, stream, sent)
+        _send_round(node)
+        assert [m for to, m in sent if to == n2] == [] and stream.reads == 0
+        buffered["bytes"] = 0
+        _send_round(node)
         chunks = [m["serialized"] for to, m in sent if to == n2]
         assert stream.reads == 4 and chunks[-1][2] is True, chunks  # 3 chunks, then the end
         assert node.other_nodes == {n2, node._peer_nodes["n3"]}  # hidden for the round only
+
+    try:
+        _on_loop(node, scenario)
+    finally:
+        node.destroy_synchronous()
 
 
 def test_no_follower_is_sent_snapshot_chunks_while_a_snapshot_is_being_taken(
@@ -512,14 +535,63 @@ def test_no_follower_is_sent_snapshot_chunks_while_a_snapshot_is_being_taken(
     chunk, sent empty messages for the rest of its heartbeat period (thousands per round on a
     real node; for ever on the simulator's clock, where seed 366 ran out of memory)."""
     stream = _Chunks(3)
-    with contextlib.ExitStack() as stack:
-        node, n2, sent = _leader_owing_a_transfer(tmp_path, stream)
-        stack.callback(node.destroy_synchronous)
-        busy = {"now": True}
-        monkeypatch.setattr(node, "serializer_busy", lambda: busy["now"])
-        with node.lock:
-            _send_round(node)
-            assert [m for to, m in sent if to == n2] == [] and stream.reads == 0
-            busy["now"] = False
-            _send_round(node)
+    node, n2, sent = _node_for_transfers(tmp_path)
+    busy = {"now": True}
+    monkeypatch.setattr(node, "serializer_busy", lambda: busy["now"])
+
+    def scenario() -> None:
+        _owe_transfer(node, n2, stream, sent)
+        _send_round(node)
+        assert [m for to, m in sent if to == n2] == [] and stream.reads == 0
+        busy["now"] = False
+        _send_round(node)
         assert stream.reads == 4
+
+    try:
+        _on_loop(node, scenario)
+    finally:
+        node.destroy_synchronous()
+
+
+class _Unreadable(_Chunks):
+    """A transfer stream whose reads fail (a damaged dump, a live entry gone)."""
+
+    def read(self, size: int) -> bytes:
+        self.reads += 1
+        raise OSError(5, "Input/output error")
+
+
+def test_a_snapshot_chunk_that_cannot_be_read_holds_that_transfer_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj's own answer to a chunk it could not read (False) makes its send loop raise a
+    TypeError, ending the round before the followers after that one were sent anything, and
+    again every round. Now the round goes on without that follower, whose transfer starts
+    again TRANSFER_RETRY_S later."""
+    unreadable, fine = _Unreadable(3), _Chunks(3)
+    node, n2, sent = _node_for_transfers(tmp_path)
+    n3 = node._peer_nodes["n3"]
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(appends, "monotonic_time", lambda: clock["now"])
+    monkeypatch.setattr(snapshot_hooks, "monotonic_time", lambda: clock["now"])
+
+    def scenario() -> None:
+        with structlog.testing.capture_logs() as logs:
+            _owe_transfer(node, n2, unreadable, sent)
+            _owe_transfer(node, n3, fine, sent)
+            _send_round(node)  # n2's read fails: n3 is sent its whole transfer all the same
+        assert fine.reads == 4 and unreadable.reads == 1
+        assert [m for to, m in sent if to == n2] == []
+        assert [e["event"] for e in logs] == ["snapshot_transfer_failed"], logs
+        node.serializer_transmissions()[n2] = {"file": unreadable, "transmitted": 1}
+        clock["now"] += TRANSFER_RETRY_S / 2
+        _send_round(node)
+        assert unreadable.reads == 1  # held
+        clock["now"] += TRANSFER_RETRY_S
+        _send_round(node)
+        assert unreadable.reads == 2  # tried again
+
+    try:
+        _on_loop(node, scenario)
+    finally:
+        node.destroy_synchronous()
