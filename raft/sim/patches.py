@@ -147,6 +147,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.node, "transport_name", lambda: "quorumq"),
         (raft.snapshot_hooks, "SNAPSHOT_IN_CHILD", False),
         (raft.appends, "monotonic_time", clock),
+        (raft.snapshot_hooks, "monotonic_time", clock),
         (raft.elections, "monotonic_time", clock),
         (raft.node_status, "monotonic_time", clock),
         (raft.node_status, "time", clock_time),
