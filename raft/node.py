@@ -189,6 +189,9 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         self._send_pending = False
         self._commit_send_at = None
         self._deferred_acks = []
+        # the peer messages since the last tick or peer event: None (none), True (all of them
+        # replies that left an idle leader idle: no tick needed), False (anything else)
+        self._event_quiet: bool | None = None
         self._on_outcome = on_outcome
         self._on_snapshot_loaded = on_snapshot_loaded
         # issue 24: how steadily the leader (as a follower) or each follower (as the leader) is
@@ -218,6 +221,7 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         self._loop_poller = LoopPoller(self.loop, self._ticker.tick_now)
         self._loop_poller.on_tick_end = self._end_of_tick
         self._loop_poller.on_failure = self._ticker.on_failure = self._stop_if_damaged
+        self._ticker.light_event = self._event_handled_lightly
         self._destroyed = False
 
     def _after_syncobj_init(self, dump: dict[str, Any] | None) -> None:
@@ -279,6 +283,7 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         queued commands, timers), which ends in `_end_of_tick`."""
         if self._destroyed:
             return
+        self._event_quiet = None
         self._flush_acks()
         self.doTick(0.0)
 
@@ -412,6 +417,8 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         """A peer's message: pre-vote's are ours; contact is noted (raft.contact); the rest
         goes through the AppendEntries guards to pysyncobj (raft.appends)."""
         kind = message.get("type") if isinstance(message, dict) else None
+        quiet = self._event_quiet is not False
+        self._event_quiet = False  # until this message is known to leave nothing to do
         if kind == PRE_VOTE:
             self._answer_pre_vote(node, message)
             return
@@ -424,6 +431,22 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         elif kind == "next_node_idx":  # a follower's answer to our AppendEntries
             self._heard_follower(self.node_id_of(node), message)
         self._receive_append(node, message)
+        if quiet and kind == "next_node_idx" and self._idle_reply(message):
+            self._event_quiet = True
+
+    def _idle_reply(self, message: dict[str, Any]) -> bool:
+        """A follower's successful answer (no reset) after which this leader is still idle
+        (`Appends._leader_idle`: every follower holds every entry, all committed, nothing held
+        back or being sent): a tick after it would find nothing to commit, apply or send."""
+        return message.get("success") is True and not message.get("reset") and self._leader_idle()
+
+    def _event_handled_lightly(self) -> bool:
+        """After a peer socket event (the ticker's `light_event`): True when every message it
+        brought was an idle reply (`_idle_reply`), so no tick is needed: the leader's timers
+        (its next heartbeat, the others at least every TICK_PERIOD_S) tick when due anyway.
+        An event that brought no message (a write drained, a connection's handshake) ticks."""
+        quiet, self._event_quiet = self._event_quiet, None
+        return quiet is True
 
     def disk_full(self) -> bool:
         """Whether the journal's last write failed for lack of space (no probe succeeded yet)."""

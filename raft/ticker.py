@@ -9,6 +9,8 @@ Here the node's loop is the poller (`LoopPoller`: pysyncobj's sockets are `add_r
 `add_writer` registrations on the loop), and `LoopTicker` runs one tick
 - right after each peer socket event (one event reads every frame the socket holds, up to a
   bound: a follower fsyncs once for all the AppendEntries in it, and answers them together),
+  unless the node says the event needed none (`light_event`: an idle leader's heartbeat
+  replies change nothing a tick would act on; its next heartbeat's tick comes anyway),
 - right after a proposal is queued (instead of pysyncobj's pipe notifier),
 - on a timer for Raft's timers, when the next one falls due: the node's `next_due()` names the
   earliest it knows (the leader's next heartbeat, a follower's election or pre-vote deadline),
@@ -146,6 +148,10 @@ class LoopTicker:
         self._wake_at = float("inf")  # asked for by `wake_within`, until the next tick
         self.ticks = 0
         self.timer_wakeups = 0  # the timer fired (a tick followed only if something was due)
+        # after a peer event, outside a tick: True when the node handled it without a tick (an
+        # idle leader's heartbeat replies: `RaftNode._event_handled_lightly`)
+        self.light_event: Callable[[], bool] | None = None
+        self.light_events = 0  # peer events handled so, without a tick
         self.on_failure: Callable[[], None] | None = None  # after a tick raised (logged)
 
     def start(self) -> None:
@@ -162,8 +168,21 @@ class LoopTicker:
 
     def tick_now(self) -> None:
         """Tick now (loop thread; after a peer socket event: the frames it read are answered
-        at once, one fsync for all of them), or after the tick in progress."""
+        at once, one fsync for all of them), or after the tick in progress; no tick when the
+        node says the event needed none (`light_event`)."""
+        if not self._ticking and not self._stopped and self._handled_lightly():
+            self.light_events += 1
+            return
         self._run_now()
+
+    def _handled_lightly(self) -> bool:
+        if self.light_event is None:
+            return False
+        try:
+            return self.light_event()
+        except Exception:  # never skip a tick over it
+            log.exception("raft_light_event_failed")
+            return False
 
     def request(self) -> None:
         """Tick at the next loop iteration (loop thread)."""

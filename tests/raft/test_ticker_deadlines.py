@@ -129,3 +129,29 @@ def test_wake_within_still_brings_a_tick_forward() -> None:
     ticker.stop()
     assert len(node.tick_times) == before + 1
     assert node.tick_times[-1] == pytest.approx(0.502)
+
+
+def test_an_event_the_node_handled_lightly_does_not_tick() -> None:
+    """`light_event` True: the event is counted and no tick runs (the timers still tick when
+    due); False, or raising (logged), ticks as always."""
+    scheduler, _loop, node, ticker = _ticker()
+    answers = iter([True, False])
+
+    def light() -> bool:
+        answer = next(answers, None)
+        if answer is None:
+            raise RuntimeError("planted")
+        return answer
+
+    ticker.light_event = light
+    ticker.start()
+    scheduler.run_until(0.01)
+    assert len(node.tick_times) == 1  # the start tick
+    ticker.tick_now()
+    assert (len(node.tick_times), ticker.light_events) == (1, 1)
+    ticker.tick_now()
+    ticker.tick_now()  # raises inside: never a reason to skip
+    assert (len(node.tick_times), ticker.light_events) == (3, 1)
+    scheduler.run_until(0.35)
+    ticker.stop()
+    assert len(node.tick_times) == 6  # and every period after the last tick
