@@ -347,6 +347,10 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         if self.storage_damage() is not None:
             self.loop.call_soon(self._stop_if_damaged)
 
+    def timer_at(self) -> float | None:
+        """The loop time of this node's next timer wake-up (raft.ticker), None if not armed."""
+        return self._ticker.timer_at()
+
     def tick_thread_alive(self) -> bool:
         """Whether this node still ticks (pysyncobj's name; there is no tick thread)."""
         return not self._destroyed

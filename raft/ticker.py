@@ -122,6 +122,11 @@ PAST_DUE_RETRY_S = 0.02
 # a timer this close to the earliest deadline ticks (asyncio runs a timer up to its clock
 # resolution early, and pysyncobj compares its deadlines with `>`)
 DUE_SLACK_S = 0.001
+# the `period` tick waits this much longer for a named deadline just after it (an idle leader's
+# next heartbeat falls due a little after `period` from the tick that sent the last one, which
+# started before the send): one tick, not one at the period that finds the heartbeat not yet due
+# (pysyncobj then sends nothing) and another at the retry, PAST_DUE_RETRY_S later
+PERIOD_STRETCH_S = 0.025
 
 
 class LoopTicker:
@@ -213,6 +218,11 @@ class LoopTicker:
         finally:
             self._ticking = False
 
+    def timer_at(self) -> float | None:
+        """The loop time the timer is armed for (None when not armed): others may share the
+        loop's wake-up (cluster.node.pacing)."""
+        return None if self._timer is None else self._timer.when()
+
     def wake_within(self, seconds: float) -> None:
         """Make sure a tick runs within `seconds` (e.g. a held-back message falls due)."""
         if self._stopped or seconds >= self.period:
@@ -231,17 +241,22 @@ class LoopTicker:
 
     def _wait(self, past_due_floor: float) -> float:
         """Seconds until a tick is due: the node's next timer (no sooner than
-        `past_due_floor`), a `wake_within`, or `period` after the last tick."""
-        wait = min(self._last_tick_at + self.period, self._wake_at) - self.loop.time()
+        `past_due_floor`), a `wake_within`, or `period` after the last tick (stretched to the
+        node's timer when that falls due up to PERIOD_STRETCH_S later)."""
+        now = self.loop.time()
+        fallback, asked = self._last_tick_at + self.period - now, self._wake_at - now
         due = None
         if self._next_due is not None:
             try:
                 due = self._next_due()
             except Exception:  # never stop ticking over it: `period` still holds
                 log.exception("raft_next_due_failed")
-        if due is not None:
-            wait = min(wait, max(due, past_due_floor))
-        return wait
+        if due is None:
+            return min(fallback, asked)
+        due = max(due, past_due_floor)
+        if due <= fallback + PERIOD_STRETCH_S:  # the period's tick waits for it
+            return min(due, asked)
+        return min(fallback, asked)
 
     def _on_timer(self) -> None:
         self._timer = None

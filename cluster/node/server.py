@@ -42,6 +42,7 @@ from cluster.node.listening import log_sockets, log_when_listening
 from cluster.node.logs import setup_logging
 from cluster.node.memory import LoopStalls, MemoryMonitor, total_memory_bytes
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
+from cluster.node.pacing import next_pass_at, sleep_until
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
 from cluster.nodelock import NodeDirLocked
@@ -126,6 +127,7 @@ class NodeServer:
             config.memory_watermark_bytes(cluster.memory_high_watermark, total_memory_bytes()),
         )
         self.loop_stalls = LoopStalls()
+        self._status_written = ""  # status.json's last text: an unchanged one is not rewritten
         self.amqp: AmqpListener | None = None
         if node.amqp_port is not None:
             self.amqp = AmqpListener(self, node.amqp_port, cluster.amqp_guest)
@@ -375,10 +377,13 @@ class NodeServer:
     async def _periodic(self, stop: asyncio.Event) -> None:
         last_status = 0.0
         started = time.monotonic()
+        loop = asyncio.get_running_loop()
         while True:
-            asleep_at = time.monotonic()
-            await asyncio.sleep(TIMER_PERIOD_S)
-            self.loop_stalls.note(time.monotonic() - asleep_at - TIMER_PERIOD_S)
+            # on the raft ticker's wake-up when near: one loop wake-up for both (pacing)
+            asleep_at = loop.time()
+            wake_at = next_pass_at(asleep_at, TIMER_PERIOD_S, self.replica.raft_timer_at())
+            await sleep_until(loop, wake_at)
+            self.loop_stalls.note(loop.time() - wake_at)
             self.memory.sample()
             damage = self.replica.storage_damage()
             if damage is not None:
@@ -441,9 +446,13 @@ class NodeServer:
             **self.replica.status(with_digest=False),
             "pid": os.getpid(),
         }
+        text = json.dumps(status, default=str) + "\n"
+        if text == self._status_written:
+            return  # an idle node: no file created, written and renamed every 2 s for nothing
         tmp = self.node_dir / "status.json.tmp"
-        tmp.write_text(json.dumps(status, default=str) + "\n", encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, self.node_dir / "status.json")
+        self._status_written = text
 
     async def _hello(self) -> None:
         """Record, through the log, the machine version this node's code supports. A node

@@ -155,3 +155,31 @@ def test_an_event_the_node_handled_lightly_does_not_tick() -> None:
     scheduler.run_until(0.35)
     ticker.stop()
     assert len(node.tick_times) == 6  # and every period after the last tick
+
+
+def test_a_heartbeat_due_just_after_the_period_gets_one_tick_not_two() -> None:
+    """An idle leader's heartbeat period equals the tick period, and its next heartbeat falls
+    due a little after `period` from the tick that sent (the send comes after the tick
+    started): the period's tick waits for it (PERIOD_STRETCH_S). Before, the timer ticked at
+    the period, found the heartbeat not yet due (pysyncobj sends nothing), and ticked again at
+    the past-due retry: two ticks a round and every heartbeat PAST_DUE_RETRY_S late."""
+    scheduler, loop, node, ticker = _ticker()
+    sent: list[float] = []
+
+    def heartbeat_if_due() -> None:
+        # (pysyncobj compares with `>`: on a real loop the timer fires after its instant; on
+        # this exact clock at it)
+        if node.deadline is None or loop.time() >= node.deadline:
+            sent.append(loop.time())
+            node.deadline = loop.time() + 0.0005 + PERIOD_S  # set after the send
+
+    node.on_tick = heartbeat_if_due
+    ticker.start()
+    scheduler.run_until(0.15)  # past the first round (the start arms the timer at `period`)
+    sent_before, ticks_before = len(sent), len(node.tick_times)
+    scheduler.run_until(1.15)
+    ticker.stop()
+    steady = sent[sent_before - 1 :]
+    assert len(steady) == 11, sent
+    assert all(PERIOD_S <= b - a <= PERIOD_S + 0.001 for a, b in pairwise(steady)), sent
+    assert len(node.tick_times) - ticks_before == 10, node.tick_times
