@@ -414,6 +414,8 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         # the leader appends submitted commands here: on ENOSPC the journal undid the write and
         # logged it; the command is not in the log and its submitter times out (the batcher
         # answers `disk_full` at once to everything submitted after)
+        if not self.commands_queued():
+            return  # (pysyncobj would raise and catch queue.Empty on every tick to learn it)
         with contextlib.suppress(DiskFullError):
             SyncObj._checkCommandsToApply(self)
 

@@ -42,7 +42,7 @@ from cluster.node.listening import log_sockets, log_when_listening
 from cluster.node.logs import setup_logging
 from cluster.node.memory import LoopStalls, MemoryMonitor, total_memory_bytes
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
-from cluster.node.pacing import next_pass_at, sleep_until
+from cluster.node.pacing import Repeating
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
 from cluster.nodelock import NodeDirLocked
@@ -312,9 +312,9 @@ class NodeServer:
             asyncio.create_task(
                 log_when_listening("peer", self.cluster.bind, self.node.raft_port, peer_tls)
             ),
-            asyncio.create_task(self._periodic(stop)),
             asyncio.create_task(self._hello()),
         ]
+        periodic = self._start_periodic(stop)
         await stop.wait()
         self.stopping = True
         log.info("node_stopping")
@@ -323,6 +323,7 @@ class NodeServer:
             await self.management.stop()
         if self.amqp is not None:
             self.amqp.stop()
+        periodic.cancel()
         for task in tasks:
             task.cancel()
         for session in list(self._sessions):
@@ -374,44 +375,52 @@ class NodeServer:
             await asyncio.wait_for(writer.drain(), REFUSAL_WRITE_TIMEOUT_S)
         writer.close()
 
-    async def _periodic(self, stop: asyncio.Event) -> None:
-        last_status = 0.0
+    def _start_periodic(self, stop: asyncio.Event) -> Repeating:
+        """The periodic pass, about every TIMER_PERIOD_S on the raft ticker's wake-up when near
+        (cluster.node.pacing): a plain timer callback, no task to wake."""
         started = time.monotonic()
-        loop = asyncio.get_running_loop()
-        while True:
-            # on the raft ticker's wake-up when near: one loop wake-up for both (pacing)
-            asleep_at = loop.time()
-            wake_at = next_pass_at(asleep_at, TIMER_PERIOD_S, self.replica.raft_timer_at())
-            await sleep_until(loop, wake_at)
-            self.loop_stalls.note(loop.time() - wake_at)
-            self.memory.sample()
-            damage = self.replica.storage_damage()
-            if damage is not None:
-                # raft stopped on it; the node exits as a damaged start does (65), and the
-                # operator rebuilds it from its peers
-                log.error(
-                    "storage_damaged", file=damage.path, offset=damage.offset, error=str(damage)
-                )
-                print(f"error: {damage}", file=sys.stderr, flush=True)
-                self.exit_code = EX_DATAERR
-                stop.set()
-                return
-            if not self.replica.bound() and time.monotonic() - started > RAFT_BIND_TIMEOUT_S:
-                log.error("raft_port_unavailable", raft=self.node.raft_address)
-                self.exit_code = EX_UNAVAILABLE  # pysyncobj would retry the bind forever
-                stop.set()
-                return
-            try:
-                self._track_leader()
-                self.timers.tick()
-                self.replica.sweep()
-                self._reconcile_connections()
-                self.router.reconcile()
-                if time.monotonic() - last_status > STATUS_PERIOD_S:
-                    last_status = time.monotonic()
-                    self._write_status()
-            except Exception:
-                log.exception("periodic_failed")
+        last_status = [0.0]
+
+        def one_pass() -> bool:
+            return self._periodic_pass(stop, started, last_status)
+
+        periodic = Repeating(
+            asyncio.get_running_loop(), TIMER_PERIOD_S, self.replica.raft_timer_at, one_pass,
+            self.loop_stalls.note,
+        )  # fmt: skip
+        periodic.start()
+        return periodic
+
+    def _periodic_pass(self, stop: asyncio.Event, started: float, last_status: list[float]) -> bool:
+        """One pass (memory, storage damage, bind timeout, leader timers, sweeps, status);
+        False when the node must stop (`stop` set, the exit code chosen)."""
+        self.memory.sample()
+        damage = self.replica.storage_damage()
+        if damage is not None:
+            # raft stopped on it; the node exits as a damaged start does (65), and the operator
+            # rebuilds it from its peers
+            log.error("storage_damaged", file=damage.path, offset=damage.offset, error=str(damage))
+            print(f"error: {damage}", file=sys.stderr, flush=True)
+            self.exit_code = EX_DATAERR
+            stop.set()
+            return False
+        if not self.replica.bound() and time.monotonic() - started > RAFT_BIND_TIMEOUT_S:
+            log.error("raft_port_unavailable", raft=self.node.raft_address)
+            self.exit_code = EX_UNAVAILABLE  # pysyncobj would retry the bind forever
+            stop.set()
+            return False
+        try:
+            self._track_leader()
+            self.timers.tick()
+            self.replica.sweep()
+            self._reconcile_connections()
+            self.router.reconcile()
+            if time.monotonic() - last_status[0] > STATUS_PERIOD_S:
+                last_status[0] = time.monotonic()
+                self._write_status()
+        except Exception:
+            log.exception("periodic_failed")
+        return True
 
     def _reconcile_connections(self) -> None:
         """Close, through the log, every connection of this incarnation that the replicated

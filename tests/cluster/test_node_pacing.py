@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cluster.node.pacing import EARLY_S, LATE_S, next_pass_at, sleep_until
+from cluster.node.pacing import EARLY_S, LATE_S, Repeating, next_pass_at
 from cluster.node.server import NodeServer
 
 PERIOD_S = 0.1
@@ -36,40 +36,77 @@ def test_the_pass_moves_onto_the_raft_timer_only_within_its_window(
     assert next_pass_at(now, PERIOD_S, timer_at) == pytest.approx(now + expected_in)
 
 
-def test_sleeping_until_the_raft_timer_wakes_the_loop_once_for_both() -> None:
-    """Counted, not timed: the selector's blocking waits between two wake-ups that share an
-    instant (one), against two timers 5 ms apart, as the pass and the heartbeat were (two)."""
+def _selects(raft_in: float, aligned: bool) -> tuple[list[float | None], list[str]]:
+    """The selector waits of a loop running one raft timer (`raft_in` from now) and the first
+    pass of a Repeating told of it (`aligned`) or not, until both ran."""
+    loop = asyncio.new_event_loop()
+    selector: Any = loop._selector  # type: ignore[attr-defined]
+    real_select = selector.select
+    waits: list[float | None] = []
 
-    def blocking_waits(offset_s: float) -> int:
-        loop = asyncio.new_event_loop()
-        selector: Any = loop._selector  # type: ignore[attr-defined]
-        real_select = selector.select
-        waits: list[float | None] = []
+    def counting(timeout: float | None = None) -> Any:
+        waits.append(timeout)
+        return real_select(timeout)
 
-        def counting(timeout: float | None = None) -> Any:
-            if timeout is None or timeout > 0:
-                waits.append(timeout)
-            return real_select(timeout)
+    selector.select = counting
+    fired: list[str] = []
 
-        selector.select = counting
-        fired: list[str] = []
+    def done(what: str) -> None:
+        fired.append(what)
+        if len(fired) == 2:
+            loop.stop()
 
-        async def main() -> None:
-            at = loop.time() + 0.03
-            loop.call_at(at, fired.append, "raft")  # the ticker's timer
-            await sleep_until(loop, at + offset_s)  # the periodic pass
-            fired.append("pass")
+    def one_pass() -> bool:
+        done("pass")
+        return False
 
-        try:
-            waits.clear()
-            loop.run_until_complete(main())
-        finally:
-            loop.close()
-        assert fired == ["raft", "pass"]
-        return len(waits)
+    raft_at = loop.time() + raft_in
+    loop.call_at(raft_at, done, "raft")
+    late: list[float] = []
+    periodic = Repeating(
+        loop, PERIOD_S, lambda: raft_at if aligned else None, one_pass, late.append
+    )
+    periodic.start()
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+    assert len(late) == 1 and late[0] >= 0
+    return waits, fired
 
-    assert blocking_waits(0.0) == 1
-    assert blocking_waits(0.005) == 2
+
+def test_a_pass_on_the_raft_timer_costs_no_wake_up_and_no_loop_iteration_of_its_own() -> None:
+    """Counted, not timed: a pass moved onto the raft ticker's timer runs in the iteration that
+    timer's wake-up brought (one selector wait in all); on its own timer 45 ms away it costs a
+    second wake-up (and, as a coroutine resumed by a future, it cost a further iteration)."""
+    waits, fired = _selects(PERIOD_S + LATE_S - 0.005, aligned=True)
+    assert fired == ["raft", "pass"]  # the pass after the timer: it sees the next one
+    assert len(waits) == 1, waits
+    waits, fired = _selects(PERIOD_S + LATE_S - 0.005, aligned=False)
+    assert fired == ["pass", "raft"]
+    assert len(waits) >= 2, waits  # (one only if the first wake-up came 45 ms late)
+
+
+def test_passes_go_on_after_an_exception_and_stop_when_told() -> None:
+    loop = asyncio.new_event_loop()
+    outcomes: list[object] = [RuntimeError("planted"), True, False]
+
+    def step() -> bool:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        if outcome is False:
+            loop.call_later(0.05, loop.stop)  # a pass would have come by then
+        return bool(outcome)
+
+    periodic = Repeating(loop, 0.001, lambda: None, step, lambda _late: None)
+    periodic.start()
+    loop.call_later(30, loop.stop)  # (a bound: the passes stop it long before)
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+    assert outcomes == [] and periodic.passes == 3  # and none after the False
 
 
 def test_an_unchanged_status_is_not_rewritten(tmp_path: Path) -> None:
