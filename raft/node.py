@@ -191,7 +191,7 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         self._deferred_acks = []
         # the peer messages since the last tick or peer event: None (none), True (all of them
         # replies that left an idle leader idle: no tick needed), False (anything else)
-        self._event_quiet: bool | None = None
+        self._event_quiet = None
         self._on_outcome = on_outcome
         self._on_snapshot_loaded = on_snapshot_loaded
         # issue 24: how steadily the leader (as a follower) or each follower (as the leader) is
@@ -439,20 +439,6 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         self._receive_append(node, message)
         if quiet and kind == "next_node_idx" and self._idle_reply(message):
             self._event_quiet = True
-
-    def _idle_reply(self, message: dict[str, Any]) -> bool:
-        """A follower's successful answer (no reset) after which this leader is still idle
-        (`Appends._leader_idle`: every follower holds every entry, all committed, nothing held
-        back or being sent): a tick after it would find nothing to commit, apply or send."""
-        return message.get("success") is True and not message.get("reset") and self._leader_idle()
-
-    def _event_handled_lightly(self) -> bool:
-        """After a peer socket event (the ticker's `light_event`): True when every message it
-        brought was an idle reply (`_idle_reply`), so no tick is needed: the leader's timers
-        (its next heartbeat, the others at least every TICK_PERIOD_S) tick when due anyway.
-        An event that brought no message (a write drained, a connection's handshake) ticks."""
-        quiet, self._event_quiet = self._event_quiet, None
-        return quiet is True
 
     def disk_full(self) -> bool:
         """Whether the journal's last write failed for lack of space (no probe succeeded yet)."""

@@ -67,6 +67,7 @@ class NodeBase(SyncObjAdapter):
     _send_pending: bool
     _commit_send_at: float | None
     _deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]]
+    _event_quiet: bool | None
     observe_fsync: Callable[[float], None] | None
     observe_apply: Callable[[float], None] | None
     pinned_indexes: Callable[[], Iterable[int]]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cluster.node.memory import StatmReader, resident_bytes
 from cluster.node.pacing import EARLY_S, LATE_S, Repeating, next_pass_at
 from cluster.node.server import NodeServer
 
@@ -127,3 +128,18 @@ def test_an_unchanged_status_is_not_rewritten(tmp_path: Path) -> None:
     NodeServer._write_status(node)  # type: ignore[arg-type]
     assert os.stat(path).st_ino != first
     assert '"term": 2' in path.read_text()
+
+
+def test_the_resident_set_is_read_through_one_descriptor_kept_open() -> None:
+    """One open, then one pread a sample; the figure is /proc's, as a fresh read gives it."""
+    reader = StatmReader()
+    first = reader.resident_bytes()
+    descriptor = reader.fd
+    assert descriptor >= 0 and first > 0
+    grown = bytearray(64 * 1024 * 1024)  # touched: resident
+    grown[::4096] = b"x" * len(grown[::4096])
+    assert reader.resident_bytes() >= first + 32 * 1024 * 1024  # read again, not cached
+    assert reader.fd == descriptor
+    assert abs(reader.resident_bytes() - resident_bytes()) < 8 * 1024 * 1024
+    del grown
+    assert StatmReader("/nonexistent/statm").resident_bytes() == 0
