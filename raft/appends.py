@@ -117,9 +117,10 @@ class Appends(NodeBase):
         """After a peer socket event (the ticker's `light_event`): True when every message it
         brought was an idle reply (`_idle_reply`), so no tick is needed: the leader's timers
         (its next heartbeat, the others at least every TICK_PERIOD_S) tick when due anyway.
-        An event that brought no message (a write drained, a connection's handshake) ticks."""
+        An event that brought no message (a write drained, a connection's handshake), or left
+        something to send, ticks."""
         quiet, self._event_quiet = self._event_quiet, None
-        return quiet is True
+        return quiet is True and not self._send_pending and not self._deferred_acks
 
     def _receive_append(self, node: Any, message: Any) -> None:
         """An AppendEntries or snapshot chunk (or any message pysyncobj handles): guarded, then
