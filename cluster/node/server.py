@@ -667,4 +667,3 @@ async def _serve_until_signal(server: NodeServer) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.serve(stop)
-
