@@ -6,7 +6,8 @@
   heartbeat) go out once per tick, then the leader fsyncs (`send_append_entries`,
   `_flush_sends`); one that would carry only a new commit index waits up to
   COMMIT_SEND_DELAY_S for the next entry's to carry it (`_commit_send_due`); an idle leader
-  heartbeats every `idle_heartbeat_s` instead of `heartbeat_ms` (`_stretch_idle_heartbeat`);
+  heartbeats every `idle_heartbeat_s` instead of `heartbeat_ms` (`_stretch_idle_heartbeat`),
+  and a follower's reply that leaves it idle needs no tick (`_event_handled_lightly`);
 - Raft's log matching, which pysyncobj skips: a follower cuts its log only at the first
   conflicting entry (`_trim_present_entries`), and a snapshot chunk never advances its commit
   index over its own unverified entries (`_without_commit_advance`);
@@ -136,6 +137,21 @@ class Appends(NodeBase):
             return False
         matched = self.match_index
         return all(int(matched.get(node, 0)) == last for node in self.other_nodes)
+
+    def _idle_reply(self, message: dict[str, Any]) -> bool:
+        """A follower's successful answer (no reset) after which this leader is still idle
+        (`_leader_idle`: every follower holds every entry, all committed, nothing held
+        back or being sent): a tick after it would find nothing to commit, apply or send."""
+        return message.get("success") is True and not message.get("reset") and self._leader_idle()
+
+    def _event_handled_lightly(self) -> bool:
+        """After a peer socket event (the ticker's `light_event`): True when every message it
+        brought was an idle reply (`_idle_reply`), so no tick is needed: the leader's timers
+        (its next heartbeat, the others at least every TICK_PERIOD_S) tick when due anyway.
+        An event that brought no message (a write drained, a connection's handshake), or left
+        something to send, ticks."""
+        quiet, self._event_quiet = self._event_quiet, None
+        return quiet is True and not self._send_pending and not self._deferred_acks
 
     def _receive_append(self, node: Any, message: Any) -> None:
         """An AppendEntries or snapshot chunk (or any message pysyncobj handles): guarded, then

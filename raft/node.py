@@ -190,6 +190,9 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         self._commit_send_at = None
         self._transfer_holds = {}
         self._deferred_acks = []
+        # the peer messages since the last tick or peer event: None (none), True (all of them
+        # replies that left an idle leader idle: no tick needed), False (anything else)
+        self._event_quiet = None
         self._on_outcome = on_outcome
         self._on_snapshot_loaded = on_snapshot_loaded
         # issue 24: how steadily the leader (as a follower) or each follower (as the leader) is
@@ -219,6 +222,7 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         self._loop_poller = LoopPoller(self.loop, self._ticker.tick_now)
         self._loop_poller.on_tick_end = self._end_of_tick
         self._loop_poller.on_failure = self._ticker.on_failure = self._stop_if_damaged
+        self._ticker.light_event = self._event_handled_lightly
         self._destroyed = False
 
     def _after_syncobj_init(self, dump: dict[str, Any] | None) -> None:
@@ -280,6 +284,7 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         queued commands, timers), which ends in `_end_of_tick`."""
         if self._destroyed:
             return
+        self._event_quiet = None
         self._flush_acks()
         self.doTick(0.0)
 
@@ -342,6 +347,10 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         worker) raised there, not here; stop on it at the next tick."""
         if self.storage_damage() is not None:
             self.loop.call_soon(self._stop_if_damaged)
+
+    def timer_at(self) -> float | None:
+        """The loop time of this node's next timer wake-up (raft.ticker), None if not armed."""
+        return self._ticker.timer_at()
 
     def tick_thread_alive(self) -> bool:
         """Whether this node still ticks (pysyncobj's name; there is no tick thread)."""
@@ -406,6 +415,8 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         # the leader appends submitted commands here: on ENOSPC the journal undid the write and
         # logged it; the command is not in the log and its submitter times out (the batcher
         # answers `disk_full` at once to everything submitted after)
+        if not self.commands_queued():
+            return  # (pysyncobj would raise and catch queue.Empty on every tick to learn it)
         with contextlib.suppress(DiskFullError):
             SyncObj._checkCommandsToApply(self)
 
@@ -413,6 +424,8 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         """A peer's message: pre-vote's are ours; contact is noted (raft.contact); the rest
         goes through the AppendEntries guards to pysyncobj (raft.appends)."""
         kind = message.get("type") if isinstance(message, dict) else None
+        quiet = self._event_quiet is not False
+        self._event_quiet = False  # until this message is known to leave nothing to do
         if kind == PRE_VOTE:
             self._answer_pre_vote(node, message)
             return
@@ -425,6 +438,8 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         elif kind == "next_node_idx":  # a follower's answer to our AppendEntries
             self._heard_follower(self.node_id_of(node), message)
         self._receive_append(node, message)
+        if quiet and kind == "next_node_idx" and self._idle_reply(message):
+            self._event_quiet = True
 
     def disk_full(self) -> bool:
         """Whether the journal's last write failed for lack of space (no probe succeeded yet)."""

@@ -68,6 +68,7 @@ class NodeBase(SyncObjAdapter):
     _commit_send_at: float | None
     _transfer_holds: dict[Any, float]  # follower -> until when its snapshot transfer waits
     _deferred_acks: list[tuple[tuple[Any, ...], dict[str, Any]]]
+    _event_quiet: bool | None
     observe_fsync: Callable[[float], None] | None
     observe_apply: Callable[[float], None] | None
     pinned_indexes: Callable[[], Iterable[int]]

@@ -248,6 +248,10 @@ class Replica:
         """Damage found in the journal while running (replication stopped on it), or None."""
         return self._node.storage_damage()
 
+    def raft_timer_at(self) -> float | None:
+        """The loop time of the raft ticker's next timer wake-up (None if not armed)."""
+        return self._node.timer_at()
+
     def bound(self) -> bool:
         """Whether the raft port is bound."""
         return self._node.bound()

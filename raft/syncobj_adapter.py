@@ -377,6 +377,11 @@ class SyncObjAdapter(SyncObj):  # type: ignore[misc]
                         os.close(fd)
         self._SyncObj__pipeNotifier = _NoPipe(notify)
 
+    def commands_queued(self) -> bool:
+        """Whether pysyncobj's queue of submitted commands holds any (read without its lock:
+        a command put meanwhile is taken by the tick its submitter requests)."""
+        return bool(self._SyncObj__commandsQueue._FastQueue__queue)
+
     @property
     def serializer(self) -> Any:
         """pysyncobj's Serializer (snapshot hooks, transfers)."""

@@ -9,6 +9,8 @@ Here the node's loop is the poller (`LoopPoller`: pysyncobj's sockets are `add_r
 `add_writer` registrations on the loop), and `LoopTicker` runs one tick
 - right after each peer socket event (one event reads every frame the socket holds, up to a
   bound: a follower fsyncs once for all the AppendEntries in it, and answers them together),
+  unless the node says the event needed none (`light_event`: an idle leader's heartbeat
+  replies change nothing a tick would act on; its next heartbeat's tick comes anyway),
 - right after a proposal is queued (instead of pysyncobj's pipe notifier),
 - on a timer for Raft's timers, when the next one falls due: the node's `next_due()` names the
   earliest it knows (the leader's next heartbeat, a follower's election or pre-vote deadline),
@@ -120,6 +122,11 @@ PAST_DUE_RETRY_S = 0.02
 # a timer this close to the earliest deadline ticks (asyncio runs a timer up to its clock
 # resolution early, and pysyncobj compares its deadlines with `>`)
 DUE_SLACK_S = 0.001
+# the `period` tick waits this much longer for a named deadline just after it (an idle leader's
+# next heartbeat falls due a little after `period` from the tick that sent the last one, which
+# started before the send): one tick, not one at the period that finds the heartbeat not yet due
+# (pysyncobj then sends nothing) and another at the retry, PAST_DUE_RETRY_S later
+PERIOD_STRETCH_S = 0.025
 
 
 class LoopTicker:
@@ -146,6 +153,10 @@ class LoopTicker:
         self._wake_at = float("inf")  # asked for by `wake_within`, until the next tick
         self.ticks = 0
         self.timer_wakeups = 0  # the timer fired (a tick followed only if something was due)
+        # after a peer event, outside a tick: True when the node handled it without a tick (an
+        # idle leader's heartbeat replies: `RaftNode._event_handled_lightly`)
+        self.light_event: Callable[[], bool] | None = None
+        self.light_events = 0  # peer events handled so, without a tick
         self.on_failure: Callable[[], None] | None = None  # after a tick raised (logged)
 
     def start(self) -> None:
@@ -162,8 +173,21 @@ class LoopTicker:
 
     def tick_now(self) -> None:
         """Tick now (loop thread; after a peer socket event: the frames it read are answered
-        at once, one fsync for all of them), or after the tick in progress."""
+        at once, one fsync for all of them), or after the tick in progress; no tick when the
+        node says the event needed none (`light_event`)."""
+        if not self._ticking and not self._stopped and self._handled_lightly():
+            self.light_events += 1
+            return
         self._run_now()
+
+    def _handled_lightly(self) -> bool:
+        if self.light_event is None:
+            return False
+        try:
+            return self.light_event()
+        except Exception:  # never skip a tick over it
+            log.exception("raft_light_event_failed")
+            return False
 
     def request(self) -> None:
         """Tick at the next loop iteration (loop thread)."""
@@ -194,6 +218,11 @@ class LoopTicker:
         finally:
             self._ticking = False
 
+    def timer_at(self) -> float | None:
+        """The loop time the timer is armed for (None when not armed): others may share the
+        loop's wake-up (cluster.node.pacing)."""
+        return None if self._timer is None else self._timer.when()
+
     def wake_within(self, seconds: float) -> None:
         """Make sure a tick runs within `seconds` (e.g. a held-back message falls due)."""
         if self._stopped or seconds >= self.period:
@@ -212,17 +241,22 @@ class LoopTicker:
 
     def _wait(self, past_due_floor: float) -> float:
         """Seconds until a tick is due: the node's next timer (no sooner than
-        `past_due_floor`), a `wake_within`, or `period` after the last tick."""
-        wait = min(self._last_tick_at + self.period, self._wake_at) - self.loop.time()
+        `past_due_floor`), a `wake_within`, or `period` after the last tick (stretched to the
+        node's timer when that falls due up to PERIOD_STRETCH_S later)."""
+        now = self.loop.time()
+        fallback, asked = self._last_tick_at + self.period - now, self._wake_at - now
         due = None
         if self._next_due is not None:
             try:
                 due = self._next_due()
             except Exception:  # never stop ticking over it: `period` still holds
                 log.exception("raft_next_due_failed")
-        if due is not None:
-            wait = min(wait, max(due, past_due_floor))
-        return wait
+        if due is None:
+            return min(fallback, asked)
+        due = max(due, past_due_floor)
+        if due <= fallback + PERIOD_STRETCH_S:  # the period's tick waits for it
+            return min(due, asked)
+        return min(fallback, asked)
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -443,8 +443,9 @@ class PeerConnection:
             wanted = self._wanted()
             if wanted <= 0:  # a handshake phase is complete but unprocessed (cannot happen)
                 break
+            asked = min(wanted, budget)
             try:
-                data = sock.recv(min(wanted, budget))
+                data = sock.recv(asked)
             except (BlockingIOError, *_TLS_WAIT):
                 break
             except OSError:
@@ -465,6 +466,8 @@ class PeerConnection:
             else:
                 self._handshake()
             sock = self._sock
+            if len(data) < asked and not isinstance(sock, ssl.SSLSocket):
+                break  # drained: no failing recv (EAGAIN, raised and caught) to learn it
         if budget <= 0 and isinstance(sock, ssl.SSLSocket) and sock.pending():
             self._tls_unread = True  # read on the next tick: no poll event will say so
 

@@ -48,6 +48,29 @@ def resident_bytes(statm: Path = Path("/proc/self/statm")) -> int:
     return int(fields[1]) * PAGE_BYTES
 
 
+class StatmReader:
+    """This process's resident set from `/proc/self/statm` kept open: one `pread` a sample
+    (opening it through pathlib each time cost nine system calls, five times a second on an
+    idle node). 0 where /proc is missing."""
+
+    def __init__(self, path: str = "/proc/self/statm") -> None:
+        self.path = path
+        self.fd = -1
+
+    def resident_bytes(self) -> int:
+        """The resident set in bytes now."""
+        try:
+            if self.fd < 0:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fields = os.pread(self.fd, 256, 0).split()
+        except OSError:
+            return 0
+        return int(fields[1]) * PAGE_BYTES
+
+
+_STATM = StatmReader()
+
+
 def total_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     """The machine's RAM in bytes (MemTotal; the physical pages count where /proc is missing)."""
     try:
@@ -67,7 +90,7 @@ def _test_or_real_resident_bytes() -> int:
             return int(Path(hook).read_text(encoding="ascii").strip())
         except (OSError, ValueError):
             pass
-    return resident_bytes()
+    return _STATM.resident_bytes()
 
 
 def _malloc_trim() -> Callable[[], None]:

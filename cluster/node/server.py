@@ -42,6 +42,7 @@ from cluster.node.listening import log_sockets, log_when_listening
 from cluster.node.logs import setup_logging
 from cluster.node.memory import LoopStalls, MemoryMonitor, total_memory_bytes
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
+from cluster.node.pacing import Repeating
 from cluster.node.session import ClientSession
 from cluster.node.timers import LeaderTimers
 from cluster.nodelock import NodeDirLocked
@@ -126,6 +127,7 @@ class NodeServer:
             config.memory_watermark_bytes(cluster.memory_high_watermark, total_memory_bytes()),
         )
         self.loop_stalls = LoopStalls()
+        self._status_written = ""  # status.json's last text: an unchanged one is not rewritten
         self.amqp: AmqpListener | None = None
         if node.amqp_port is not None:
             self.amqp = AmqpListener(self, node.amqp_port, cluster.amqp_guest)
@@ -310,9 +312,9 @@ class NodeServer:
             asyncio.create_task(
                 log_when_listening("peer", self.cluster.bind, self.node.raft_port, peer_tls)
             ),
-            asyncio.create_task(self._periodic(stop)),
             asyncio.create_task(self._hello()),
         ]
+        periodic = self._start_periodic(stop)
         await stop.wait()
         self.stopping = True
         log.info("node_stopping")
@@ -321,6 +323,7 @@ class NodeServer:
             await self.management.stop()
         if self.amqp is not None:
             self.amqp.stop()
+        periodic.cancel()
         for task in tasks:
             task.cancel()
         for session in list(self._sessions):
@@ -372,41 +375,52 @@ class NodeServer:
             await asyncio.wait_for(writer.drain(), REFUSAL_WRITE_TIMEOUT_S)
         writer.close()
 
-    async def _periodic(self, stop: asyncio.Event) -> None:
-        last_status = 0.0
+    def _start_periodic(self, stop: asyncio.Event) -> Repeating:
+        """The periodic pass, about every TIMER_PERIOD_S on the raft ticker's wake-up when near
+        (cluster.node.pacing): a plain timer callback, no task to wake."""
         started = time.monotonic()
-        while True:
-            asleep_at = time.monotonic()
-            await asyncio.sleep(TIMER_PERIOD_S)
-            self.loop_stalls.note(time.monotonic() - asleep_at - TIMER_PERIOD_S)
-            self.memory.sample()
-            damage = self.replica.storage_damage()
-            if damage is not None:
-                # raft stopped on it; the node exits as a damaged start does (65), and the
-                # operator rebuilds it from its peers
-                log.error(
-                    "storage_damaged", file=damage.path, offset=damage.offset, error=str(damage)
-                )
-                print(f"error: {damage}", file=sys.stderr, flush=True)
-                self.exit_code = EX_DATAERR
-                stop.set()
-                return
-            if not self.replica.bound() and time.monotonic() - started > RAFT_BIND_TIMEOUT_S:
-                log.error("raft_port_unavailable", raft=self.node.raft_address)
-                self.exit_code = EX_UNAVAILABLE  # pysyncobj would retry the bind forever
-                stop.set()
-                return
-            try:
-                self._track_leader()
-                self.timers.tick()
-                self.replica.sweep()
-                self._reconcile_connections()
-                self.router.reconcile()
-                if time.monotonic() - last_status > STATUS_PERIOD_S:
-                    last_status = time.monotonic()
-                    self._write_status()
-            except Exception:
-                log.exception("periodic_failed")
+        last_status = [0.0]
+
+        def one_pass() -> bool:
+            return self._periodic_pass(stop, started, last_status)
+
+        periodic = Repeating(
+            asyncio.get_running_loop(), TIMER_PERIOD_S, self.replica.raft_timer_at, one_pass,
+            self.loop_stalls.note,
+        )  # fmt: skip
+        periodic.start()
+        return periodic
+
+    def _periodic_pass(self, stop: asyncio.Event, started: float, last_status: list[float]) -> bool:
+        """One pass (memory, storage damage, bind timeout, leader timers, sweeps, status);
+        False when the node must stop (`stop` set, the exit code chosen)."""
+        self.memory.sample()
+        damage = self.replica.storage_damage()
+        if damage is not None:
+            # raft stopped on it; the node exits as a damaged start does (65), and the operator
+            # rebuilds it from its peers
+            log.error("storage_damaged", file=damage.path, offset=damage.offset, error=str(damage))
+            print(f"error: {damage}", file=sys.stderr, flush=True)
+            self.exit_code = EX_DATAERR
+            stop.set()
+            return False
+        if not self.replica.bound() and time.monotonic() - started > RAFT_BIND_TIMEOUT_S:
+            log.error("raft_port_unavailable", raft=self.node.raft_address)
+            self.exit_code = EX_UNAVAILABLE  # pysyncobj would retry the bind forever
+            stop.set()
+            return False
+        try:
+            self._track_leader()
+            self.timers.tick()
+            self.replica.sweep()
+            self._reconcile_connections()
+            self.router.reconcile()
+            if time.monotonic() - last_status[0] > STATUS_PERIOD_S:
+                last_status[0] = time.monotonic()
+                self._write_status()
+        except Exception:
+            log.exception("periodic_failed")
+        return True
 
     def _reconcile_connections(self) -> None:
         """Close, through the log, every connection of this incarnation that the replicated
@@ -441,9 +455,13 @@ class NodeServer:
             **self.replica.status(with_digest=False),
             "pid": os.getpid(),
         }
+        text = json.dumps(status, default=str) + "\n"
+        if text == self._status_written:
+            return  # an idle node: no file created, written and renamed every 2 s for nothing
         tmp = self.node_dir / "status.json.tmp"
-        tmp.write_text(json.dumps(status, default=str) + "\n", encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, self.node_dir / "status.json")
+        self._status_written = text
 
     async def _hello(self) -> None:
         """Record, through the log, the machine version this node's code supports. A node
@@ -649,4 +667,3 @@ async def _serve_until_signal(server: NodeServer) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.serve(stop)
-

@@ -195,3 +195,23 @@ def test_an_idle_cluster_snapshots_an_unchanged_state_only_once(
         assert leader_of(cluster) is not None
     assert len(started) == len(cluster.nodes), started  # one each, in the first period
     assert all(at < period + 5 for at, _below in started), started
+
+
+def test_an_idle_leader_ticks_once_per_heartbeat_round_not_once_per_reply(tmp_path: Path) -> None:
+    """Each heartbeat round is one tick on the leader: the followers' replies to it leave an
+    idle leader idle and are handled without a tick (`RaftNode._event_handled_lightly`). Before,
+    every reply ran a full pysyncobj tick: three a round with two followers. Counted on the
+    simulator's virtual clock: exact, not timed."""
+    with simulated_cluster(tmp_path) as (cluster, sent):
+        leader = leader_of(cluster)
+        assert leader is not None and leader.replica is not None
+        ticker = leader.replica._node._ticker
+        ticks, light = ticker.ticks, ticker.light_events
+        cluster.scheduler.run_until(cluster.scheduler.now + 20.0)
+        assert leader_of(cluster) is leader
+        rounds = len([1 for _at, source, _to in sent if source == leader.address]) / 2
+        assert rounds >= 20 / (IDLE_HEARTBEAT_S + LATE_S) - 2, rounds
+        # a round's tick on this exact clock is two: the timer at the very deadline, then the
+        # past-due retry that sends (LATE_S above; a real loop's clock has moved on by then)
+        assert ticker.ticks - ticks <= 2 * rounds + 2, (ticker.ticks - ticks, rounds)
+        assert ticker.light_events - light >= 2 * rounds - 2  # every reply, no tick

@@ -129,3 +129,57 @@ def test_wake_within_still_brings_a_tick_forward() -> None:
     ticker.stop()
     assert len(node.tick_times) == before + 1
     assert node.tick_times[-1] == pytest.approx(0.502)
+
+
+def test_an_event_the_node_handled_lightly_does_not_tick() -> None:
+    """`light_event` True: the event is counted and no tick runs (the timers still tick when
+    due); False, or raising (logged), ticks as always."""
+    scheduler, _loop, node, ticker = _ticker()
+    answers = iter([True, False])
+
+    def light() -> bool:
+        answer = next(answers, None)
+        if answer is None:
+            raise RuntimeError("planted")
+        return answer
+
+    ticker.light_event = light
+    ticker.start()
+    scheduler.run_until(0.01)
+    assert len(node.tick_times) == 1  # the start tick
+    ticker.tick_now()
+    assert (len(node.tick_times), ticker.light_events) == (1, 1)
+    ticker.tick_now()
+    ticker.tick_now()  # raises inside: never a reason to skip
+    assert (len(node.tick_times), ticker.light_events) == (3, 1)
+    scheduler.run_until(0.35)
+    ticker.stop()
+    assert len(node.tick_times) == 6  # and every period after the last tick
+
+
+def test_a_heartbeat_due_just_after_the_period_gets_one_tick_not_two() -> None:
+    """An idle leader's heartbeat period equals the tick period, and its next heartbeat falls
+    due a little after `period` from the tick that sent (the send comes after the tick
+    started): the period's tick waits for it (PERIOD_STRETCH_S). Before, the timer ticked at
+    the period, found the heartbeat not yet due (pysyncobj sends nothing), and ticked again at
+    the past-due retry: two ticks a round and every heartbeat PAST_DUE_RETRY_S late."""
+    scheduler, loop, node, ticker = _ticker()
+    sent: list[float] = []
+
+    def heartbeat_if_due() -> None:
+        # (pysyncobj compares with `>`: on a real loop the timer fires after its instant; on
+        # this exact clock at it)
+        if node.deadline is None or loop.time() >= node.deadline:
+            sent.append(loop.time())
+            node.deadline = loop.time() + 0.0005 + PERIOD_S  # set after the send
+
+    node.on_tick = heartbeat_if_due
+    ticker.start()
+    scheduler.run_until(0.15)  # past the first round (the start arms the timer at `period`)
+    sent_before, ticks_before = len(sent), len(node.tick_times)
+    scheduler.run_until(1.15)
+    ticker.stop()
+    steady = sent[sent_before - 1 :]
+    assert len(steady) == 11, sent
+    assert all(PERIOD_S <= b - a <= PERIOD_S + 0.001 for a, b in pairwise(steady)), sent
+    assert len(node.tick_times) - ticks_before == 10, node.tick_times

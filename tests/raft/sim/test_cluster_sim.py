@@ -77,7 +77,7 @@ PLANTED_BUGS = [
     ("hello_order", 9, "quorumq", "state-machine safety"),
     ("empty_snapshot_chunk", 3, "pysyncobj2", "replicas differ after healing"),
     ("dropped_connection_down", 1, "quorumq", "liveness: the drain left"),
-    ("leader_own_node_up", 94, "quorumq", "liveness: n1 still lists ['n1'] down"),
+    ("leader_own_node_up", 219, "pysyncobj2", "liveness: n1 still lists ['n2'] down"),
     ("snapshot_orphans_proposals", 1, "quorumq", "orphaned proposal"),
     ("stuck_entries_hold_commands", 75, "pysyncobj2", "liveness: c5 dequeue"),
 ]
