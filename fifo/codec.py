@@ -597,13 +597,14 @@ def _routing_in(cursor: int, enqueuers: Any) -> Routing:
 
 
 def _exchange_out(x: Exchange) -> list[Any]:
-    return [x.name, x.exchange_type,
-            [[queue, [[key, [list(pair) for pair in arguments]] for key, arguments in keys]]
-             for queue, keys in x.bindings.items()]]  # fmt: skip
+    out: list[Any] = [x.name, x.exchange_type,
+                      [[queue, [[key, [list(pair) for pair in arguments]] for key, arguments
+                                in keys]] for queue, keys in x.bindings.items()]]  # fmt: skip
+    return [*out, True] if x.auto_delete else out  # a fourth element only when set
 
 
 def _exchange_in(v: Any) -> Exchange:
-    x = Exchange(v[0], v[1])
+    x = Exchange(v[0], v[1], len(v) > 3 and v[3] is True)
     for queue, keys in v[2]:
         x.bindings[queue] = {(key, _tuples(arguments)): None for key, arguments in keys}
     return x

@@ -406,12 +406,14 @@ HeaderPairs = tuple[tuple[str, str | int], ...]
 
 @dataclass(frozen=True, slots=True)
 class DeclareExchange:
-    """Create an exchange (v4); an equal re-declare is a no-op, another type is refused
-    (`exchange_exists`, RabbitMQ's 406); `passive` only checks that it exists."""
+    """Create an exchange (v4); an equal re-declare is a no-op, another type or auto_delete is
+    refused (`exchange_exists`, RabbitMQ's 406); `passive` only checks that it exists. An
+    `auto_delete` exchange is deleted when its last binding goes (RabbitMQ's rule)."""
 
     exchange: str
     exchange_type: str = "direct"
     passive: bool = False
+    auto_delete: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -451,11 +451,12 @@ class Exchange:
     order they were bound) to that queue's (binding key, arguments) pairs (insertion order).
     Keyed by queue so a queue's deletion drops its bindings in one step per exchange."""
 
-    __slots__ = ("bindings", "exchange_type", "name")
+    __slots__ = ("auto_delete", "bindings", "exchange_type", "name")
 
-    def __init__(self, name: str, exchange_type: str) -> None:
+    def __init__(self, name: str, exchange_type: str, auto_delete: bool = False) -> None:
         self.name = name
         self.exchange_type = exchange_type
+        self.auto_delete = auto_delete  # deleted when its last binding goes
         self.bindings: dict[str, dict[BindingKey, None]] = {}
 
     def binding_count(self) -> int:

@@ -102,7 +102,9 @@ async def declare(channel: Channel, method: commands.Exchange.Declare) -> None:
                 raise ConnectionRefusal(
                     COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'"
                 )
-        command = DeclareExchange(name, method.exchange_type, bool(method.passive))
+        command = DeclareExchange(
+            name, method.exchange_type, bool(method.passive), bool(method.auto_delete)
+        )
         reply = await _submit(channel, command, what)
         assert isinstance(reply, DeclareOk), reply
     if not method.nowait:
@@ -110,10 +112,9 @@ async def declare(channel: Channel, method: commands.Exchange.Declare) -> None:
 
 
 def _check_declare_flags(method: commands.Exchange.Declare) -> None:
-    """What quorumq's exchanges cannot be: auto-delete, internal, or with arguments (an
-    alternate exchange). durable=false is accepted: every exchange is replicated (docs/amqp.md)."""
-    if method.auto_delete:
-        raise not_implemented(f"an auto-delete exchange ('{method.exchange}')")
+    """What quorumq's exchanges cannot be: internal, or with arguments (an alternate exchange).
+    durable=false is accepted: every exchange is replicated (docs/amqp.md); auto-delete is the
+    machine's (deleted with its last binding)."""
     if method.internal:
         raise not_implemented(f"an internal exchange ('{method.exchange}')")
     for name in method.arguments or {}:

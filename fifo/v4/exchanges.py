@@ -251,8 +251,8 @@ class Exchanges:
         """Create an exchange; the same type again is a no-op, another is refused (406)."""
         if err := exchange_name_error(cmd.exchange):
             return invalid(err)
-        if not v.is_bool(cmd.passive):
-            return invalid("passive must be a bool")
+        if not v.is_bool(cmd.passive) or not v.is_bool(cmd.auto_delete):
+            return invalid("passive and auto_delete must be bools")
         existing = find_exchange(ctx.state, cmd.exchange)
         if cmd.passive:
             return DeclareOk(False) if existing is not None else _no_exchange(cmd.exchange)
@@ -260,17 +260,14 @@ class Exchanges:
             return invalid(f"unknown exchange type {cmd.exchange_type!r}; "
                            f"one of {EXCHANGE_TYPES}")  # fmt: skip
         if existing is not None:
-            if existing.exchange_type == cmd.exchange_type:
-                return DeclareOk(False)
-            return Error("exchange_exists", f"inequivalent arg 'type' for exchange "
-                         f"'{cmd.exchange}' in vhost '/': received '{cmd.exchange_type}' but "
-                         f"current is '{existing.exchange_type}'")  # fmt: skip
+            return _redeclared(existing, cmd)
         if cmd.exchange.startswith(RESERVED_PREFIX):
             return Error("access_refused", f"exchange name '{cmd.exchange}' contains reserved "
                          f"prefix '{RESERVED_PREFIX}*'")  # fmt: skip
         if len(ctx.state.exchanges) >= limits.exchanges_max:
             return Error("unsupported", "exchanges_max reached")
-        ctx.state.exchanges[cmd.exchange] = Exchange(cmd.exchange, cmd.exchange_type)
+        ctx.state.exchanges[cmd.exchange] = Exchange(cmd.exchange, cmd.exchange_type,
+                                                     cmd.auto_delete)  # fmt: skip
         return DeclareOk(True)
 
     def delete(self, ctx: Ctx, cmd: DeleteExchange) -> Reply:
@@ -319,6 +316,7 @@ class Exchanges:
             keys.pop((cmd.routing_key, sorted_arguments(cmd.arguments)), None)
             if not keys:
                 del found.bindings[cmd.queue]
+                _drop_if_unused(ctx.state, found)
         return OK
 
     def binding_target(self, state: State, cmd: BindQueue | UnbindQueue) -> Exchange | Error:
@@ -374,9 +372,33 @@ class Exchanges:
         )
 
     def queue_deleted(self, state: State, queue: str) -> None:
-        """A deleted queue's bindings go with it (exchanges in name order)."""
+        """A deleted queue's bindings go with it (exchanges in name order), and an auto-delete
+        exchange left without bindings with them."""
         for name in sorted(state.exchanges):
-            state.exchanges[name].bindings.pop(queue, None)
+            exchange = state.exchanges[name]
+            if exchange.bindings.pop(queue, None) is not None:
+                _drop_if_unused(state, exchange)
+
+
+def _drop_if_unused(state: State, exchange: Exchange) -> None:
+    """Delete an auto-delete exchange that just lost its last binding (RabbitMQ's rule)."""
+    if exchange.auto_delete and not exchange.bindings:
+        del state.exchanges[exchange.name]
+
+
+def _redeclared(existing: Exchange, cmd: DeclareExchange) -> Reply:
+    """A declare of an existing exchange: a no-op when equivalent, else RabbitMQ's 406."""
+    if existing.exchange_type != cmd.exchange_type:
+        return _inequivalent(cmd.exchange, "type", cmd.exchange_type, existing.exchange_type)
+    if existing.auto_delete != cmd.auto_delete:
+        return _inequivalent(cmd.exchange, "auto_delete", str(cmd.auto_delete).lower(),
+                             str(existing.auto_delete).lower())  # fmt: skip
+    return DeclareOk(False)
+
+
+def _inequivalent(name: str, arg: str, received: str, current: str) -> Error:
+    return Error("exchange_exists", f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
+                 f"'/': received '{received}' but current is '{current}'")  # fmt: skip
 
 
 def _no_exchange(name: str) -> Error:

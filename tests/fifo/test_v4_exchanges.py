@@ -187,6 +187,31 @@ def test_delete_if_unused_refuses_while_bound_and_delete_drops_bindings() -> Non
     assert publish(log, "k") == Routed(())
 
 
+def test_an_auto_delete_exchange_goes_with_its_last_binding() -> None:
+    """RabbitMQ's auto-delete: kept until it had a binding and lost the last one (by unbind or
+    by the queue's deletion); declared again with another auto_delete it is 406; it survives a
+    snapshot with its flag."""
+    log = setup("direct")
+    log.ok(c.DeclareExchange("x2", "fanout", auto_delete=True))
+    reply, _ = log.run(c.DeclareExchange("x2", "fanout"))
+    assert reply.code == "exchange_exists" and "inequivalent arg 'auto_delete'" in reply.message
+    log.ok(c.BindQueue("a", "x2"))
+    log.ok(c.BindQueue("b", "x2"))
+    restored = fifo.restore(fifo.snapshot(log.state))
+    assert restored.exchanges["x2"].auto_delete and fifo.digest(restored) == fifo.digest(log.state)
+    log.ok(c.UnbindQueue("a", "x2"))
+    assert "x2" in log.state.exchanges
+    log.ok(c.DeleteQueue("b"))
+    assert list(log.state.exchanges) == ["x"]
+    log.ok(c.DeclareExchange("x2", "fanout", auto_delete=True))
+    log.ok(c.BindQueue("a", "x2"))
+    log.ok(c.UnbindQueue("a", "x2"))
+    assert list(log.state.exchanges) == ["x"]
+    log.ok(c.BindQueue("a", "x"))
+    log.ok(c.UnbindQueue("a", "x"))
+    assert list(log.state.exchanges) == ["x"]  # not auto-delete: kept without bindings
+
+
 def test_deleting_a_queue_removes_its_bindings() -> None:
     """A deleted queue's bindings go; a queue declared again under its name is not bound."""
     log = setup("fanout")
