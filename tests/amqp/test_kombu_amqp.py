@@ -37,3 +37,25 @@ def test_kombu_publishes_with_confirms_and_consumes_with_prefetch(
             while len(received) < 20:
                 connection.drain_events(timeout=10)
         assert sorted(received) == list(range(20))
+
+
+def test_kombu_requeue_redelivers_with_delivery_count(amqp_cluster: AmqpCluster) -> None:
+    """message.requeue() (basic.reject with requeue) gives the message back: it comes again,
+    redelivered, with RabbitMQ's x-delivery-count header; the second time it is acked."""
+    name = f"kombu-{uuid.uuid4().hex[:8]}"
+    queue = kombu.Queue(name, kombu.Exchange(""), routing_key=name, durable=True,
+                        queue_arguments={"x-queue-type": "quorum"})  # fmt: skip
+    with kombu.Connection(amqp_cluster.url(2), transport_options={"confirm_publish": True}) as conn:
+        conn.Producer().publish({"job": 1}, routing_key=name, declare=[queue], serializer="json")
+        seen: list[tuple[bool, Any]] = []
+
+        def on_message(body: dict[str, Any], message: Any) -> None:
+            seen.append((message.delivery_info["redelivered"], message.headers))
+            message.ack() if len(seen) == 2 else message.requeue()
+
+        with conn.Consumer(queue, callbacks=[on_message], prefetch_count=1):
+            while len(seen) < 2:
+                conn.drain_events(timeout=10)
+        assert seen[0][0] is False and "x-delivery-count" not in (seen[0][1] or {})
+        assert seen[1][0] is True and seen[1][1]["x-delivery-count"] == 1
+        assert queue(conn.default_channel).get() is None
