@@ -446,6 +446,28 @@ class UnbindQueue:
 
 
 @dataclass(frozen=True, slots=True)
+class BindExchange:
+    """Bind exchange `destination` to exchange `source` (v4; idempotent; RabbitMQ's
+    exchange.bind): what `source` matches with this binding is routed on through
+    `destination`, each exchange at most once per publish."""
+
+    destination: str
+    source: str
+    routing_key: str = ""
+    arguments: HeaderPairs = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UnbindExchange:
+    """Remove one exchange-to-exchange binding (v4); one that does not exist is a no-op."""
+
+    destination: str
+    source: str
+    routing_key: str = ""
+    arguments: HeaderPairs = ()
+
+
+@dataclass(frozen=True, slots=True)
 class PublishToExchange:
     """basic.publish through an exchange (v4; "" is the default exchange): the machine routes it
     and stores it in every matching queue, in this one entry. `headers` are what a headers
@@ -495,4 +517,6 @@ Command = (
     | BindQueue
     | UnbindQueue
     | PublishToExchange
+    | BindExchange
+    | UnbindExchange
 )

@@ -28,10 +28,12 @@ from fifo import limits as fifo_limits
 from fifo.commands import (
     EXCHANGE_TYPES,
     EXCHANGES_SINCE_VERSION,
+    BindExchange,
     BindQueue,
     DeclareExchange,
     DeleteExchange,
     HeaderPairs,
+    UnbindExchange,
     UnbindQueue,
 )
 from fifo.replies import DeclareOk, Error, Ok
@@ -155,6 +157,25 @@ async def bind(channel: Channel, method: commands.Queue.Bind | commands.Queue.Un
         channel.send(commands.Queue.UnbindOk())
     elif not method.nowait:
         channel.send(commands.Queue.BindOk())
+
+
+async def bind_exchange(
+    channel: Channel, method: commands.Exchange.Bind | commands.Exchange.Unbind
+) -> None:
+    """exchange.bind / exchange.unbind: one BindExchange / UnbindExchange command (v4)."""
+    is_bind = isinstance(method, commands.Exchange.Bind)
+    verb = "exchange.bind" if is_bind else "exchange.unbind"
+    what = f"{verb} of exchange '{method.destination}' to exchange '{method.source}'"
+    if DEFAULT_EXCHANGE in (method.source or "", method.destination or ""):
+        raise ChannelRefusal(ACCESS_REFUSED, "operation not permitted on the default exchange")
+    require_exchanges(channel, what)
+    kind = BindExchange if is_bind else UnbindExchange
+    command = kind(method.destination, method.source, method.routing_key or "",
+                   binding_arguments(method.arguments))  # fmt: skip
+    reply = await _submit(channel, command, what)
+    assert isinstance(reply, Ok), reply
+    if not method.nowait:
+        channel.send(commands.Exchange.BindOk() if is_bind else commands.Exchange.UnbindOk())
 
 
 def binding_arguments(table: Mapping[str, Any] | None) -> HeaderPairs:

@@ -32,12 +32,14 @@ from fifo import limits
 from fifo import validate as v
 from fifo.commands import (
     EXCHANGE_TYPES,
+    BindExchange,
     BindQueue,
     DeclareExchange,
     DeleteExchange,
     Enqueue,
     HeaderPairs,
     PublishToExchange,
+    UnbindExchange,
     UnbindQueue,
 )
 from fifo.replies import DeclareOk, Error, Ok, RejectPublish, Reply, Routed, Unroutable
@@ -130,12 +132,17 @@ def exchange_type(state: State, name: str) -> str | None:
     return None if exchange is None else exchange.exchange_type
 
 
+class TooManyExchanges(Exception):
+    """A publish reached more than `exchanges_per_publish_max` exchanges."""
+
+
 def route(state: State, cmd: PublishToExchange) -> list[str] | None:
-    """The sorted names of the queues `cmd` goes to, or None: no such exchange."""
+    """The sorted names of the queues `cmd` goes to, or None: no such exchange. Raises
+    TooManyExchanges past `exchanges_per_publish_max`."""
     if cmd.exchange == DEFAULT_EXCHANGE:
         return [cmd.routing_key] if cmd.routing_key in state.queues else []
     exchange = find_exchange(state, cmd.exchange)
-    return None if exchange is None else _matching(exchange, cmd)
+    return None if exchange is None else _matching(state, exchange, cmd)
 
 
 def dead_letter_target(exchange: str, routing_key: str) -> str:
@@ -161,14 +168,36 @@ def dead_letter_route(state: State, through: tuple[str, str], source: str,
     else:
         found = find_exchange(state, exchange)
         publish = PublishToExchange(exchange, routing_key, b"", annotations)
-        names = [] if found is None else _matching(found, publish)
+        try:
+            names = [] if found is None else _matching(state, found, publish)
+        except TooManyExchanges:  # dropped, as when nothing matches (docs/amqp.md)
+            names = []
     return [name for name in names if name != source]
 
 
-def _matching(exchange: Exchange, cmd: PublishToExchange) -> list[str]:
-    kind = exchange.exchange_type
-    return sorted(queue for queue, keys in exchange.bindings.items()
-                  if any(binding_matches(kind, binding, cmd) for binding in keys))  # fmt: skip
+def _matching(state: State, start: Exchange, cmd: PublishToExchange) -> list[str]:
+    """The sorted queues `cmd` reaches from `start`, through exchange-to-exchange bindings
+    breadth first, each exchange once (a cycle ends there). Only insertion-ordered dicts are
+    iterated, and the result is sorted: the same on every node."""
+    queues: dict[str, None] = {}
+    seen: dict[str, None] = {start.name: None}
+    frontier = [start]
+    while frontier:
+        reached: list[Exchange] = []
+        for exchange in frontier:
+            kind = exchange.exchange_type
+            for queue, keys in exchange.bindings.items():
+                if any(binding_matches(kind, binding, cmd) for binding in keys):
+                    queues[queue] = None
+            for name, keys in exchange.exchange_bindings.items():
+                if name not in seen and any(binding_matches(kind, b, cmd) for b in keys):
+                    seen[name] = None
+                    found = find_exchange(state, name)
+                    reached += [] if found is None else [found]
+        if len(seen) > limits.exchanges_per_publish_max:
+            raise TooManyExchanges(len(seen))
+        frontier = reached
+    return sorted(queues)
 
 
 # --- validation --------------------------------------------------------------------------------
@@ -203,6 +232,29 @@ def binding_error(cmd: BindQueue | UnbindQueue) -> str | None:
         err = exchange_name_error(cmd.exchange)
     err = err or key_error(cmd.routing_key, "routing_key")
     return err or pairs_error(cmd.arguments, "arguments", limits.binding_arguments_max)
+
+
+def exchange_binding_error(cmd: BindExchange | UnbindExchange) -> str | None:
+    """What is wrong with an exchange-to-exchange bind or unbind's fields, or None."""
+    err = None
+    for name in (cmd.destination, cmd.source):
+        if err is None and name != DEFAULT_EXCHANGE:
+            err = exchange_name_error(name)
+    err = err or key_error(cmd.routing_key, "routing_key")
+    return err or pairs_error(cmd.arguments, "arguments", limits.binding_arguments_max)
+
+
+def exchange_binding_source(state: State, cmd: BindExchange | UnbindExchange) -> Exchange | Error:
+    """The source exchange of an exchange-to-exchange bind or unbind, or the Error refusing it
+    (the default exchange: 403; either exchange missing: 404)."""
+    if err := exchange_binding_error(cmd):
+        return invalid(err)
+    if DEFAULT_EXCHANGE in (cmd.source, cmd.destination):
+        return _default_refused("bind to or unbind from")
+    if find_exchange(state, cmd.destination) is None:
+        return _no_exchange(cmd.destination)
+    source = find_exchange(state, cmd.source)
+    return _no_exchange(cmd.source) if source is None else source
 
 
 def publish_error(cmd: PublishToExchange) -> str | None:
@@ -284,9 +336,9 @@ class Exchanges:
         exchange = ctx.state.exchanges.get(cmd.exchange)
         if exchange is None:
             return _no_exchange(cmd.exchange)
-        if cmd.if_unused and exchange.bindings:
+        if cmd.if_unused and exchange.has_bindings():
             return Error("exchange_in_use", f"exchange '{cmd.exchange}' in vhost '/' in use")
-        del ctx.state.exchanges[cmd.exchange]
+        _remove_exchange(ctx.state, cmd.exchange)
         return OK
 
     def bind(self, ctx: Ctx, cmd: BindQueue) -> Reply:
@@ -319,6 +371,38 @@ class Exchanges:
                 _drop_if_unused(ctx.state, found)
         return OK
 
+    def bind_exchange(self, ctx: Ctx, cmd: BindExchange) -> Reply:
+        """Bind exchange to exchange (idempotent); both must exist."""
+        source = exchange_binding_source(ctx.state, cmd)
+        if not isinstance(source, Exchange):
+            return source
+        arguments = sorted_arguments(cmd.arguments)
+        if err := x_match_error(source, arguments):
+            return invalid(err)
+        keys = source.exchange_bindings.get(cmd.destination)
+        if keys is not None and (cmd.routing_key, arguments) in keys:
+            return OK
+        if source.binding_count() >= limits.bindings_per_exchange_max:
+            return Error("unsupported", "bindings_per_exchange_max reached")
+        source = ctx.state.exchanges.setdefault(source.name, source)  # a built-in's first
+        source.exchange_bindings.setdefault(cmd.destination, {})[(cmd.routing_key, arguments)] = (
+            None
+        )
+        return OK
+
+    def unbind_exchange(self, ctx: Ctx, cmd: UnbindExchange) -> Reply:
+        """Remove one exchange-to-exchange binding; one that does not exist is a no-op."""
+        source = exchange_binding_source(ctx.state, cmd)
+        if not isinstance(source, Exchange):
+            return source
+        keys = source.exchange_bindings.get(cmd.destination)
+        if keys is not None:
+            keys.pop((cmd.routing_key, sorted_arguments(cmd.arguments)), None)
+            if not keys:
+                del source.exchange_bindings[cmd.destination]
+                _drop_if_unused(ctx.state, source)
+        return OK
+
     def binding_target(self, state: State, cmd: BindQueue | UnbindQueue) -> Exchange | Error:
         """The exchange a bind or unbind names, or the Error refusing it."""
         if err := binding_error(cmd):
@@ -340,7 +424,12 @@ class Exchanges:
         """Route a publish and store it in every matching queue (one body, N references)."""
         if err := publish_error(cmd):
             return invalid(err)
-        names = route(ctx.state, cmd)
+        try:
+            names = route(ctx.state, cmd)
+        except TooManyExchanges:
+            return Error("unsupported", "the publish is routed through more than "
+                         f"exchanges_per_publish_max ({limits.exchanges_per_publish_max}) "
+                         "exchanges")  # fmt: skip
         if names is None:
             return _no_exchange(cmd.exchange)
         if len(names) > limits.queues_per_publish_max:
@@ -382,8 +471,24 @@ class Exchanges:
 
 def _drop_if_unused(state: State, exchange: Exchange) -> None:
     """Delete an auto-delete exchange that just lost its last binding (RabbitMQ's rule)."""
-    if exchange.auto_delete and not exchange.bindings:
-        del state.exchanges[exchange.name]
+    if exchange.auto_delete and not exchange.has_bindings():
+        _remove_exchange(state, exchange.name)
+
+
+def _remove_exchange(state: State, name: str) -> None:
+    """Delete exchange `name` with its bindings and every binding to it; an auto-delete source
+    left without bindings goes too (a worklist: each exchange at most once, in name order)."""
+    pending = [name]
+    while pending:
+        current = pending.pop(0)
+        if state.exchanges.pop(current, None) is None:
+            continue
+        for other_name in sorted(state.exchanges):
+            other = state.exchanges[other_name]
+            if other.exchange_bindings.pop(current, None) is not None and (
+                other.auto_delete and not other.has_bindings()
+            ):
+                pending.append(other_name)
 
 
 def _redeclared(existing: Exchange, cmd: DeclareExchange) -> Reply:

@@ -398,6 +398,28 @@ def test_an_auto_delete_exchange_goes_with_its_last_binding(v4: AmqpCluster) -> 
         connection.close()
 
 
+def test_exchange_to_exchange_bindings_route_on_and_unbind(channel: BlockingChannel) -> None:
+    """exchange.bind: a topic exchange's matches go on through a fanout bound to it (a cycle
+    back is walked once); exchange.unbind stops it; a missing source is 404."""
+    topic, fanout = _name("topic"), _name("fan")
+    channel.exchange_declare(topic, "topic")
+    channel.exchange_declare(fanout, "fanout")
+    channel.exchange_bind(fanout, topic, "log.#")
+    channel.exchange_bind(topic, fanout)  # a cycle
+    queues = _queues(channel, 2)
+    for queue in queues:
+        channel.queue_bind(queue, fanout)
+    channel.basic_publish(topic, "log.a", b"through")
+    channel.basic_publish(topic, "other", b"not")
+    assert [_drain(channel, queue) for queue in queues] == [[b"through"], [b"through"]]
+    channel.exchange_unbind(fanout, topic, "log.#")
+    channel.basic_publish(topic, "log.a", b"after")
+    assert [_drain(channel, queue) for queue in queues] == [[], []]
+    with pytest.raises(ChannelClosedByBroker) as missing:
+        channel.exchange_bind(fanout, _name("none"))
+    assert missing.value.reply_code == 404 and "no exchange" in missing.value.reply_text
+
+
 def test_aio_pika_fanout_and_topic(v4: AmqpCluster) -> None:
     """aio-pika: confirmed publishes through a fanout (3 queues) and a topic exchange."""
     asyncio.run(_aio_pika_exchanges(v4.url(2)))
