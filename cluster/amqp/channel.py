@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import base, commands
 
-from cluster.amqp import envelope, exchanges, frames, limits, node_link
+from cluster.amqp import deaths, envelope, exchanges, frames, limits, node_link
 from cluster.amqp.consumers import Batches, Consumer, UnackedMap, chunks
 from cluster.amqp.errors import (
     ACCESS_REFUSED,
@@ -286,14 +286,15 @@ class Channel:
             method = frames.encode_deliver(
                 self.number, consumer.tag, tag, message.redelivered, key, exchange
             )
-            self._send_message(method, message, properties, body)
+            self._send_message(method, message, properties, body, route)
 
     def _send_message(
         self, method: base.Frame | bytes, message: Delivery | Any, properties: bytes | None,
-        body: bytes,
+        body: bytes, route: tuple[str, str] | None,
     ) -> None:  # fmt: skip
-        if message.delivery_count > 0:
-            properties = _with_delivery_count(properties, message.delivery_count)
+        death = deaths.death_of(getattr(message, "annotations", ()))
+        if message.delivery_count > 0 or death is not None:
+            properties = _with_headers(properties, message.delivery_count, death, route)
         elif properties is None:
             properties = PERSISTENT_PROPERTIES
         self.connection.send_content(self.number, method, properties, body)
@@ -335,7 +336,7 @@ class Channel:
         properties, body, route = envelope.unwrap(message.body)
         exchange, key = route or ("", method.queue)
         get_ok = commands.Basic.GetOk(tag, message.redelivered, exchange, key, reply.ready)
-        self._send_message(get_ok, message, properties, body)
+        self._send_message(get_ok, message, properties, body, route)
 
     # --- acknowledgements ---------------------------------------------------------------------
 
@@ -421,11 +422,17 @@ def _ttl_ms(properties: bytes) -> int | None:
     return int(expiration)
 
 
-def _with_delivery_count(properties: bytes | None, count: int) -> bytes:
-    """The properties with RabbitMQ's `x-delivery-count` header (quorum queues add it)."""
+def _with_headers(
+    properties: bytes | None, count: int, death: tuple[str, str] | None,
+    route: tuple[str, str] | None,
+) -> bytes:  # fmt: skip
+    """The properties with RabbitMQ's `x-delivery-count` header (quorum queues add it) and, for
+    a dead letter, its x-death headers (`cluster.amqp.deaths`)."""
     decoded = envelope.properties_of(properties)
     if count > 0:
         decoded.headers = {**(decoded.headers or {}), "x-delivery-count": count}
+    if death is not None:
+        deaths.add_death(decoded, death, route)
     return decoded.marshal()
 
 

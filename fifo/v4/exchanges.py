@@ -13,6 +13,13 @@
   `amq.match` (headers) exist implicitly: a passive declare finds them, declaring one with its
   own type is a no-op, deleting one is refused (403). One is stored in `state.exchanges` when a
   queue is first bound to it; until then it routes nowhere.
+- **Exchange-to-exchange bindings.** `BindExchange(destination, source, ...)`: what the source
+  matches with that binding goes on through the destination, breadth first, each exchange at
+  most once (a cycle ends there), at most `exchanges_per_publish_max` exchanges per publish
+  (more: the publish is refused). Deleting an exchange drops the bindings to it.
+- **Auto-delete.** An `auto_delete` exchange is deleted when its last binding (to a queue or an
+  exchange) goes: unbind, the queue's or the destination's deletion; an auto-delete source
+  left without bindings by that goes too (a worklist in name order).
 - **Refusals.** Input errors and `queues_per_publish_max` are refused before anything changes;
   a queue refusing its copy (at its `reject_publish` limit) is named in `Routed.refused` (the
   others keep theirs); a mandatory publish matching no queue answers `Unroutable` (nothing
