@@ -609,13 +609,13 @@ def _bindings_in(v: Any) -> dict[str, dict[Any, None]]:
 
 def _exchange_out(x: Exchange) -> list[Any]:
     out: list[Any] = [x.name, x.exchange_type, _bindings_out(x.bindings)]
-    if x.auto_delete or x.exchange_bindings:  # two more elements only when either is set
-        out += [x.auto_delete, _bindings_out(x.exchange_bindings)]
+    if x.auto_delete or x.exchange_bindings or x.internal:  # three more only when any is set
+        out += [x.auto_delete, _bindings_out(x.exchange_bindings), x.internal]
     return out
 
 
 def _exchange_in(v: Any) -> Exchange:
-    x = Exchange(v[0], v[1], len(v) > 3 and v[3] is True)
+    x = Exchange(v[0], v[1], len(v) > 3 and v[3] is True, len(v) > 5 and v[5] is True)
     x.bindings = _bindings_in(v[2])
     if len(v) > 4:
         x.exchange_bindings = _bindings_in(v[4])

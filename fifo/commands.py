@@ -406,14 +406,16 @@ HeaderPairs = tuple[tuple[str, str | int], ...]
 
 @dataclass(frozen=True, slots=True)
 class DeclareExchange:
-    """Create an exchange (v4); an equal re-declare is a no-op, another type or auto_delete is
-    refused (`exchange_exists`, RabbitMQ's 406); `passive` only checks that it exists. An
-    `auto_delete` exchange is deleted when its last binding goes (RabbitMQ's rule)."""
+    """Create an exchange (v4); an equal re-declare is a no-op, another type, auto_delete or
+    internal is refused (`exchange_exists`, RabbitMQ's 406); `passive` only checks that it
+    exists. An `auto_delete` exchange is deleted when its last binding goes (RabbitMQ's rule);
+    an `internal` one takes no publish, only what an exchange bound to it routes on."""
 
     exchange: str
     exchange_type: str = "direct"
     passive: bool = False
     auto_delete: bool = False
+    internal: bool = False
 
 
 @dataclass(frozen=True, slots=True)

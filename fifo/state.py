@@ -451,12 +451,16 @@ class Exchange:
     order they were bound) to that queue's (binding key, arguments) pairs (insertion order).
     Keyed by queue so a queue's deletion drops its bindings in one step per exchange."""
 
-    __slots__ = ("auto_delete", "bindings", "exchange_bindings", "exchange_type", "name")
+    __slots__ = ("auto_delete", "bindings", "exchange_bindings", "exchange_type", "internal",
+                 "name")  # fmt: skip
 
-    def __init__(self, name: str, exchange_type: str, auto_delete: bool = False) -> None:
+    def __init__(
+        self, name: str, exchange_type: str, auto_delete: bool = False, internal: bool = False
+    ) -> None:
         self.name = name
         self.exchange_type = exchange_type
         self.auto_delete = auto_delete  # deleted when its last binding goes
+        self.internal = internal  # no publish to it, only routing from a bound exchange
         self.bindings: dict[str, dict[BindingKey, None]] = {}
         # exchange-to-exchange bindings from this one: destination exchange -> keys (the same)
         self.exchange_bindings: dict[str, dict[BindingKey, None]] = {}

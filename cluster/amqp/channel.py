@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 TAG_PREFIX = "amqp."
 EXCLUSIVE_MARK = TAG_PREFIX + "x"
 CONSUME_ARGUMENTS = ("x-priority",)
+# the machine's refusals of a publish through an exchange that close the channel, as RabbitMQ's
+CLOSING_CODES = {"unknown_exchange": NOT_FOUND, "access_refused": ACCESS_REFUSED}
 HEADERS_FLAG_HIGH_BYTE = commands.Basic.Properties.flags["headers"] >> 8
 # Enqueue without its frozen __init__'s setattrs (the publish path), while its fields are known
 _ENQUEUE_FIELDS = ("queue", "body", "enqueuer", "seq", "connection", "ttl_ms")
@@ -132,11 +134,16 @@ class Channel:
     ) -> None:
         """One PublishToExchange: the machine stores it in every queue bound to match it."""
         what = f"publishing to exchange '{method.exchange}'"
-        version, exchange_type = exchanges.exchange_type_here(self.server, method.exchange)
+        version, exchange_type, internal = exchanges.exchange_type_here(
+            self.server, method.exchange
+        )
         if version < EXCHANGES_SINCE_VERSION:
             raise exchanges.exchanges_need_v4(what)
         if exchange_type is None:
             raise ChannelRefusal(NOT_FOUND, f"no exchange '{method.exchange}' in vhost '/'")
+        if internal:
+            raise ChannelRefusal(ACCESS_REFUSED, f"cannot publish to internal exchange "
+                                 f"'{method.exchange}' in vhost '/'")  # fmt: skip
         headers: HeaderPairs = ()
         if exchange_type == "headers":
             headers = exchanges.header_pairs(envelope.properties_of(properties).headers)
@@ -170,9 +177,10 @@ class Channel:
             self._confirm(seq, ok=True)
         elif isinstance(reply, Routed):
             self._confirm(seq, ok=not reply.refused)
-        elif isinstance(reply, Error) and reply.code == "unknown_exchange" and not self.closing:
-            self._confirm(seq, ok=False)
-            self.connection.refuse_channel(self, ChannelRefusal(NOT_FOUND, reply.message), method)
+        elif isinstance(reply, Error) and reply.code in CLOSING_CODES and not self.closing:
+            self._confirm(seq, ok=False)  # the exchange was deleted, or made internal, meanwhile
+            refusal = ChannelRefusal(CLOSING_CODES[reply.code], reply.message)
+            self.connection.refuse_channel(self, refusal, method)
         else:
             self._confirm(seq, ok=False)
 

@@ -105,8 +105,9 @@ async def declare(channel: Channel, method: commands.Exchange.Declare) -> None:
                     COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'"
                 )
         command = DeclareExchange(
-            name, method.exchange_type, bool(method.passive), bool(method.auto_delete)
-        )
+            name, method.exchange_type, bool(method.passive), bool(method.auto_delete),
+            bool(method.internal),
+        )  # fmt: skip
         reply = await _submit(channel, command, what)
         assert isinstance(reply, DeclareOk), reply
     if not method.nowait:
@@ -114,11 +115,9 @@ async def declare(channel: Channel, method: commands.Exchange.Declare) -> None:
 
 
 def _check_declare_flags(method: commands.Exchange.Declare) -> None:
-    """What quorumq's exchanges cannot be: internal, or with arguments (an alternate exchange).
-    durable=false is accepted: every exchange is replicated (docs/amqp.md); auto-delete is the
-    machine's (deleted with its last binding)."""
-    if method.internal:
-        raise not_implemented(f"an internal exchange ('{method.exchange}')")
+    """What quorumq's exchanges cannot have: arguments (an alternate exchange). durable=false
+    is accepted: every exchange is replicated (docs/amqp.md); auto-delete and internal are the
+    machine's (deleted with its last binding; no publish but through a bound exchange)."""
     for name in method.arguments or {}:
         if name == "alternate-exchange":
             raise not_implemented("alternate-exchange (alternate exchanges)")
@@ -223,14 +222,17 @@ def _fits(text: str) -> bool:
     return 0 < len(text.encode("utf-8", "surrogatepass")) <= fifo_limits.annotation_bytes_max
 
 
-def exchange_type_here(server: NodeServer, name: str) -> tuple[int, str | None]:
-    """The machine version this node applies and the type of exchange `name` (declared or
-    built-in) in its state (None: there is none), read at once."""
+def exchange_type_here(server: NodeServer, name: str) -> tuple[int, str | None, bool]:
+    """The machine version this node applies, the type of exchange `name` (declared or
+    built-in) in its state (None: there is none) and whether it is internal, read at once."""
 
-    def read(view: ReplicaView) -> tuple[int, str | None]:
+    def read(view: ReplicaView) -> tuple[int, str | None, bool]:
         version = int(view.meta.effective_version)
         if version < EXCHANGES_SINCE_VERSION:
-            return version, None
-        return version, v4_exchanges.exchange_type(view.state, name)
+            return version, None, False
+        found = v4_exchanges.find_exchange(view.state, name)
+        if found is None:
+            return version, None, False
+        return version, found.exchange_type, found.internal
 
     return node_link.read(server, read)

@@ -19,7 +19,8 @@
   (more: the publish is refused). Deleting an exchange drops the bindings to it.
 - **Auto-delete.** An `auto_delete` exchange is deleted when its last binding (to a queue or an
   exchange) goes: unbind, the queue's or the destination's deletion; an auto-delete source
-  left without bindings by that goes too (a worklist in name order).
+  left without bindings by that goes too (a worklist in name order). An `internal` exchange
+  refuses a publish to it (`access_refused`) but routes what a bound exchange sends on.
 - **Refusals.** Input errors and `queues_per_publish_max` are refused before anything changes;
   a queue refusing its copy (at its `reject_publish` limit) is named in `Routed.refused` (the
   others keep theirs); a mandatory publish matching no queue answers `Unroutable` (nothing
@@ -310,8 +311,8 @@ class Exchanges:
         """Create an exchange; the same type again is a no-op, another is refused (406)."""
         if err := exchange_name_error(cmd.exchange):
             return invalid(err)
-        if not v.is_bool(cmd.passive) or not v.is_bool(cmd.auto_delete):
-            return invalid("passive and auto_delete must be bools")
+        if not all(v.is_bool(flag) for flag in (cmd.passive, cmd.auto_delete, cmd.internal)):
+            return invalid("passive, auto_delete and internal must be bools")
         existing = find_exchange(ctx.state, cmd.exchange)
         if cmd.passive:
             return DeclareOk(False) if existing is not None else _no_exchange(cmd.exchange)
@@ -326,7 +327,7 @@ class Exchanges:
         if len(ctx.state.exchanges) >= limits.exchanges_max:
             return Error("unsupported", "exchanges_max reached")
         ctx.state.exchanges[cmd.exchange] = Exchange(cmd.exchange, cmd.exchange_type,
-                                                     cmd.auto_delete)  # fmt: skip
+                                                     cmd.auto_delete, cmd.internal)  # fmt: skip
         return DeclareOk(True)
 
     def delete(self, ctx: Ctx, cmd: DeleteExchange) -> Reply:
@@ -431,6 +432,9 @@ class Exchanges:
         """Route a publish and store it in every matching queue (one body, N references)."""
         if err := publish_error(cmd):
             return invalid(err)
+        if (found := ctx.state.exchanges.get(cmd.exchange)) is not None and found.internal:
+            return Error("access_refused", f"cannot publish to internal exchange "
+                         f"'{cmd.exchange}' in vhost '/'")  # fmt: skip
         try:
             names = route(ctx.state, cmd)
         except TooManyExchanges:
@@ -502,9 +506,10 @@ def _redeclared(existing: Exchange, cmd: DeclareExchange) -> Reply:
     """A declare of an existing exchange: a no-op when equivalent, else RabbitMQ's 406."""
     if existing.exchange_type != cmd.exchange_type:
         return _inequivalent(cmd.exchange, "type", cmd.exchange_type, existing.exchange_type)
-    if existing.auto_delete != cmd.auto_delete:
-        return _inequivalent(cmd.exchange, "auto_delete", str(cmd.auto_delete).lower(),
-                             str(existing.auto_delete).lower())  # fmt: skip
+    for arg, received, current in (("auto_delete", cmd.auto_delete, existing.auto_delete),
+                                   ("internal", cmd.internal, existing.internal)):  # fmt: skip
+        if received != current:
+            return _inequivalent(cmd.exchange, arg, str(received).lower(), str(current).lower())
     return DeclareOk(False)
 
 

@@ -356,10 +356,10 @@ def test_an_unknown_exchange_type_is_503_as_rabbitmq(v4: AmqpCluster) -> None:
 @pytest.mark.parametrize(
     ("options", "feature"),
     [
-        ({"internal": True}, "internal"),
         ({"arguments": {"alternate-exchange": "ae"}}, "alternate-exchange"),
+        ({"arguments": {"x-anything": 1}}, "exchange argument 'x-anything'"),
     ],
-    ids=["internal", "alternate-exchange"],
+    ids=["alternate-exchange", "another-argument"],
 )
 def test_what_exchanges_lack_is_refused_with_540(
     v4: AmqpCluster, options: dict[str, Any], feature: str
@@ -418,6 +418,32 @@ def test_exchange_to_exchange_bindings_route_on_and_unbind(channel: BlockingChan
     with pytest.raises(ChannelClosedByBroker) as missing:
         channel.exchange_bind(fanout, _name("none"))
     assert missing.value.reply_code == 404 and "no exchange" in missing.value.reply_text
+
+
+def test_an_internal_exchange_refuses_publishes_and_routes_from_a_bound_one(
+    v4: AmqpCluster,
+) -> None:
+    """RabbitMQ's internal exchange: a publish to it closes the channel 403 (aio-pika's own
+    test_consumer_publish_errors relies on it); through an exchange bound to it, it routes."""
+    connection = pika.BlockingConnection(v4.params(1))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        internal, front = _name("internal"), _name("front")
+        channel.exchange_declare(internal, "fanout", internal=True)
+        channel.exchange_declare(front, "direct")
+        channel.exchange_bind(internal, front, "in")
+        [queue] = _queues(channel, 1)
+        channel.queue_bind(queue, internal)
+        channel.basic_publish(front, "in", b"through")
+        assert _drain(channel, queue) == [b"through"]
+        with pytest.raises(ChannelClosedByBroker) as refused:
+            channel.basic_publish(internal, "", b"direct")
+        assert refused.value.reply_code == 403
+        assert f"cannot publish to internal exchange '{internal}'" in refused.value.reply_text
+        assert _drain(connection.channel(), queue) == []
+    finally:
+        connection.close()
 
 
 def test_aio_pika_fanout_and_topic(v4: AmqpCluster) -> None:

@@ -214,6 +214,23 @@ def test_an_auto_delete_exchange_goes_with_its_last_binding() -> None:
     assert list(log.state.exchanges) == ["x"]  # not auto-delete: kept without bindings
 
 
+def test_an_internal_exchange_takes_no_publish_but_routes_from_a_bound_exchange() -> None:
+    """RabbitMQ's internal exchange: a publish to it is refused (403, nothing stored); one
+    routed into it through an exchange binding goes on; re-declared not internal: 406."""
+    log = setup("fanout")
+    log.ok(c.DeclareExchange("in", "fanout", internal=True))
+    reply, _ = log.run(c.DeclareExchange("in", "fanout"))
+    assert reply.code == "exchange_exists" and "inequivalent arg 'internal'" in reply.message
+    log.ok(c.BindQueue("a", "in"))
+    reply, _ = log.run(c.PublishToExchange("in", "k", b"m"))
+    assert reply.code == "access_refused"
+    assert reply.message == "cannot publish to internal exchange 'in' in vhost '/'"
+    log.ok(c.BindExchange("in", "x"))
+    assert publish(log, "k") == Routed(("a",))
+    restored = fifo.restore(fifo.snapshot(log.state))
+    assert restored.exchanges["in"].internal and fifo.digest(restored) == fifo.digest(log.state)
+
+
 def test_deleting_a_queue_removes_its_bindings() -> None:
     """A deleted queue's bindings go; a queue declared again under its name is not bound."""
     log = setup("fanout")
