@@ -31,6 +31,8 @@ RULES: tuple[tuple[re.Pattern[str], str, str], ...] = tuple(
         (r"basic\.recover with requeue=false", NOT_APPLICABLE, "basic.recover requeue=false"),
         (r"'QuorumqNode' object has no attribute '_request'", NOT_APPLICABLE,
          "restarts RabbitMQ inside its Docker container (rabbitmqctl stop_app, docker exec)"),
+        (r"'QuorumqNode' object has no attribute 'start'", NOT_APPLICABLE,
+         "kills RabbitMQ's Docker container and starts it again (docker kill, docker start)"),
         (r"(exchange\.\w+|exchange '[^']*'|binding to exchange|exchanges other than)"
          r".{0,200}not implemented by quorumq", NEEDS_EXCHANGES,
          "a named exchange: machine v4 (--machine-version 4)"),
