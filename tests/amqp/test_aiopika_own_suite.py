@@ -4,9 +4,9 @@ whole, and the script's classification must count it (issue 27, acceptance item 
 
 A second slice runs at machine v4 (`--machine-version 4`), where their exchange tests apply.
 The whole suite is run by hand (`python scripts/run_aiopika_suite.py --machine-version 4 --json
-out.json`); its per-module results are in docs/amqp.md. The first run downloads aio-pika's sdist and builds a
-virtualenv with its test dependencies under ~/.cache/quorumq (about 20 s, needs the package
-index); later runs reuse them.
+out.json`); its per-module results are in docs/amqp.md. The first run downloads aio-pika's
+sdist and builds a virtualenv with its test dependencies under ~/.cache/quorumq (about 20 s,
+needs the package index); later runs reuse them.
 """
 
 from __future__ import annotations

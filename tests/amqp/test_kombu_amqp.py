@@ -59,3 +59,24 @@ def test_kombu_requeue_redelivers_with_delivery_count(amqp_cluster: AmqpCluster)
         assert seen[0][0] is False and "x-delivery-count" not in (seen[0][1] or {})
         assert seen[1][0] is True and seen[1][1]["x-delivery-count"] == 1
         assert queue(conn.default_channel).get() is None
+
+
+def test_kombu_prefetch_holds_back_past_the_window(amqp_cluster: AmqpCluster) -> None:
+    """prefetch_count=2: a consumer that has not acked gets 2 of 5 messages, a third once it
+    acks one."""
+    name = f"kombu-{uuid.uuid4().hex[:8]}"
+    queue = kombu.Queue(name, kombu.Exchange(""), routing_key=name, durable=True,
+                        queue_arguments={"x-queue-type": "quorum"})  # fmt: skip
+    with kombu.Connection(amqp_cluster.url(0), transport_options={"confirm_publish": True}) as conn:
+        for number in range(5):
+            conn.Producer().publish({"n": number}, routing_key=name, declare=[queue],
+                                    serializer="json")  # fmt: skip
+        held: list[Any] = []
+        with conn.Consumer(queue, callbacks=[lambda _b, m: held.append(m)], prefetch_count=2):
+            while len(held) < 2:
+                conn.drain_events(timeout=10)
+            with pytest.raises(TimeoutError):  # the window is full: nothing more comes
+                conn.drain_events(timeout=0.5)
+            held[0].ack()
+            conn.drain_events(timeout=10)
+        assert [message.payload["n"] for message in held] == [0, 1, 2]
