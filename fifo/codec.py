@@ -60,6 +60,7 @@ CLASSES: tuple[type, ...] = (
     c.BoundSettle, c.BoundReturn, c.BoundDiscard, c.BoundModify, c.BoundRenewLocks,
     c.DeclareExchange, c.DeleteExchange, c.BindQueue, c.UnbindQueue, c.PublishToExchange,
     r.Routed, r.Unroutable,
+    c.BindExchange, c.UnbindExchange,
 )  # fmt: skip
 SNAPSHOT_FORMAT = 1
 _NO_DEFAULT = object()
@@ -596,16 +597,28 @@ def _routing_in(cursor: int, enqueuers: Any) -> Routing:
     return r
 
 
+def _bindings_out(bindings: dict[str, dict[Any, None]]) -> list[Any]:
+    return [[target, [[key, [list(pair) for pair in arguments]] for key, arguments in keys]]
+            for target, keys in bindings.items()]  # fmt: skip
+
+
+def _bindings_in(v: Any) -> dict[str, dict[Any, None]]:
+    return {target: {(key, _tuples(arguments)): None for key, arguments in keys}
+            for target, keys in v}  # fmt: skip
+
+
 def _exchange_out(x: Exchange) -> list[Any]:
-    return [x.name, x.exchange_type,
-            [[queue, [[key, [list(pair) for pair in arguments]] for key, arguments in keys]]
-             for queue, keys in x.bindings.items()]]  # fmt: skip
+    out: list[Any] = [x.name, x.exchange_type, _bindings_out(x.bindings)]
+    if x.auto_delete or x.exchange_bindings or x.internal:  # three more only when any is set
+        out += [x.auto_delete, _bindings_out(x.exchange_bindings), x.internal]
+    return out
 
 
 def _exchange_in(v: Any) -> Exchange:
-    x = Exchange(v[0], v[1])
-    for queue, keys in v[2]:
-        x.bindings[queue] = {(key, _tuples(arguments)): None for key, arguments in keys}
+    x = Exchange(v[0], v[1], len(v) > 3 and v[3] is True, len(v) > 5 and v[5] is True)
+    x.bindings = _bindings_in(v[2])
+    if len(v) > 4:
+        x.exchange_bindings = _bindings_in(v[4])
     return x
 
 

@@ -406,12 +406,16 @@ HeaderPairs = tuple[tuple[str, str | int], ...]
 
 @dataclass(frozen=True, slots=True)
 class DeclareExchange:
-    """Create an exchange (v4); an equal re-declare is a no-op, another type is refused
-    (`exchange_exists`, RabbitMQ's 406); `passive` only checks that it exists."""
+    """Create an exchange (v4); an equal re-declare is a no-op, another type, auto_delete or
+    internal is refused (`exchange_exists`, RabbitMQ's 406); `passive` only checks that it
+    exists. An `auto_delete` exchange is deleted when its last binding goes (RabbitMQ's rule);
+    an `internal` one takes no publish, only what an exchange bound to it routes on."""
 
     exchange: str
     exchange_type: str = "direct"
     passive: bool = False
+    auto_delete: bool = False
+    internal: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,6 +443,28 @@ class UnbindQueue:
 
     queue: str
     exchange: str
+    routing_key: str = ""
+    arguments: HeaderPairs = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BindExchange:
+    """Bind exchange `destination` to exchange `source` (v4; idempotent; RabbitMQ's
+    exchange.bind): what `source` matches with this binding is routed on through
+    `destination`, each exchange at most once per publish."""
+
+    destination: str
+    source: str
+    routing_key: str = ""
+    arguments: HeaderPairs = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UnbindExchange:
+    """Remove one exchange-to-exchange binding (v4); one that does not exist is a no-op."""
+
+    destination: str
+    source: str
     routing_key: str = ""
     arguments: HeaderPairs = ()
 
@@ -493,4 +519,6 @@ Command = (
     | BindQueue
     | UnbindQueue
     | PublishToExchange
+    | BindExchange
+    | UnbindExchange
 )

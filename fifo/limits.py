@@ -39,3 +39,6 @@ bindings_per_exchange_max = 10_000  # (queue, binding key, arguments) triples of
 binding_arguments_max = 32  # pairs in one binding's arguments (headers: the matched headers)
 headers_per_publish_max = 64  # message headers a publish carries for headers-exchange routing
 queues_per_publish_max = 1_024  # queues one publish may be stored in (more: refused)
+# exchanges one publish is routed through, its own included, over exchange-to-exchange bindings
+# (each at most once: cycles end there; more: refused). Bounds a publish's routing work too.
+exchanges_per_publish_max = 16

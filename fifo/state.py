@@ -451,16 +451,29 @@ class Exchange:
     order they were bound) to that queue's (binding key, arguments) pairs (insertion order).
     Keyed by queue so a queue's deletion drops its bindings in one step per exchange."""
 
-    __slots__ = ("bindings", "exchange_type", "name")
+    __slots__ = ("auto_delete", "bindings", "exchange_bindings", "exchange_type", "internal",
+                 "name")  # fmt: skip
 
-    def __init__(self, name: str, exchange_type: str) -> None:
+    def __init__(
+        self, name: str, exchange_type: str, auto_delete: bool = False, internal: bool = False
+    ) -> None:
         self.name = name
         self.exchange_type = exchange_type
+        self.auto_delete = auto_delete  # deleted when its last binding goes
+        self.internal = internal  # no publish to it, only routing from a bound exchange
         self.bindings: dict[str, dict[BindingKey, None]] = {}
+        # exchange-to-exchange bindings from this one: destination exchange -> keys (the same)
+        self.exchange_bindings: dict[str, dict[BindingKey, None]] = {}
 
     def binding_count(self) -> int:
-        """How many bindings the exchange has (over every queue)."""
-        return sum(len(keys) for keys in self.bindings.values())
+        """How many bindings the exchange has as a source (to queues and to exchanges)."""
+        return sum(len(keys) for keys in self.bindings.values()) + sum(
+            len(keys) for keys in self.exchange_bindings.values()
+        )
+
+    def has_bindings(self) -> bool:
+        """Whether anything is bound to it as a source."""
+        return bool(self.bindings or self.exchange_bindings)
 
 
 LockEntry = tuple[int, int, str, ConsumerKey, int]  # (lock expiry, push number, queue, key, id)

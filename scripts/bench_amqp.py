@@ -43,17 +43,21 @@ def loadavg() -> list[str]:
     return Path("/proc/loadavg").read_text().split()[:3]
 
 
-def start(data_dir: Path, tls: bool = False) -> LocalCluster:
-    """A 3-node cluster with guest allowed, on the newest machine version (peer and client
-    traffic over TLS with `tls`); scripts/run_aiopika_suite.py starts its clusters so too."""
-    created = init_cluster(data_dir, 3, tls=tls)
+def start(data_dir: Path, tls: bool = False, machine_version: int | None = None) -> LocalCluster:
+    """A 3-node cluster with guest allowed, on the newest released machine version, or on
+    `machine_version` (an unreleased one too: its nodes get `UNRELEASED_FLAG`), peer and client
+    traffic over TLS with `tls`; scripts/run_aiopika_suite.py starts its clusters so too."""
+    target = machine_version or max(fifo.SUPPORTED_VERSIONS)
+    if target in fifo.UNRELEASED_VERSIONS:
+        os.environ[config.UNRELEASED_FLAG] = "1"  # the node processes inherit it
+    created = init_cluster(data_dir, 3, tls=tls, max_machine_version=machine_version)
     config.write(data_dir, dataclasses.replace(created, amqp_guest=True))
     cluster = start_cluster(data_dir, 3)
     client = cluster.raw_client(cluster.config.nodes[0].id)
     wait_until(lambda: len(client.query("machine")["supported"]) == 3 or None, 15, "hellos")
-    latest = max(fifo.SUPPORTED_VERSIONS)
-    client.admin("machine_upgrade", to=latest)
-    wait_until(lambda: client.query("machine")["effective_version"] == latest or None, 15, "v")
+    if client.query("machine")["effective_version"] != target:  # an unreleased one comes alone
+        client.admin("machine_upgrade", to=target)
+    wait_until(lambda: client.query("machine")["effective_version"] == target or None, 30, "v")
     return cluster
 
 

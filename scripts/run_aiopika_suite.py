@@ -37,6 +37,7 @@ sys.path.insert(0, str(SCRIPTS))
 import aiopika_classes  # noqa: E402
 from bench_amqp import start  # noqa: E402  (a sibling script: the same cluster)
 
+import fifo  # noqa: E402
 from cluster.launcher import LocalCluster  # noqa: E402
 
 VERSION = "10.2.1"  # pyproject.toml pins aio-pika==10.2.1
@@ -196,8 +197,19 @@ def main() -> int:
     parser.add_argument("--junit", type=Path, help="keep their JUnit XML report here")
     parser.add_argument("--reclassify", type=Path, help="only classify this JUnit XML report")
     parser.add_argument("--min-pass-rate", type=float, default=0.8)
+    parser.add_argument(
+        "--machine-version",
+        type=int,
+        choices=sorted({*fifo.SUPPORTED_VERSIONS, *fifo.UNRELEASED_VERSIONS}),
+        help="run the clusters on this machine version (default: the newest released; "
+        "an unreleased one such as 4, with exchanges, is allowed explicitly)",
+    )
     args, pytest_args = parser.parse_known_args()  # the rest goes to their pytest
-    cases = outcomes(args.reclassify) if args.reclassify else run_suite(pytest_args, args.junit)
+    cases = (
+        outcomes(args.reclassify)
+        if args.reclassify
+        else run_suite(pytest_args, args.junit, args.machine_version)
+    )
     summary = summarise(cases)
     problems = verdict(summary, cases, args.min_pass_rate)
     summary["problems"] = problems
@@ -207,8 +219,11 @@ def main() -> int:
     return 1 if problems else 0
 
 
-def run_suite(pytest_args: list[str], keep_junit: Path | None) -> list[dict[str, str]]:
-    """Start a cluster (and a TLS one for their test_amqps.py), run their pytest, stop them."""
+def run_suite(
+    pytest_args: list[str], keep_junit: Path | None, machine_version: int | None = None
+) -> list[dict[str, str]]:
+    """Start a cluster (and a TLS one for their test_amqps.py) on `machine_version` (None: the
+    newest released), run their pytest, stop them."""
     cache = cache_dir()
     tree, python = fetch_sdist(cache), test_python(cache)
     args = [arg for arg in pytest_args if arg != "--"]
@@ -217,11 +232,11 @@ def run_suite(pytest_args: list[str], keep_junit: Path | None) -> list[dict[str,
     )
     with tempfile.TemporaryDirectory(prefix="qq-aiopika-") as tmp:
         junit = Path(tmp) / "junit.xml"
-        clusters = [start(Path(tmp) / "D")]
+        clusters = [start(Path(tmp) / "D", machine_version=machine_version)]
         try:
             ports = {"amqp": amqp_port(clusters[0])}
             if wants_tls:  # their amqps tests connect with TLS to RabbitMQ's port 5671
-                clusters.append(start(Path(tmp) / "TLS", tls=True))
+                clusters.append(start(Path(tmp) / "TLS", tls=True, machine_version=machine_version))
                 ports["amqps"] = amqp_port(clusters[1])
             run_pytest(tree, python, ports, args, junit)
         finally:

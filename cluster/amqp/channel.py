@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import base, commands
 
-from cluster.amqp import envelope, exchanges, frames, limits, node_link
+from cluster.amqp import deaths, envelope, exchanges, frames, limits, node_link
 from cluster.amqp.consumers import Batches, Consumer, UnackedMap, chunks
 from cluster.amqp.errors import (
     ACCESS_REFUSED,
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 TAG_PREFIX = "amqp."
 EXCLUSIVE_MARK = TAG_PREFIX + "x"
 CONSUME_ARGUMENTS = ("x-priority",)
+# the machine's refusals of a publish through an exchange that close the channel, as RabbitMQ's
+CLOSING_CODES = {"unknown_exchange": NOT_FOUND, "access_refused": ACCESS_REFUSED}
 HEADERS_FLAG_HIGH_BYTE = commands.Basic.Properties.flags["headers"] >> 8
 # Enqueue without its frozen __init__'s setattrs (the publish path), while its fields are known
 _ENQUEUE_FIELDS = ("queue", "body", "enqueuer", "seq", "connection", "ttl_ms")
@@ -132,11 +134,16 @@ class Channel:
     ) -> None:
         """One PublishToExchange: the machine stores it in every queue bound to match it."""
         what = f"publishing to exchange '{method.exchange}'"
-        version, exchange_type = exchanges.exchange_type_here(self.server, method.exchange)
+        version, exchange_type, internal = exchanges.exchange_type_here(
+            self.server, method.exchange
+        )
         if version < EXCHANGES_SINCE_VERSION:
             raise exchanges.exchanges_need_v4(what)
         if exchange_type is None:
             raise ChannelRefusal(NOT_FOUND, f"no exchange '{method.exchange}' in vhost '/'")
+        if internal:
+            raise ChannelRefusal(ACCESS_REFUSED, f"cannot publish to internal exchange "
+                                 f"'{method.exchange}' in vhost '/'")  # fmt: skip
         headers: HeaderPairs = ()
         if exchange_type == "headers":
             headers = exchanges.header_pairs(envelope.properties_of(properties).headers)
@@ -170,9 +177,10 @@ class Channel:
             self._confirm(seq, ok=True)
         elif isinstance(reply, Routed):
             self._confirm(seq, ok=not reply.refused)
-        elif isinstance(reply, Error) and reply.code == "unknown_exchange" and not self.closing:
-            self._confirm(seq, ok=False)
-            self.connection.refuse_channel(self, ChannelRefusal(NOT_FOUND, reply.message), method)
+        elif isinstance(reply, Error) and reply.code in CLOSING_CODES and not self.closing:
+            self._confirm(seq, ok=False)  # the exchange was deleted, or made internal, meanwhile
+            refusal = ChannelRefusal(CLOSING_CODES[reply.code], reply.message)
+            self.connection.refuse_channel(self, refusal, method)
         else:
             self._confirm(seq, ok=False)
 
@@ -286,14 +294,15 @@ class Channel:
             method = frames.encode_deliver(
                 self.number, consumer.tag, tag, message.redelivered, key, exchange
             )
-            self._send_message(method, message, properties, body)
+            self._send_message(method, message, properties, body, route)
 
     def _send_message(
         self, method: base.Frame | bytes, message: Delivery | Any, properties: bytes | None,
-        body: bytes,
+        body: bytes, route: tuple[str, str] | None,
     ) -> None:  # fmt: skip
-        if message.delivery_count > 0:
-            properties = _with_delivery_count(properties, message.delivery_count)
+        death = deaths.death_of(getattr(message, "annotations", ()))
+        if message.delivery_count > 0 or death is not None:
+            properties = _with_headers(properties, message.delivery_count, death, route)
         elif properties is None:
             properties = PERSISTENT_PROPERTIES
         self.connection.send_content(self.number, method, properties, body)
@@ -335,7 +344,7 @@ class Channel:
         properties, body, route = envelope.unwrap(message.body)
         exchange, key = route or ("", method.queue)
         get_ok = commands.Basic.GetOk(tag, message.redelivered, exchange, key, reply.ready)
-        self._send_message(get_ok, message, properties, body)
+        self._send_message(get_ok, message, properties, body, route)
 
     # --- acknowledgements ---------------------------------------------------------------------
 
@@ -421,11 +430,17 @@ def _ttl_ms(properties: bytes) -> int | None:
     return int(expiration)
 
 
-def _with_delivery_count(properties: bytes | None, count: int) -> bytes:
-    """The properties with RabbitMQ's `x-delivery-count` header (quorum queues add it)."""
+def _with_headers(
+    properties: bytes | None, count: int, death: tuple[str, str] | None,
+    route: tuple[str, str] | None,
+) -> bytes:  # fmt: skip
+    """The properties with RabbitMQ's `x-delivery-count` header (quorum queues add it) and, for
+    a dead letter, its x-death headers (`cluster.amqp.deaths`)."""
     decoded = envelope.properties_of(properties)
     if count > 0:
         decoded.headers = {**(decoded.headers or {}), "x-delivery-count": count}
+    if death is not None:
+        deaths.add_death(decoded, death, route)
     return decoded.marshal()
 
 

@@ -52,6 +52,8 @@ async def _queue_or_refused(channel: Channel, method: base.Frame) -> None:
             channel.send(purge_ok)
     elif isinstance(method, (commands.Queue.Bind, commands.Queue.Unbind)):
         await exchanges.bind(channel, method)
+    elif isinstance(method, (commands.Exchange.Bind, commands.Exchange.Unbind)):
+        await exchanges.bind_exchange(channel, method)
     elif isinstance(method, commands.Exchange.Declare):
         await exchanges.declare(channel, method)
     elif isinstance(method, commands.Exchange.Delete):
@@ -65,8 +67,6 @@ async def _queue_or_refused(channel: Channel, method: base.Frame) -> None:
 
 
 def _refuse(method: base.Frame) -> None:
-    if method.name.startswith("Exchange."):  # exchange.bind / unbind
-        raise not_implemented(f"{method.name.lower()} (exchange-to-exchange bindings)")
     if method.name.startswith("Tx."):
         raise not_implemented(f"transactions ({method.name.lower()})")
     raise ConnectionRefusal(COMMAND_INVALID, f"unexpected method {method.name} on a channel")

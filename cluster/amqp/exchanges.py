@@ -28,10 +28,12 @@ from fifo import limits as fifo_limits
 from fifo.commands import (
     EXCHANGE_TYPES,
     EXCHANGES_SINCE_VERSION,
+    BindExchange,
     BindQueue,
     DeclareExchange,
     DeleteExchange,
     HeaderPairs,
+    UnbindExchange,
     UnbindQueue,
 )
 from fifo.replies import DeclareOk, Error, Ok
@@ -102,7 +104,10 @@ async def declare(channel: Channel, method: commands.Exchange.Declare) -> None:
                 raise ConnectionRefusal(
                     COMMAND_INVALID, f"unknown exchange type '{method.exchange_type}'"
                 )
-        command = DeclareExchange(name, method.exchange_type, bool(method.passive))
+        command = DeclareExchange(
+            name, method.exchange_type, bool(method.passive), bool(method.auto_delete),
+            bool(method.internal),
+        )  # fmt: skip
         reply = await _submit(channel, command, what)
         assert isinstance(reply, DeclareOk), reply
     if not method.nowait:
@@ -110,12 +115,9 @@ async def declare(channel: Channel, method: commands.Exchange.Declare) -> None:
 
 
 def _check_declare_flags(method: commands.Exchange.Declare) -> None:
-    """What quorumq's exchanges cannot be: auto-delete, internal, or with arguments (an
-    alternate exchange). durable=false is accepted: every exchange is replicated (docs/amqp.md)."""
-    if method.auto_delete:
-        raise not_implemented(f"an auto-delete exchange ('{method.exchange}')")
-    if method.internal:
-        raise not_implemented(f"an internal exchange ('{method.exchange}')")
+    """What quorumq's exchanges cannot have: arguments (an alternate exchange). durable=false
+    is accepted: every exchange is replicated (docs/amqp.md); auto-delete and internal are the
+    machine's (deleted with its last binding; no publish but through a bound exchange)."""
     for name in method.arguments or {}:
         if name == "alternate-exchange":
             raise not_implemented("alternate-exchange (alternate exchanges)")
@@ -154,6 +156,25 @@ async def bind(channel: Channel, method: commands.Queue.Bind | commands.Queue.Un
         channel.send(commands.Queue.UnbindOk())
     elif not method.nowait:
         channel.send(commands.Queue.BindOk())
+
+
+async def bind_exchange(
+    channel: Channel, method: commands.Exchange.Bind | commands.Exchange.Unbind
+) -> None:
+    """exchange.bind / exchange.unbind: one BindExchange / UnbindExchange command (v4)."""
+    is_bind = isinstance(method, commands.Exchange.Bind)
+    verb = "exchange.bind" if is_bind else "exchange.unbind"
+    what = f"{verb} of exchange '{method.destination}' to exchange '{method.source}'"
+    if DEFAULT_EXCHANGE in (method.source or "", method.destination or ""):
+        raise ChannelRefusal(ACCESS_REFUSED, "operation not permitted on the default exchange")
+    require_exchanges(channel, what)
+    kind = BindExchange if is_bind else UnbindExchange
+    command = kind(method.destination, method.source, method.routing_key or "",
+                   binding_arguments(method.arguments))  # fmt: skip
+    reply = await _submit(channel, command, what)
+    assert isinstance(reply, Ok), reply
+    if not method.nowait:
+        channel.send(commands.Exchange.BindOk() if is_bind else commands.Exchange.UnbindOk())
 
 
 def binding_arguments(table: Mapping[str, Any] | None) -> HeaderPairs:
@@ -201,14 +222,17 @@ def _fits(text: str) -> bool:
     return 0 < len(text.encode("utf-8", "surrogatepass")) <= fifo_limits.annotation_bytes_max
 
 
-def exchange_type_here(server: NodeServer, name: str) -> tuple[int, str | None]:
-    """The machine version this node applies and the type of exchange `name` (declared or
-    built-in) in its state (None: there is none), read at once."""
+def exchange_type_here(server: NodeServer, name: str) -> tuple[int, str | None, bool]:
+    """The machine version this node applies, the type of exchange `name` (declared or
+    built-in) in its state (None: there is none) and whether it is internal, read at once."""
 
-    def read(view: ReplicaView) -> tuple[int, str | None]:
+    def read(view: ReplicaView) -> tuple[int, str | None, bool]:
         version = int(view.meta.effective_version)
         if version < EXCHANGES_SINCE_VERSION:
-            return version, None
-        return version, v4_exchanges.exchange_type(view.state, name)
+            return version, None, False
+        found = v4_exchanges.find_exchange(view.state, name)
+        if found is None:
+            return version, None, False
+        return version, found.exchange_type, found.internal
 
     return node_link.read(server, read)

@@ -13,6 +13,14 @@
   `amq.match` (headers) exist implicitly: a passive declare finds them, declaring one with its
   own type is a no-op, deleting one is refused (403). One is stored in `state.exchanges` when a
   queue is first bound to it; until then it routes nowhere.
+- **Exchange-to-exchange bindings.** `BindExchange(destination, source, ...)`: what the source
+  matches with that binding goes on through the destination, breadth first, each exchange at
+  most once (a cycle ends there), at most `exchanges_per_publish_max` exchanges per publish
+  (more: the publish is refused). Deleting an exchange drops the bindings to it.
+- **Auto-delete.** An `auto_delete` exchange is deleted when its last binding (to a queue or an
+  exchange) goes: unbind, the queue's or the destination's deletion; an auto-delete source
+  left without bindings by that goes too (a worklist in name order). An `internal` exchange
+  refuses a publish to it (`access_refused`) but routes what a bound exchange sends on.
 - **Refusals.** Input errors and `queues_per_publish_max` are refused before anything changes;
   a queue refusing its copy (at its `reject_publish` limit) is named in `Routed.refused` (the
   others keep theirs); a mandatory publish matching no queue answers `Unroutable` (nothing
@@ -32,12 +40,14 @@ from fifo import limits
 from fifo import validate as v
 from fifo.commands import (
     EXCHANGE_TYPES,
+    BindExchange,
     BindQueue,
     DeclareExchange,
     DeleteExchange,
     Enqueue,
     HeaderPairs,
     PublishToExchange,
+    UnbindExchange,
     UnbindQueue,
 )
 from fifo.replies import DeclareOk, Error, Ok, RejectPublish, Reply, Routed, Unroutable
@@ -130,12 +140,17 @@ def exchange_type(state: State, name: str) -> str | None:
     return None if exchange is None else exchange.exchange_type
 
 
+class TooManyExchanges(Exception):
+    """A publish reached more than `exchanges_per_publish_max` exchanges."""
+
+
 def route(state: State, cmd: PublishToExchange) -> list[str] | None:
-    """The sorted names of the queues `cmd` goes to, or None: no such exchange."""
+    """The sorted names of the queues `cmd` goes to, or None: no such exchange. Raises
+    TooManyExchanges past `exchanges_per_publish_max`."""
     if cmd.exchange == DEFAULT_EXCHANGE:
         return [cmd.routing_key] if cmd.routing_key in state.queues else []
     exchange = find_exchange(state, cmd.exchange)
-    return None if exchange is None else _matching(exchange, cmd)
+    return None if exchange is None else _matching(state, exchange, cmd)
 
 
 def dead_letter_target(exchange: str, routing_key: str) -> str:
@@ -161,14 +176,36 @@ def dead_letter_route(state: State, through: tuple[str, str], source: str,
     else:
         found = find_exchange(state, exchange)
         publish = PublishToExchange(exchange, routing_key, b"", annotations)
-        names = [] if found is None else _matching(found, publish)
+        try:
+            names = [] if found is None else _matching(state, found, publish)
+        except TooManyExchanges:  # dropped, as when nothing matches (docs/amqp.md)
+            names = []
     return [name for name in names if name != source]
 
 
-def _matching(exchange: Exchange, cmd: PublishToExchange) -> list[str]:
-    kind = exchange.exchange_type
-    return sorted(queue for queue, keys in exchange.bindings.items()
-                  if any(binding_matches(kind, binding, cmd) for binding in keys))  # fmt: skip
+def _matching(state: State, start: Exchange, cmd: PublishToExchange) -> list[str]:
+    """The sorted queues `cmd` reaches from `start`, through exchange-to-exchange bindings
+    breadth first, each exchange once (a cycle ends there). Only insertion-ordered dicts are
+    iterated, and the result is sorted: the same on every node."""
+    queues: dict[str, None] = {}
+    seen: dict[str, None] = {start.name: None}
+    frontier = [start]
+    while frontier:
+        reached: list[Exchange] = []
+        for exchange in frontier:
+            kind = exchange.exchange_type
+            for queue, keys in exchange.bindings.items():
+                if any(binding_matches(kind, binding, cmd) for binding in keys):
+                    queues[queue] = None
+            for name, keys in exchange.exchange_bindings.items():
+                if name not in seen and any(binding_matches(kind, b, cmd) for b in keys):
+                    seen[name] = None
+                    found = find_exchange(state, name)
+                    reached += [] if found is None else [found]
+        if len(seen) > limits.exchanges_per_publish_max:
+            raise TooManyExchanges(len(seen))
+        frontier = reached
+    return sorted(queues)
 
 
 # --- validation --------------------------------------------------------------------------------
@@ -203,6 +240,29 @@ def binding_error(cmd: BindQueue | UnbindQueue) -> str | None:
         err = exchange_name_error(cmd.exchange)
     err = err or key_error(cmd.routing_key, "routing_key")
     return err or pairs_error(cmd.arguments, "arguments", limits.binding_arguments_max)
+
+
+def exchange_binding_error(cmd: BindExchange | UnbindExchange) -> str | None:
+    """What is wrong with an exchange-to-exchange bind or unbind's fields, or None."""
+    err = None
+    for name in (cmd.destination, cmd.source):
+        if err is None and name != DEFAULT_EXCHANGE:
+            err = exchange_name_error(name)
+    err = err or key_error(cmd.routing_key, "routing_key")
+    return err or pairs_error(cmd.arguments, "arguments", limits.binding_arguments_max)
+
+
+def exchange_binding_source(state: State, cmd: BindExchange | UnbindExchange) -> Exchange | Error:
+    """The source exchange of an exchange-to-exchange bind or unbind, or the Error refusing it
+    (the default exchange: 403; either exchange missing: 404)."""
+    if err := exchange_binding_error(cmd):
+        return invalid(err)
+    if DEFAULT_EXCHANGE in (cmd.source, cmd.destination):
+        return _default_refused("bind to or unbind from")
+    if find_exchange(state, cmd.destination) is None:
+        return _no_exchange(cmd.destination)
+    source = find_exchange(state, cmd.source)
+    return _no_exchange(cmd.source) if source is None else source
 
 
 def publish_error(cmd: PublishToExchange) -> str | None:
@@ -251,8 +311,8 @@ class Exchanges:
         """Create an exchange; the same type again is a no-op, another is refused (406)."""
         if err := exchange_name_error(cmd.exchange):
             return invalid(err)
-        if not v.is_bool(cmd.passive):
-            return invalid("passive must be a bool")
+        if not all(v.is_bool(flag) for flag in (cmd.passive, cmd.auto_delete, cmd.internal)):
+            return invalid("passive, auto_delete and internal must be bools")
         existing = find_exchange(ctx.state, cmd.exchange)
         if cmd.passive:
             return DeclareOk(False) if existing is not None else _no_exchange(cmd.exchange)
@@ -260,17 +320,14 @@ class Exchanges:
             return invalid(f"unknown exchange type {cmd.exchange_type!r}; "
                            f"one of {EXCHANGE_TYPES}")  # fmt: skip
         if existing is not None:
-            if existing.exchange_type == cmd.exchange_type:
-                return DeclareOk(False)
-            return Error("exchange_exists", f"inequivalent arg 'type' for exchange "
-                         f"'{cmd.exchange}' in vhost '/': received '{cmd.exchange_type}' but "
-                         f"current is '{existing.exchange_type}'")  # fmt: skip
+            return _redeclared(existing, cmd)
         if cmd.exchange.startswith(RESERVED_PREFIX):
             return Error("access_refused", f"exchange name '{cmd.exchange}' contains reserved "
                          f"prefix '{RESERVED_PREFIX}*'")  # fmt: skip
         if len(ctx.state.exchanges) >= limits.exchanges_max:
             return Error("unsupported", "exchanges_max reached")
-        ctx.state.exchanges[cmd.exchange] = Exchange(cmd.exchange, cmd.exchange_type)
+        ctx.state.exchanges[cmd.exchange] = Exchange(cmd.exchange, cmd.exchange_type,
+                                                     cmd.auto_delete, cmd.internal)  # fmt: skip
         return DeclareOk(True)
 
     def delete(self, ctx: Ctx, cmd: DeleteExchange) -> Reply:
@@ -287,9 +344,9 @@ class Exchanges:
         exchange = ctx.state.exchanges.get(cmd.exchange)
         if exchange is None:
             return _no_exchange(cmd.exchange)
-        if cmd.if_unused and exchange.bindings:
+        if cmd.if_unused and exchange.has_bindings():
             return Error("exchange_in_use", f"exchange '{cmd.exchange}' in vhost '/' in use")
-        del ctx.state.exchanges[cmd.exchange]
+        _remove_exchange(ctx.state, cmd.exchange)
         return OK
 
     def bind(self, ctx: Ctx, cmd: BindQueue) -> Reply:
@@ -319,6 +376,39 @@ class Exchanges:
             keys.pop((cmd.routing_key, sorted_arguments(cmd.arguments)), None)
             if not keys:
                 del found.bindings[cmd.queue]
+                _drop_if_unused(ctx.state, found)
+        return OK
+
+    def bind_exchange(self, ctx: Ctx, cmd: BindExchange) -> Reply:
+        """Bind exchange to exchange (idempotent); both must exist."""
+        source = exchange_binding_source(ctx.state, cmd)
+        if not isinstance(source, Exchange):
+            return source
+        arguments = sorted_arguments(cmd.arguments)
+        if err := x_match_error(source, arguments):
+            return invalid(err)
+        keys = source.exchange_bindings.get(cmd.destination)
+        if keys is not None and (cmd.routing_key, arguments) in keys:
+            return OK
+        if source.binding_count() >= limits.bindings_per_exchange_max:
+            return Error("unsupported", "bindings_per_exchange_max reached")
+        source = ctx.state.exchanges.setdefault(source.name, source)  # a built-in's first
+        source.exchange_bindings.setdefault(cmd.destination, {})[(cmd.routing_key, arguments)] = (
+            None
+        )
+        return OK
+
+    def unbind_exchange(self, ctx: Ctx, cmd: UnbindExchange) -> Reply:
+        """Remove one exchange-to-exchange binding; one that does not exist is a no-op."""
+        source = exchange_binding_source(ctx.state, cmd)
+        if not isinstance(source, Exchange):
+            return source
+        keys = source.exchange_bindings.get(cmd.destination)
+        if keys is not None:
+            keys.pop((cmd.routing_key, sorted_arguments(cmd.arguments)), None)
+            if not keys:
+                del source.exchange_bindings[cmd.destination]
+                _drop_if_unused(ctx.state, source)
         return OK
 
     def binding_target(self, state: State, cmd: BindQueue | UnbindQueue) -> Exchange | Error:
@@ -342,7 +432,15 @@ class Exchanges:
         """Route a publish and store it in every matching queue (one body, N references)."""
         if err := publish_error(cmd):
             return invalid(err)
-        names = route(ctx.state, cmd)
+        if (found := ctx.state.exchanges.get(cmd.exchange)) is not None and found.internal:
+            return Error("access_refused", f"cannot publish to internal exchange "
+                         f"'{cmd.exchange}' in vhost '/'")  # fmt: skip
+        try:
+            names = route(ctx.state, cmd)
+        except TooManyExchanges:
+            return Error("unsupported", "the publish is routed through more than "
+                         f"exchanges_per_publish_max ({limits.exchanges_per_publish_max}) "
+                         "exchanges")  # fmt: skip
         if names is None:
             return _no_exchange(cmd.exchange)
         if len(names) > limits.queues_per_publish_max:
@@ -374,9 +472,50 @@ class Exchanges:
         )
 
     def queue_deleted(self, state: State, queue: str) -> None:
-        """A deleted queue's bindings go with it (exchanges in name order)."""
+        """A deleted queue's bindings go with it (exchanges in name order), and an auto-delete
+        exchange left without bindings with them."""
         for name in sorted(state.exchanges):
-            state.exchanges[name].bindings.pop(queue, None)
+            exchange = state.exchanges[name]
+            if exchange.bindings.pop(queue, None) is not None:
+                _drop_if_unused(state, exchange)
+
+
+def _drop_if_unused(state: State, exchange: Exchange) -> None:
+    """Delete an auto-delete exchange that just lost its last binding (RabbitMQ's rule)."""
+    if exchange.auto_delete and not exchange.has_bindings():
+        _remove_exchange(state, exchange.name)
+
+
+def _remove_exchange(state: State, name: str) -> None:
+    """Delete exchange `name` with its bindings and every binding to it; an auto-delete source
+    left without bindings goes too (a worklist: each exchange at most once, in name order)."""
+    pending = [name]
+    while pending:
+        current = pending.pop(0)
+        if state.exchanges.pop(current, None) is None:
+            continue
+        for other_name in sorted(state.exchanges):
+            other = state.exchanges[other_name]
+            if other.exchange_bindings.pop(current, None) is not None and (
+                other.auto_delete and not other.has_bindings()
+            ):
+                pending.append(other_name)
+
+
+def _redeclared(existing: Exchange, cmd: DeclareExchange) -> Reply:
+    """A declare of an existing exchange: a no-op when equivalent, else RabbitMQ's 406."""
+    if existing.exchange_type != cmd.exchange_type:
+        return _inequivalent(cmd.exchange, "type", cmd.exchange_type, existing.exchange_type)
+    for arg, received, current in (("auto_delete", cmd.auto_delete, existing.auto_delete),
+                                   ("internal", cmd.internal, existing.internal)):  # fmt: skip
+        if received != current:
+            return _inequivalent(cmd.exchange, arg, str(received).lower(), str(current).lower())
+    return DeclareOk(False)
+
+
+def _inequivalent(name: str, arg: str, received: str, current: str) -> Error:
+    return Error("exchange_exists", f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
+                 f"'/': received '{received}' but current is '{current}'")  # fmt: skip
 
 
 def _no_exchange(name: str) -> Error:

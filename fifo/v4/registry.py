@@ -15,6 +15,7 @@ from fifo import limits
 from fifo import validate as v
 from fifo.commands import (
     AnnotatedEnqueue,
+    BindExchange,
     BindQueue,
     Command,
     ConnectionDown,
@@ -33,6 +34,7 @@ from fifo.commands import (
     NodeUp,
     PublishToExchange,
     RegisterEnqueuer,
+    UnbindExchange,
     UnbindQueue,
     UpdateConfig,
 )
@@ -90,6 +92,8 @@ class MachineV4:
             BindQueue: self.exchanges.bind,
             UnbindQueue: self.exchanges.unbind,
             PublishToExchange: self.exchanges.publish,
+            BindExchange: self.exchanges.bind_exchange,
+            UnbindExchange: self.exchanges.unbind_exchange,
         }
 
     def init(self) -> State:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -53,3 +54,28 @@ async def _round_trip(url: str) -> None:
         await got.ack()
         assert await queue.get(fail=False) is None
         await queue.delete(if_unused=False, if_empty=True)
+
+
+def test_aio_pika_prefetch_holds_back_past_the_window(amqp_cluster: AmqpCluster) -> None:
+    """set_qos(prefetch_count=2): an unacking consumer gets 2 of 5 messages until it acks."""
+    asyncio.run(_prefetch_window(amqp_cluster.url(1)))
+
+
+async def _prefetch_window(url: str) -> None:
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.set_qos(prefetch_count=2)
+        queue = await channel.declare_queue(f"aio-{uuid.uuid4().hex[:8]}", durable=True)
+        for number in range(5):
+            await channel.default_exchange.publish(
+                aio_pika.Message(f"m{number}".encode()), routing_key=queue.name
+            )
+        held: asyncio.Queue[Any] = asyncio.Queue()
+        await queue.consume(held.put)
+        first = [await asyncio.wait_for(held.get(), 10) for _ in range(2)]
+        with pytest.raises(asyncio.TimeoutError):  # the window is full: nothing more comes
+            await asyncio.wait_for(held.get(), 0.5)
+        await first[0].ack()
+        third = await asyncio.wait_for(held.get(), 10)
+        assert [m.body for m in (*first, third)] == [b"m0", b"m1", b"m2"]

@@ -17,6 +17,7 @@ from pamqp import body, commands, header
 
 from cluster.launcher import start_cluster, wait_until
 from tests.amqp.conftest import AmqpCluster, restart_at_v4
+from tests.amqp.pika_select import Delivery, SelectSession
 from tests.amqp.test_protocol import RawAmqp
 
 pika = pytest.importorskip("pika")
@@ -355,11 +356,10 @@ def test_an_unknown_exchange_type_is_503_as_rabbitmq(v4: AmqpCluster) -> None:
 @pytest.mark.parametrize(
     ("options", "feature"),
     [
-        ({"auto_delete": True}, "auto-delete"),
-        ({"internal": True}, "internal"),
         ({"arguments": {"alternate-exchange": "ae"}}, "alternate-exchange"),
+        ({"arguments": {"x-anything": 1}}, "exchange argument 'x-anything'"),
     ],
-    ids=["auto-delete", "internal", "alternate-exchange"],
+    ids=["alternate-exchange", "another-argument"],
 )
 def test_what_exchanges_lack_is_refused_with_540(
     v4: AmqpCluster, options: dict[str, Any], feature: str
@@ -369,6 +369,81 @@ def test_what_exchanges_lack_is_refused_with_540(
     with pytest.raises(ConnectionClosedByBroker) as info:
         connection.channel().exchange_declare(_name("x"), "fanout", **options)
     assert info.value.reply_code == 540 and feature in info.value.reply_text
+
+
+def test_an_auto_delete_exchange_goes_with_its_last_binding(v4: AmqpCluster) -> None:
+    """RabbitMQ's auto-delete exchange (aio-pika's tests declare theirs so): it lives until its
+    last binding is removed; declared again with another auto_delete: 406."""
+    connection = pika.BlockingConnection(v4.params(0))
+    try:
+        channel = connection.channel()
+        exchange = _name("auto")
+        channel.exchange_declare(exchange, "direct", auto_delete=True)
+        [first, second] = _queues(channel, 2)
+        channel.queue_bind(first, exchange, "k")
+        channel.queue_bind(second, exchange, "k")
+        channel.queue_unbind(first, exchange, "k")
+        channel.exchange_declare(exchange, passive=True)
+        channel.queue_delete(second)
+        with pytest.raises(ChannelClosedByBroker) as gone:
+            channel.exchange_declare(exchange, passive=True)
+        assert gone.value.reply_code == 404
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "direct")
+        with pytest.raises(ChannelClosedByBroker) as other:
+            channel.exchange_declare(exchange, "direct", auto_delete=True)
+        assert other.value.reply_code == 406
+        assert "inequivalent arg 'auto_delete'" in other.value.reply_text
+    finally:
+        connection.close()
+
+
+def test_exchange_to_exchange_bindings_route_on_and_unbind(channel: BlockingChannel) -> None:
+    """exchange.bind: a topic exchange's matches go on through a fanout bound to it (a cycle
+    back is walked once); exchange.unbind stops it; a missing source is 404."""
+    topic, fanout = _name("topic"), _name("fan")
+    channel.exchange_declare(topic, "topic")
+    channel.exchange_declare(fanout, "fanout")
+    channel.exchange_bind(fanout, topic, "log.#")
+    channel.exchange_bind(topic, fanout)  # a cycle
+    queues = _queues(channel, 2)
+    for queue in queues:
+        channel.queue_bind(queue, fanout)
+    channel.basic_publish(topic, "log.a", b"through")
+    channel.basic_publish(topic, "other", b"not")
+    assert [_drain(channel, queue) for queue in queues] == [[b"through"], [b"through"]]
+    channel.exchange_unbind(fanout, topic, "log.#")
+    channel.basic_publish(topic, "log.a", b"after")
+    assert [_drain(channel, queue) for queue in queues] == [[], []]
+    with pytest.raises(ChannelClosedByBroker) as missing:
+        channel.exchange_bind(fanout, _name("none"))
+    assert missing.value.reply_code == 404 and "no exchange" in missing.value.reply_text
+
+
+def test_an_internal_exchange_refuses_publishes_and_routes_from_a_bound_one(
+    v4: AmqpCluster,
+) -> None:
+    """RabbitMQ's internal exchange: a publish to it closes the channel 403 (aio-pika's own
+    test_consumer_publish_errors relies on it); through an exchange bound to it, it routes."""
+    connection = pika.BlockingConnection(v4.params(1))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        internal, front = _name("internal"), _name("front")
+        channel.exchange_declare(internal, "fanout", internal=True)
+        channel.exchange_declare(front, "direct")
+        channel.exchange_bind(internal, front, "in")
+        [queue] = _queues(channel, 1)
+        channel.queue_bind(queue, internal)
+        channel.basic_publish(front, "in", b"through")
+        assert _drain(channel, queue) == [b"through"]
+        with pytest.raises(ChannelClosedByBroker) as refused:
+            channel.basic_publish(internal, "", b"direct")
+        assert refused.value.reply_code == 403
+        assert f"cannot publish to internal exchange '{internal}'" in refused.value.reply_text
+        assert _drain(connection.channel(), queue) == []
+    finally:
+        connection.close()
 
 
 def test_aio_pika_fanout_and_topic(v4: AmqpCluster) -> None:
@@ -472,3 +547,105 @@ def test_kombu_rejected_message_dead_letters_through_a_direct_exchange(v4: AmqpC
         bound = dead(connection.default_channel)
         moved = wait_until(lambda: bound.get(no_ack=True), 10, "the dead letter")
         assert moved.payload == {"job": 1}
+
+
+# --- pika's SelectConnection (its callback adapter): the acceptance list of issue 27 --------
+
+
+@pytest.fixture
+def select(v4: AmqpCluster) -> Iterator[SelectSession]:
+    """A SelectConnection with a confirming channel on node n3, closed after the test."""
+    session = SelectSession(v4.params(2))
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def _select_queues(session: SelectSession, count: int, **arguments: Any) -> list[str]:
+    names = [_name("sel") for _ in range(count)]
+    for name in names:
+        session.call(session.channel.queue_declare, name, durable=True,
+                     arguments={"x-queue-type": "quorum", **arguments})  # fmt: skip
+    return names
+
+
+def test_pika_select_confirms_prefetch_and_nack_requeue(select: SelectSession) -> None:
+    """SelectConnection: 6 confirmed publishes (acked, properties kept); prefetch 2 holds the
+    third back until an ack; a nack with requeue comes back redelivered, x-delivery-count 1."""
+    [queue] = _select_queues(select, 1)
+    properties = pika.BasicProperties(content_type="text/plain", headers={"n": 1})
+    assert [select.publish("", queue, f"m{n}".encode(), properties) for n in range(6)] == (
+        ["ack"] * 6
+    )
+    select.call(select.channel.basic_qos, prefetch_count=2)
+    select.consume(queue)
+    first, second = select.wait_for_deliveries(2)
+    with pytest.raises(AssertionError, match="3 deliveries"):
+        select.run_until(lambda: len(select.deliveries) >= 3, "3 deliveries", timeout_s=0.5)
+    assert (first.body, first.properties.content_type, first.properties.headers) == (
+        b"m0", "text/plain", {"n": 1},
+    )  # fmt: skip
+    select.channel.basic_ack(first.method.delivery_tag)
+    select.channel.basic_nack(second.method.delivery_tag, requeue=True)
+    wanted = {f"m{n}".encode() for n in range(6)}
+    settled = 2
+
+    def ack_new() -> bool:
+        nonlocal settled
+        for delivery in select.deliveries[settled:]:
+            select.channel.basic_ack(delivery.method.delivery_tag)
+        settled = len(select.deliveries)
+        return {b"m0", *(d.body for d in select.deliveries[2:])} == wanted
+
+    select.run_until(ack_new, "every message acked")
+    again = [d for d in select.deliveries[2:] if d.body == b"m1"]
+    assert len(again) == 1 and len(select.deliveries) == 7
+    assert again[0].method.redelivered and again[0].properties.headers["x-delivery-count"] == 1
+
+
+def test_pika_select_dead_letters_through_a_direct_exchange(select: SelectSession) -> None:
+    """SelectConnection: a nack without requeue moves the message through the queue's
+    x-dead-letter-exchange into the queue bound there."""
+    dlx = _name("dlx")
+    select.call(select.channel.exchange_declare, dlx, "direct")
+    [dead] = _select_queues(select, 1)
+    select.call(select.channel.queue_bind, dead, dlx, "dead")
+    [work] = _select_queues(select, 1, **{"x-dead-letter-exchange": dlx,
+                                          "x-dead-letter-routing-key": "dead"})  # fmt: skip
+    assert select.publish("", work, b"job") == "ack"
+    select.consume(work)
+    [delivery] = select.wait_for_deliveries(1)
+    select.channel.basic_nack(delivery.method.delivery_tag, requeue=False)
+    moved = wait_until(lambda: select.get(dead), 10, "the dead letter")
+    assert moved.body == b"job"
+
+
+def test_pika_select_fanout_to_three_queues_and_topic_routing(select: SelectSession) -> None:
+    """SelectConnection: a confirmed publish to a fanout lands in each of 3 queues; a topic
+    exchange routes `*` and `#` as RabbitMQ."""
+    fanout, topic = _name("fan"), _name("topic")
+    select.call(select.channel.exchange_declare, fanout, "fanout")
+    select.call(select.channel.exchange_declare, topic, "topic")
+    fanned = _select_queues(select, 3)
+    star, hashed = _select_queues(select, 2)
+    for queue in fanned:
+        select.call(select.channel.queue_bind, queue, fanout)
+    select.call(select.channel.queue_bind, star, topic, "log.*")
+    select.call(select.channel.queue_bind, hashed, topic, "log.#")
+    assert select.publish(fanout, "any", b"all") == "ack"
+    for key in ("log.a", "log.a.b", "other"):
+        assert select.publish(topic, key, key.encode()) == "ack"
+    for queue in fanned:
+        got = select.get(queue)
+        assert got is not None and (got.body, got.method.exchange) == (b"all", fanout)
+        assert select.get(queue) is None
+    assert [d.body for d in _select_drain(select, star)] == [b"log.a"]
+    assert [d.body for d in _select_drain(select, hashed)] == [b"log.a", b"log.a.b"]
+
+
+def _select_drain(session: SelectSession, queue: str) -> list[Delivery]:
+    got: list[Delivery] = []
+    while (delivery := session.get(queue)) is not None:
+        got.append(delivery)
+    return got

@@ -1,5 +1,6 @@
-"""Single active consumer failover when the active consumer's node is killed, through aio-pika
-and kombu/py-amqp (pika's is test_failover.py): the waiting consumer on another node gets every
+"""Single active consumer failover when the active consumer's node is killed, through aio-pika,
+kombu/py-amqp and pika's SelectConnection (pika's BlockingConnection is test_failover.py): the
+waiting consumer on another node gets every
 message, the one the dead consumer held included. One cluster; each test kills a follower and
 starts it again."""
 
@@ -15,6 +16,7 @@ import pytest
 
 from cluster.launcher import start_cluster, wait_until
 from tests.amqp.conftest import AmqpCluster, upgrade_to_latest
+from tests.amqp.pika_select import SelectSession
 
 aio_pika = pytest.importorskip("aio_pika")
 kombu = pytest.importorskip("kombu")
@@ -153,3 +155,31 @@ def _survive_the_kill(killable: AmqpCluster, victim: str, survivor: Any, queue: 
 
         wait_until(both, 30, "the waiting consumer to get m1 and m2")
     return got
+
+
+def test_pika_select_sac_fails_over_when_the_active_consumers_node_is_killed(
+    killable: AmqpCluster,
+) -> None:
+    """SelectConnection: the active consumer (prefetch 1, holding m1) is on the killed node;
+    the waiting one on the leader's node then gets m1 and m2."""
+    victim, doomed_at, survivor_at = _roles(killable)
+    name = f"sac-select-{uuid.uuid4().hex[:6]}"
+    publisher = SelectSession(killable.params(survivor_at))
+    doomed = SelectSession(killable.params(doomed_at), confirms_on=False)
+    waiting = SelectSession(killable.params(survivor_at), confirms_on=False)
+    try:
+        publisher.call(publisher.channel.queue_declare, name, durable=True, arguments=ARGUMENTS)
+        assert [publisher.publish("", name, body) for body in BODIES] == ["ack", "ack"]
+        doomed.call(doomed.channel.basic_qos, prefetch_count=1)
+        doomed.consume(name)
+        assert [d.body for d in doomed.wait_for_deliveries(1)] == [b"m1"]  # held, never acked
+        waiting.consume(name, auto_ack=True)
+        with pytest.raises(AssertionError, match="1 deliveries"):
+            waiting.run_until(lambda: waiting.deliveries, "1 deliveries", timeout_s=0.5)
+        killable.cluster.kill(victim)
+        got = waiting.wait_for_deliveries(len(BODIES))
+    finally:
+        killable.cluster.restart(victim)
+        for session in (waiting, publisher):
+            session.close()
+    assert sorted(d.body for d in got) == list(BODIES)

@@ -137,6 +137,32 @@ def test_nack_requeue_redelivers_with_delivery_count(channel: BlockingChannel) -
     assert dead_method.routing_key == dead
 
 
+def test_dead_letters_carry_rabbitmqs_x_death_headers(channel: BlockingChannel) -> None:
+    """A message dead-lettered (expired, then rejected) is delivered with RabbitMQ's x-death
+    entry (reason, queue, exchange, routing keys) and x-first-death-* headers; an expired one's
+    `expiration` property moves into `original-expiration` (aio-pika's own test reads it)."""
+    dead = _queue(channel)
+    queue = _queue(channel, **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+    properties = pika.BasicProperties(expiration="50", headers={"foo": "bar"})
+    channel.basic_publish("", queue, b"short-lived", properties)
+    deaths = channel.consume(dead, auto_ack=True, inactivity_timeout=10)
+    _method, got, body = next(deaths)
+    assert body == b"short-lived" and got.expiration is None
+    [death] = got.headers["x-death"]
+    assert death == {"count": 1, "reason": "expired", "queue": queue, "exchange": "",
+                     "routing-keys": [queue], "original-expiration": "50"}  # fmt: skip
+    assert got.headers["foo"] == "bar"
+    assert (got.headers["x-first-death-reason"], got.headers["x-first-death-queue"]) == (
+        "expired", queue,
+    )  # fmt: skip
+    channel.basic_publish("", queue, b"refused")
+    refused, _props, _body = channel.basic_get(queue)
+    channel.basic_reject(refused.delivery_tag, requeue=False)
+    _method, got, body = next(deaths)
+    assert body == b"refused" and got.headers["x-death"][0]["reason"] == "rejected"
+    channel.cancel()
+
+
 def test_mandatory_publish_to_no_queue_is_returned(channel: BlockingChannel) -> None:
     """RabbitMQ's NO_ROUTE: pika raises UnroutableError for a mandatory unroutable publish."""
     with pytest.raises(UnroutableError):

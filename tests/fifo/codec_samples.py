@@ -93,4 +93,6 @@ SAMPLES: tuple[object, ...] = (
     c.PublishToExchange("celeryev", "worker.heartbeat", b"m", (("h", 1),), True, 1_000),
     r.Routed(("q1", "q2"), ("q3",)),
     r.Unroutable("celeryev", "worker.heartbeat"),
+    c.BindExchange("celeryev", "amq.topic", "worker.#", (("x-match", "all"), ("n", 3))),
+    c.UnbindExchange("celeryev", "amq.topic", "worker.*", (("k", "v"),)),
 )

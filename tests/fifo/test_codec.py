@@ -58,6 +58,8 @@ SAMPLES: list[object] = [
     c.UnbindQueue("q", "x", "k", (("x-match", "any"),)),
     c.PublishToExchange("", "q", b"m", (("h", "v"),), True, None), r.Routed(()),
     r.Unroutable("x", ""),
+    c.DeclareExchange("x", "fanout", False, True, True), c.BindExchange("y", "x"),
+    c.UnbindExchange("y", "x", "k", (("x-match", "any"),)),
 ]  # fmt: skip
 
 

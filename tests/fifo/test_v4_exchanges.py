@@ -37,6 +37,8 @@ NEW_COMMANDS: tuple[object, ...] = (
     c.BindQueue("q", "x", "k"),
     c.UnbindQueue("q", "x", "k"),
     c.PublishToExchange("x", "k", b"m"),
+    c.BindExchange("y", "x", "k"),
+    c.UnbindExchange("y", "x", "k"),
 )
 
 
@@ -185,6 +187,48 @@ def test_delete_if_unused_refuses_while_bound_and_delete_drops_bindings() -> Non
     assert log.state.exchanges == {}
     log.ok(c.DeclareExchange("x", "fanout"))
     assert publish(log, "k") == Routed(())
+
+
+def test_an_auto_delete_exchange_goes_with_its_last_binding() -> None:
+    """RabbitMQ's auto-delete: kept until it had a binding and lost the last one (by unbind or
+    by the queue's deletion); declared again with another auto_delete it is 406; it survives a
+    snapshot with its flag."""
+    log = setup("direct")
+    log.ok(c.DeclareExchange("x2", "fanout", auto_delete=True))
+    reply, _ = log.run(c.DeclareExchange("x2", "fanout"))
+    assert reply.code == "exchange_exists" and "inequivalent arg 'auto_delete'" in reply.message
+    log.ok(c.BindQueue("a", "x2"))
+    log.ok(c.BindQueue("b", "x2"))
+    restored = fifo.restore(fifo.snapshot(log.state))
+    assert restored.exchanges["x2"].auto_delete and fifo.digest(restored) == fifo.digest(log.state)
+    log.ok(c.UnbindQueue("a", "x2"))
+    assert "x2" in log.state.exchanges
+    log.ok(c.DeleteQueue("b"))
+    assert list(log.state.exchanges) == ["x"]
+    log.ok(c.DeclareExchange("x2", "fanout", auto_delete=True))
+    log.ok(c.BindQueue("a", "x2"))
+    log.ok(c.UnbindQueue("a", "x2"))
+    assert list(log.state.exchanges) == ["x"]
+    log.ok(c.BindQueue("a", "x"))
+    log.ok(c.UnbindQueue("a", "x"))
+    assert list(log.state.exchanges) == ["x"]  # not auto-delete: kept without bindings
+
+
+def test_an_internal_exchange_takes_no_publish_but_routes_from_a_bound_exchange() -> None:
+    """RabbitMQ's internal exchange: a publish to it is refused (403, nothing stored); one
+    routed into it through an exchange binding goes on; re-declared not internal: 406."""
+    log = setup("fanout")
+    log.ok(c.DeclareExchange("in", "fanout", internal=True))
+    reply, _ = log.run(c.DeclareExchange("in", "fanout"))
+    assert reply.code == "exchange_exists" and "inequivalent arg 'internal'" in reply.message
+    log.ok(c.BindQueue("a", "in"))
+    reply, _ = log.run(c.PublishToExchange("in", "k", b"m"))
+    assert reply.code == "access_refused"
+    assert reply.message == "cannot publish to internal exchange 'in' in vhost '/'"
+    log.ok(c.BindExchange("in", "x"))
+    assert publish(log, "k") == Routed(("a",))
+    restored = fifo.restore(fifo.snapshot(log.state))
+    assert restored.exchanges["in"].internal and fifo.digest(restored) == fifo.digest(log.state)
 
 
 def test_deleting_a_queue_removes_its_bindings() -> None:
@@ -508,10 +552,13 @@ def test_a_snapshot_with_exchanges_restores_to_the_same_digest() -> None:
 
 
 def test_the_digest_is_the_same_in_processes_with_other_hash_seeds() -> None:
-    """Equal logs with exchanges give equal digests whatever PYTHONHASHSEED."""
+    """Equal logs with exchanges (exchange-to-exchange bindings and a cycle too) give equal
+    digests whatever PYTHONHASHSEED."""
     script = (
         "import fifo\nfrom fifo import commands as c\ns = fifo.init_state(4)\n"
-        "cmds = [c.DeclareExchange('t', 'topic'), c.DeclareExchange('h', 'headers')]\n"
+        "cmds = [c.DeclareExchange('t', 'topic'), c.DeclareExchange('h', 'headers'),\n"
+        "        c.DeclareExchange('f', 'fanout', auto_delete=True), c.BindExchange('t', 'f'),\n"
+        "        c.BindExchange('h', 't', 'k.1.#'), c.BindExchange('f', 'h')]\n"
         "for n in range(20):\n"
         "    cmds += [c.DeclareQueue(f'q{n}'), c.BindQueue(f'q{n}', 't', f'k.{n % 3}.#'),\n"
         "             c.BindQueue(f'q{n}', 'h', '', (('a', n % 2), ('x-match', 'any'))),\n"
@@ -519,7 +566,8 @@ def test_the_digest_is_the_same_in_processes_with_other_hash_seeds() -> None:
         "for n in range(30):\n"
         "    cmds += [c.PublishToExchange('t', f'k.{n % 4}.z', b'm'),\n"
         "             c.PublishToExchange('amq.topic', f'k.{n}', b't'),\n"
-        "             c.PublishToExchange('h', '', b'h', (('a', n % 3),))]\n"
+        "             c.PublishToExchange('h', '', b'h', (('a', n % 3),)),\n"
+        "             c.PublishToExchange('f', f'k.{n % 3}.z', b'f', (('a', n % 2),))]\n"
         "for i, cmd in enumerate(cmds):\n"
         "    r, _ = fifo.apply(fifo.Meta((i + 1) * 1024, 1, 1, 4), cmd, s)\n"
         "    assert type(r).__name__ != 'Error', r\n"
@@ -531,6 +579,91 @@ def test_the_digest_is_the_same_in_processes_with_other_hash_seeds() -> None:
         for seed in ("1", "2", "3")
     ]  # fmt: skip
     assert len({run.stdout for run in runs}) == 1 and runs[0].stdout.strip()
+
+
+# --- exchange-to-exchange bindings ------------------------------------------------------------
+
+
+def test_an_exchange_bound_to_an_exchange_routes_on_through_it() -> None:
+    """x (topic) -> y (fanout) -> queues: y's queues get what x's binding matches, once each
+    (a queue reached twice gets one copy); unbinding stops it."""
+    log = setup("topic")
+    log.ok(c.DeclareExchange("y", "fanout"))
+    log.ok(c.BindExchange("y", "x", "log.#"))
+    log.ok(c.BindQueue("a", "y"))
+    log.ok(c.BindQueue("b", "y"))
+    log.ok(c.BindQueue("a", "x", "log.*"))
+    assert publish(log, "log.a") == Routed(("a", "b"))
+    assert publish(log, "log.a.b") == Routed(("a", "b"))
+    assert publish(log, "other") == Routed(())
+    assert log.ready() == {"a": 2, "b": 2, "c": 0}
+    log.ok(c.UnbindExchange("y", "x", "log.#"))
+    assert publish(log, "log.a.b") == Routed(())
+
+
+def test_cycles_are_walked_once_and_long_chains_are_refused(monkeypatch: Any) -> None:
+    """x -> y -> x is a cycle: each exchange is visited once. A publish that reaches more
+    exchanges than exchanges_per_publish_max is refused, nothing stored."""
+    log = setup("fanout")
+    log.ok(c.DeclareExchange("y", "fanout"))
+    log.ok(c.BindExchange("y", "x"))
+    log.ok(c.BindExchange("x", "y"))
+    log.ok(c.BindExchange("x", "x"))
+    log.ok(c.BindQueue("c", "y"))
+    assert publish(log, "k") == Routed(("c",))
+    monkeypatch.setattr(limits, "exchanges_per_publish_max", 1)
+    reply, _ = log.run(c.PublishToExchange("x", "k", b"m"))
+    assert reply.code == "unsupported" and "exchanges_per_publish_max" in reply.message
+    assert log.ready() == {"a": 0, "b": 0, "c": 1}
+
+
+def test_exchange_binding_refusals_and_idempotence() -> None:
+    """Missing exchanges are 404s, the default exchange 403; the same binding twice is one."""
+    log = setup("direct")
+    log.ok(c.DeclareExchange("y", "direct"))
+    for command, code in (
+        (c.BindExchange("nope", "x"), "unknown_exchange"),
+        (c.BindExchange("y", "nope"), "unknown_exchange"),
+        (c.BindExchange("", "x"), "access_refused"),
+        (c.BindExchange("y", ""), "access_refused"),
+        (c.UnbindExchange("y", "nope"), "unknown_exchange"),
+    ):
+        reply, _ = log.run(command)
+        assert reply.code == code, (command, reply)
+    log.ok(c.BindExchange("y", "x", "k"))
+    log.ok(c.BindExchange("y", "x", "k"))
+    assert log.state.exchanges["x"].binding_count() == 1
+    log.ok(c.UnbindExchange("y", "x", "other"))  # not bound: a no-op
+    assert log.state.exchanges["x"].binding_count() == 1
+
+
+def test_deleting_an_exchange_drops_bindings_to_it_and_auto_deletes_cascade() -> None:
+    """Deleting y removes x's binding to y; x, auto-delete, had only that one: it goes too.
+    if_unused counts exchange bindings."""
+    log = setup("fanout")
+    log.ok(c.DeclareExchange("auto", "fanout", auto_delete=True))
+    log.ok(c.DeclareExchange("y", "fanout"))
+    log.ok(c.BindExchange("y", "auto"))
+    reply, _ = log.run(c.DeleteExchange("auto", if_unused=True))
+    assert reply.code == "exchange_in_use"
+    log.ok(c.DeleteExchange("y"))
+    assert list(log.state.exchanges) == ["x"]
+
+
+def test_exchange_bindings_survive_snapshots_and_dead_letters_follow_them() -> None:
+    """A dead letter through x follows x's exchange bindings; a snapshot keeps them exactly."""
+    log = Log()
+    log.ok(c.DeclareQueue("dead"))
+    log.ok(c.DeclareExchange("x", "direct"))
+    log.ok(c.DeclareExchange("y", "topic"))
+    log.ok(c.BindExchange("y", "x", "dl"))
+    log.ok(c.BindQueue("dead", "y", "#"))
+    log.ok(c.DeclareQueue("src", c.QueueConfig(dead_letter_queue=dead_letter_target("x", "dl"))))
+    restored = fifo.restore(fifo.snapshot(log.state))
+    assert fifo.digest(restored) == fifo.digest(log.state)
+    assert restored.exchanges["x"].exchange_bindings == {"y": {("dl", ()): None}}
+    reject_one(log)
+    assert log.ready()["dead"] == 1
 
 
 # --- a property against a tiny model of RabbitMQ's routing ------------------------------------
