@@ -52,7 +52,7 @@ from fifo.commands import (
 )
 from fifo.replies import DeclareOk, Error, Ok, RejectPublish, Reply, Routed, Unroutable
 from fifo.shared import OK, Ctx, invalid
-from fifo.state import Exchange, Queue, State
+from fifo.state import BindingKey, Exchange, Queue, State
 from fifo.v4.routing import partitioned_of
 
 if TYPE_CHECKING:
@@ -354,29 +354,14 @@ class Exchanges:
         found = self.binding_target(ctx.state, cmd)
         if not isinstance(found, Exchange):
             return found
-        arguments = sorted_arguments(cmd.arguments)
-        if err := x_match_error(found, arguments):
-            return invalid(err)
-        keys = found.bindings.get(cmd.queue)
-        if keys is not None and (cmd.routing_key, arguments) in keys:
-            return OK
-        if found.binding_count() >= limits.bindings_per_exchange_max:
-            return Error("unsupported", "bindings_per_exchange_max reached")
-        found = ctx.state.exchanges.setdefault(found.name, found)  # a built-in's first binding
-        found.bindings.setdefault(cmd.queue, {})[(cmd.routing_key, arguments)] = None
-        return OK
+        return _add_binding(ctx.state, found, found.bindings, cmd.queue, cmd)
 
     def unbind(self, ctx: Ctx, cmd: UnbindQueue) -> Reply:
         """Remove one binding; one that does not exist is a no-op."""
         found = self.binding_target(ctx.state, cmd)
         if not isinstance(found, Exchange):
             return found
-        keys = found.bindings.get(cmd.queue)
-        if keys is not None:
-            keys.pop((cmd.routing_key, sorted_arguments(cmd.arguments)), None)
-            if not keys:
-                del found.bindings[cmd.queue]
-                _drop_if_unused(ctx.state, found)
+        _remove_binding(ctx.state, found, found.bindings, cmd.queue, cmd)
         return OK
 
     def bind_exchange(self, ctx: Ctx, cmd: BindExchange) -> Reply:
@@ -384,31 +369,14 @@ class Exchanges:
         source = exchange_binding_source(ctx.state, cmd)
         if not isinstance(source, Exchange):
             return source
-        arguments = sorted_arguments(cmd.arguments)
-        if err := x_match_error(source, arguments):
-            return invalid(err)
-        keys = source.exchange_bindings.get(cmd.destination)
-        if keys is not None and (cmd.routing_key, arguments) in keys:
-            return OK
-        if source.binding_count() >= limits.bindings_per_exchange_max:
-            return Error("unsupported", "bindings_per_exchange_max reached")
-        source = ctx.state.exchanges.setdefault(source.name, source)  # a built-in's first
-        source.exchange_bindings.setdefault(cmd.destination, {})[(cmd.routing_key, arguments)] = (
-            None
-        )
-        return OK
+        return _add_binding(ctx.state, source, source.exchange_bindings, cmd.destination, cmd)
 
     def unbind_exchange(self, ctx: Ctx, cmd: UnbindExchange) -> Reply:
         """Remove one exchange-to-exchange binding; one that does not exist is a no-op."""
         source = exchange_binding_source(ctx.state, cmd)
         if not isinstance(source, Exchange):
             return source
-        keys = source.exchange_bindings.get(cmd.destination)
-        if keys is not None:
-            keys.pop((cmd.routing_key, sorted_arguments(cmd.arguments)), None)
-            if not keys:
-                del source.exchange_bindings[cmd.destination]
-                _drop_if_unused(ctx.state, source)
+        _remove_binding(ctx.state, source, source.exchange_bindings, cmd.destination, cmd)
         return OK
 
     def binding_target(self, state: State, cmd: BindQueue | UnbindQueue) -> Exchange | Error:
@@ -478,6 +446,45 @@ class Exchanges:
             exchange = state.exchanges[name]
             if exchange.bindings.pop(queue, None) is not None:
                 _drop_if_unused(state, exchange)
+
+
+def _add_binding(
+    state: State,
+    exchange: Exchange,
+    table: dict[str, dict[BindingKey, None]],
+    target: str,
+    cmd: BindQueue | BindExchange,
+) -> Reply:
+    """Add (routing key, arguments) for `target` to `table`, the exchange's bindings to queues
+    or to exchanges; idempotent, within bindings_per_exchange_max."""
+    arguments = sorted_arguments(cmd.arguments)
+    if err := x_match_error(exchange, arguments):
+        return invalid(err)
+    keys = table.get(target)
+    if keys is not None and (cmd.routing_key, arguments) in keys:
+        return OK
+    if exchange.binding_count() >= limits.bindings_per_exchange_max:
+        return Error("unsupported", "bindings_per_exchange_max reached")
+    state.exchanges.setdefault(exchange.name, exchange)  # a built-in's first binding: stored
+    table.setdefault(target, {})[(cmd.routing_key, arguments)] = None
+    return OK
+
+
+def _remove_binding(
+    state: State,
+    exchange: Exchange,
+    table: dict[str, dict[BindingKey, None]],
+    target: str,
+    cmd: UnbindQueue | UnbindExchange,
+) -> None:
+    """Remove one (routing key, arguments) of `target` from `table`, if there; an auto-delete
+    exchange left without bindings goes."""
+    keys = table.get(target)
+    if keys is not None:
+        keys.pop((cmd.routing_key, sorted_arguments(cmd.arguments)), None)
+        if not keys:
+            del table[target]
+            _drop_if_unused(state, exchange)
 
 
 def _drop_if_unused(state: State, exchange: Exchange) -> None:
