@@ -77,6 +77,9 @@ def test_a_follower_restored_by_snapshot_serves_the_leaders_live_bodies(
             cluster.start_node(node.id)
         leader = cluster.leader()
         lagging = next(n.id for n in cfg.nodes if n.id != leader)
+        # paused before it had set up its log (a loaded host), the lagging node had no node.log
+        # when the wait below first read it: pause a node that answers
+        wait_until(lambda: cluster.statuses()[lagging] is not None, 30, f"{lagging} answering")
         publisher = cluster.raw_client(leader)
         publisher.command(DeclareQueue("backlog"))
         cluster.kill(lagging, signal.SIGSTOP)
@@ -88,7 +91,8 @@ def test_a_follower_restored_by_snapshot_serves_the_leaders_live_bodies(
             cluster.kill(lagging, signal.SIGCONT)
         lagging_log = tmp_path / "D" / lagging / "node.log"
         wait_until(
-            lambda: "snapshot_live_entries_installed" in lagging_log.read_text(),
+            lambda: lagging_log.exists()
+            and "snapshot_live_entries_installed" in lagging_log.read_text(),
             30,
             "the lagging node restored by a snapshot carrying live entries",
         )
