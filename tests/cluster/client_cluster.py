@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import fifo
-from cluster.launcher import LocalCluster, wait_until
+from cluster.launcher import LocalCluster, running_nodes, wait_until
+
+HEALTHY_WITHIN_S = 10.0  # a cluster a test left sound converges within this; else it is replaced
 
 
 def on_latest_machine(cluster: LocalCluster) -> LocalCluster:
@@ -20,3 +22,15 @@ def on_latest_machine(cluster: LocalCluster) -> LocalCluster:
             f"machine version {fifo.LATEST_VERSION}",
         )
     return cluster
+
+
+def is_healthy(cluster: LocalCluster) -> bool:
+    """Every configured node runs and, within HEALTHY_WITHIN_S, all answer with one leader,
+    serve reads and have equal applied indexes and digests."""
+    if len(running_nodes(cluster.config)) != len(cluster.config.nodes):
+        return False
+    try:
+        cluster.converged(HEALTHY_WITHIN_S)
+    except AssertionError:
+        return False
+    return True

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster.launcher import LocalCluster, start_cluster
+from tests.cluster.client_cluster import is_healthy
 from tests.cluster.shells import Shells
 
 
@@ -31,6 +32,35 @@ def shared_cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def _reused_cluster_slot() -> Iterator[list[LocalCluster]]:
+    """The cluster `reused_cluster3` hands out in one module (none yet, or one), stopped at the
+    end of the module."""
+    slot: list[LocalCluster] = []
+    try:
+        yield slot
+    finally:
+        for cluster in slot:
+            cluster.stop()
+
+
+@pytest.fixture
+def reused_cluster3(
+    _reused_cluster_slot: list[LocalCluster], tmp_path_factory: pytest.TempPathFactory
+) -> LocalCluster:
+    """A 3-node cluster reused by the tests of one module, checked before each test: every node
+    runs, answers, follows one leader, serves reads and has the same digest (`is_healthy`). One
+    that a test left broken (a node killed and not restarted, no leader) is stopped and a fresh
+    one started, so a broken cluster never fails the next test. For tests that use their own
+    queue names and need no fresh node state (node.log, connection numbers, machine version)."""
+    slot = _reused_cluster_slot
+    if slot and not is_healthy(slot[0]):
+        slot.pop().stop()
+    if not slot:
+        slot.append(start_cluster(tmp_path_factory.mktemp("reused") / "D", nodes=3))
+    return slot[0]
 
 
 @pytest.fixture(params=["threaded", "asyncio"])

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.cluster
 
 GROUP = "orders"
 QUEUES = [f"o{i}" for i in range(1, 7)]
+ALONE_QUEUES = [f"alone{i}" for i in range(1, 4)]  # not the first test's: the cluster is reused
 ROOT = Path(__file__).resolve().parents[2]
 BALANCE_WITHIN_S = 60.0  # generous: 2 shared cores; the balancer needs a few 0.3 s polls
 
@@ -47,12 +48,14 @@ def consumer(data_dir: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def test_three_cli_consumers_end_2_2_2_and_3_3_after_one_is_killed(cluster3: LocalCluster) -> None:
+def test_three_cli_consumers_end_2_2_2_and_3_3_after_one_is_killed(
+    reused_cluster3: LocalCluster,
+) -> None:
     """6 SAC queues, 3 `consume --balance` processes: 2/2/2; kill -9 one: the other two 3/3."""
-    with Client.from_data_dir(cluster3.data_dir) as client:
+    with Client.from_data_dir(reused_cluster3.data_dir) as client:
         for q in QUEUES:
             client.declare_queue(q, QueueConfig(single_active_consumer=True))
-        procs = [consumer(cluster3.data_dir) for _ in range(3)]
+        procs = [consumer(reused_cluster3.data_dir) for _ in range(3)]
         try:
 
             def shape() -> list[int]:
@@ -76,13 +79,13 @@ def test_three_cli_consumers_end_2_2_2_and_3_3_after_one_is_killed(cluster3: Loc
 
 
 def test_an_app_alone_is_active_on_every_queue_and_releases_nothing(
-    cluster3: LocalCluster,
+    reused_cluster3: LocalCluster,
 ) -> None:
     """One balancer over 3 queues holds all three: its ideal is 3, it never releases."""
-    with Client.from_data_dir(cluster3.data_dir) as client:
-        for q in QUEUES[:3]:
+    with Client.from_data_dir(reused_cluster3.data_dir) as client:
+        for q in ALONE_QUEUES:
             client.declare_queue(q, QueueConfig(single_active_consumer=True))
-        with LeaderlessBalancer(client, GROUP, QUEUES[:3], poll_s=0.2) as balancer:
+        with LeaderlessBalancer(client, GROUP, ALONE_QUEUES, poll_s=0.2) as balancer:
             balancer.start()
             wait_until(lambda: len(balancer.active_queues()) == 3, 20, "all active")
             assert balancer.step() is None
@@ -91,9 +94,9 @@ def test_an_app_alone_is_active_on_every_queue_and_releases_nothing(
             assert view.apps == (balancer.app_id,)
 
 
-def test_bad_names_are_refused_before_anything_is_sent(cluster3: LocalCluster) -> None:
+def test_bad_names_are_refused_before_anything_is_sent(reused_cluster3: LocalCluster) -> None:
     """A group containing the tag separator, or no queues at all, is a ValueError."""
-    with Client.from_data_dir(cluster3.data_dir) as client:
+    with Client.from_data_dir(reused_cluster3.data_dir) as client:
         with pytest.raises(ValueError):
             LeaderlessBalancer(client, "a/b", QUEUES)
         with pytest.raises(ValueError):

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def client(cluster3: LocalCluster) -> Iterator[Client]:
-    with Client.from_data_dir(cluster3.data_dir, name="groups-test") as opened:
+def client(reused_cluster3: LocalCluster) -> Iterator[Client]:
+    with Client.from_data_dir(reused_cluster3.data_dir, name="groups-test") as opened:
         deadline = time.monotonic() + 30  # a new cluster upgrades to machine v3 by itself
         while int(str(opened.machine()["effective_version"])) < 3:
             assert time.monotonic() < deadline
@@ -42,7 +42,7 @@ def wait_for(predicate: object, timeout_s: float = 15.0) -> None:
 
 
 def test_a_handler_member_gets_every_partition_then_shares_them_with_a_second(
-    client: Client, cluster3: LocalCluster
+    client: Client, reused_cluster3: LocalCluster
 ) -> None:
     """One member (handler thread) is assigned both partitions; a second joins: one partition
     is revoked from the first (hook) and assigned to the second; messages routed by key
@@ -66,7 +66,7 @@ def test_a_handler_member_gets_every_partition_then_shares_them_with_a_second(
         on_revoke=lambda p: events.append(("first", "revoked", p)),
     )  # fmt: skip
     wait_for(lambda: ("first", "assigned", ["jobs.0", "jobs.1"]) in events)
-    with Client.from_data_dir(cluster3.data_dir, name="second") as other:
+    with Client.from_data_dir(reused_cluster3.data_dir, name="second") as other:
         second = join_group(other, "workers", "jobs", member="second",
                             handler=handler("second"))  # type: ignore[arg-type]  # fmt: skip
         wait_for(lambda: ("first", "revoked", ["jobs.1"]) in events)
@@ -98,7 +98,7 @@ def test_partition_of_agrees_with_the_machine_routing(key: str | int, partitions
 
 
 def test_publishes_to_the_base_name_are_routed_by_group_and_round_robin(
-    client: Client, cluster3: LocalCluster
+    client: Client, reused_cluster3: LocalCluster
 ) -> None:
     """On a real cluster: messages published to the base name with a group go to
     partition_of(group); without one they spread round robin; a member of the group gets all."""
@@ -127,7 +127,7 @@ def test_publishes_to_the_base_name_are_routed_by_group_and_round_robin(
 
 
 def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
-    client: Client, cluster3: LocalCluster
+    client: Client, reused_cluster3: LocalCluster
 ) -> None:
     """asyncio: one member iterates (`async for`) and is assigned all 4 partitions; a second
     joins with a coroutine handler and takes 2 of them (the first's on_revoke hook says which);
@@ -137,7 +137,7 @@ def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
     from cluster.client import AsyncClient
 
     async def scenario() -> None:
-        data_dir = cluster3.data_dir
+        data_dir = reused_cluster3.data_dir
         async with AsyncClient.from_data_dir(data_dir, name="aio-a") as first_client, \
                 AsyncClient.from_data_dir(data_dir, name="aio-b") as second_client:  # fmt: skip
             await first_client.declare_partitioned_queue("aio-jobs", 4)
@@ -203,15 +203,15 @@ def test_asyncio_members_iterate_and_handle_with_hooks_across_a_rebalance(
 
 
 def test_a_leader_kill_mid_stream_to_the_base_name_stores_each_message_once(
-    cluster3: LocalCluster,
+    reused_cluster3: LocalCluster,
 ) -> None:
     """Publishing keyless messages to a partitioned queue's name through a leader kill: the
     resends after the reconnect are deduplicated over the whole partitioned queue (round robin
     would have put them on another partition), so the partitions hold exactly what was
     confirmed, spread evenly."""
-    leader = cluster3.leader()
+    leader = reused_cluster3.leader()
     total, partitions = 1500, 3
-    with Client(list(cluster3.config.endpoints().values()), cluster3.key, name="rr",
+    with Client(list(reused_cluster3.config.endpoints().values()), reused_cluster3.key, name="rr",
                 reconnect_timeout_s=20.0) as client:  # fmt: skip
         deadline = time.monotonic() + 30
         while int(str(client.machine()["effective_version"])) < 3:
@@ -224,7 +224,7 @@ def test_a_leader_kill_mid_stream_to_the_base_name_stores_each_message_once(
         def kill_when_a_third_is_confirmed() -> None:
             while publisher.confirmed < total // 3:
                 threading.Event().wait(0.005)
-            cluster3.kill(leader)
+            reused_cluster3.kill(leader)
             killed.set()
 
         killer = threading.Thread(target=kill_when_a_third_is_confirmed)
@@ -243,7 +243,7 @@ def test_a_leader_kill_mid_stream_to_the_base_name_stores_each_message_once(
 
 
 def test_deleting_the_partitioned_queue_ends_its_members_iteration(
-    client: Client, cluster3: LocalCluster
+    client: Client, reused_cluster3: LocalCluster
 ) -> None:
     """`queue delete` of the partitioned queue cancels every partition's consumer: a threaded
     and an asyncio member stop iterating (get answers None, closed) instead of waiting forever."""
@@ -258,7 +258,7 @@ def test_deleting_the_partitioned_queue_ends_its_members_iteration(
     assert first is not None and first.body == b"one"  # held, not acked: deleted with the rest
 
     async def scenario() -> None:
-        async with AsyncClient.from_data_dir(cluster3.data_dir, name="aio-doomed") as aio:
+        async with AsyncClient.from_data_dir(reused_cluster3.data_dir, name="aio-doomed") as aio:
             await aio.declare_partitioned_queue("doomed-aio", 2)
             aio_member = await aio.join_group("doomers-aio", "doomed-aio", member="a")
             while len(aio_member.assigned) != 2:

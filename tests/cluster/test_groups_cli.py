@@ -15,7 +15,6 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,9 +36,10 @@ def quorumq(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[str]:
-    path = tmp_path / "D"
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One cluster for the module's two tests (they kill no node and use their own queues)."""
+    path = tmp_path_factory.mktemp("groups-cli") / "D"
     quorumq("cluster", "start", "--nodes", "3", "--data-dir", str(path))
     try:
         # a new cluster starts on v1 and switches once every node said hello: groups need v3

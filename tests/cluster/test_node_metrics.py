@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import config
 from cluster.client import Client
-from cluster.launcher import LocalCluster, free_ports, init_cluster, wait_until
+from cluster.launcher import LocalCluster, free_ports, init_cluster, start_cluster, wait_until
 from fifo.commands import QueueConfig
 from tests.cluster.client_cluster import on_latest_machine
 
@@ -45,9 +45,10 @@ def metered(
     cfg = dataclasses.replace(cfg, nodes=nodes)
     config.write(data_dir, cfg)
     assert config.load(data_dir).node("n2").metrics_port == ports["n2"]
-    cluster = LocalCluster(data_dir, cfg)
-    for node in cfg.nodes:
-        cluster.start_node(node.id)
+    # start_cluster reuses the written cluster.toml and waits until every node answers and
+    # one leader serves reads (started bare, a client could give up before a loaded host's
+    # nodes listened: "no quorumq node reachable" in the fixture)
+    cluster = start_cluster(data_dir, 3)
     try:
         # the workload's counts are exact only after the first upgrade: a settle that overlaps
         # it is answered `unavailable` (outcome unknown) and resent

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cluster
 
 
 def address(cluster: Any) -> tuple[list[str], bytes]:
-    """The client endpoints and key of the `cluster3` fixture's cluster (it names the key
+    """The client endpoints and key of the `reused_cluster3` fixture's cluster (it names the key
     `client_key`; the launcher's LocalCluster, which it is being merged into, names it `key`)."""
     key = cluster.client_key if hasattr(cluster, "client_key") else cluster.key
     return [node.client_address for node in cluster.config.nodes], key
@@ -100,7 +100,7 @@ def publish(client: Client, queue: str, sent: list[bytes]) -> None:
 
 
 def test_process_keeps_key_order_on_8_threads_and_dead_letters_failures(
-    cluster3: Any,
+    reused_cluster3: Any,
 ) -> None:
     """600 messages over 30 keys on 8 workers: each key in publish order, never two of a key at
     once, several keys at once; a handler (or key function) that raises dead-letters its
@@ -124,7 +124,7 @@ def test_process_keeps_key_order_on_8_threads_and_dead_letters_failures(
             raise ValueError("no key")
         return key_of(message)
 
-    with connect(cluster3) as client:
+    with connect(reused_cluster3) as client:
         client.declare_queue("jobs-dlx")
         client.declare_queue("jobs", QueueConfig(dead_letter_queue="jobs-dlx"))
         publish(client, "jobs", sent)
@@ -155,7 +155,7 @@ def take_all(client: Client, queue: str, count: int) -> list[Message]:
 
 
 def test_stopping_without_drain_gives_back_what_did_not_run_in_order(
-    cluster3: Any,
+    reused_cluster3: Any,
 ) -> None:
     """stop(drain=False) mid-way: the running handlers finish and are acked, everything else
     goes back to the queue; a fresh consumer then finds exactly the rest, each key still in
@@ -168,7 +168,7 @@ def test_stopping_without_drain_gives_back_what_did_not_run_in_order(
         time.sleep(0.01)
         seen.end(message)
 
-    with connect(cluster3) as client:
+    with connect(reused_cluster3) as client:
         client.declare_queue("stops")
         publish(client, "stops", sent)
         consumer = client.consume("stops", prefetch=40)
@@ -188,7 +188,7 @@ def test_stopping_without_drain_gives_back_what_did_not_run_in_order(
         assert after == in_publish_order(sent)  # nothing lost, nothing twice, still in order
 
 
-def test_a_full_key_backlog_stops_deliveries_at_the_prefetch(cluster3: Any) -> None:
+def test_a_full_key_backlog_stops_deliveries_at_the_prefetch(reused_cluster3: Any) -> None:
     """One key blocked in its handler, backlog 2, prefetch 30: the pool holds the running
     message and two waiting, the feeder stops, and the queue stops delivering at 30 unacked
     messages (the rest stay ready in the queue); released, everything runs in order."""
@@ -201,7 +201,7 @@ def test_a_full_key_backlog_stops_deliveries_at_the_prefetch(cluster3: Any) -> N
         seen.end(message)
 
     sent = [b"hot:%d" % number for number in range(100)]
-    with connect(cluster3) as client:
+    with connect(reused_cluster3) as client:
         client.declare_queue("hot")
         publish(client, "hot", sent)
         consumer = client.consume("hot", prefetch=30)
@@ -226,7 +226,7 @@ def test_a_full_key_backlog_stops_deliveries_at_the_prefetch(cluster3: Any) -> N
     assert seen.order == in_publish_order(sent) and seen.most == 1
 
 
-def test_asyncio_process_keeps_key_order_with_parallel_tasks(cluster3: Any) -> None:
+def test_asyncio_process_keeps_key_order_with_parallel_tasks(reused_cluster3: Any) -> None:
     """The asyncio consumer: 400 messages over 20 keys on 8 tasks, in order per key, several
     keys at once, all acked; with the default key (no group on this queue) the messages form
     one key and run one at a time."""
@@ -244,7 +244,7 @@ def test_asyncio_process_keeps_key_order_with_parallel_tasks(cluster3: Any) -> N
         serial.end(message)
 
     async def main() -> None:
-        endpoints, key = address(cluster3)
+        endpoints, key = address(reused_cluster3)
         async with AsyncClient(endpoints, key) as client:
             await client.declare_queue("tasks")
             await client.declare_queue("ungrouped")
@@ -274,7 +274,7 @@ def test_asyncio_process_keeps_key_order_with_parallel_tasks(cluster3: Any) -> N
     assert serial.most == 1 and serial.sequence == list(range(60))  # group None: one key
 
 
-def test_asyncio_stop_without_drain_returns_the_rest(cluster3: Any) -> None:
+def test_asyncio_stop_without_drain_returns_the_rest(reused_cluster3: Any) -> None:
     """The asyncio consumer stopped mid-way: what ran is acked, everything else is back in the
     queue, nothing is checked out."""
     sent = bodies(keys=10, count=200)
@@ -286,7 +286,7 @@ def test_asyncio_stop_without_drain_returns_the_rest(cluster3: Any) -> None:
         seen.end(message)
 
     async def main() -> tuple[int, int, int]:
-        endpoints, key = address(cluster3)
+        endpoints, key = address(reused_cluster3)
         async with AsyncClient(endpoints, key) as client:
             await client.declare_queue("halts")
             async with client.publisher("halts", window=200) as publisher:

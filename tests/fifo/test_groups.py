@@ -4,9 +4,6 @@ shown to fail on a planted bug) and determinism across hash seeds (issue 9, acce
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -39,6 +36,7 @@ from fifo.replies import Error, Reply
 from fifo.state import Grouping
 from fifo.v3 import groups as G
 from fifo.v3.grouped import GroupedQueue
+from tests.fifo.processes import run_pythons
 
 CONN = ConnectionId("n1", 1, 1)
 
@@ -438,20 +436,17 @@ def test_v2_runs_upgrading_to_v3_hold_every_invariant() -> None:
 # --- acceptance 3 -----------------------------------------------------------------------------
 
 
-def fuzz_json(hash_seed: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    proc = subprocess.run(
-        [sys.executable, "-m", "cluster.cli", "fuzz", "--seed", "7", "--steps", "5000",
-         "--machine-version", "3", "-o", "json"],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    out: dict[str, Any] = json.loads(proc.stdout)
-    return out
+FUZZ_V3 = ["-m", "cluster.cli", "fuzz", "--seed", "7", "--steps", "5000", "--machine-version", "3"]
 
 
 def test_fuzz_v3_same_digest_under_two_hash_seeds() -> None:
-    """`quorumq fuzz --seed 7 --steps 5000 --machine-version 3 -o json` exits 0 with one digest."""
-    first, second = fuzz_json("1"), fuzz_json("4242")
+    """`quorumq fuzz --seed 7 --steps 5000 --machine-version 3 -o json` exits 0 with one digest
+    (the two processes run at once)."""
+    runs = [([*FUZZ_V3, "-o", "json"], seed) for seed in ("1", "4242")]
+    outputs: list[dict[str, Any]] = []
+    for proc in run_pythons(runs, 600):
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        outputs.append(json.loads(proc.stdout))
+    first, second = outputs
     assert first["violations"] == [] and first["digest"] == second["digest"]
     assert first["command_counts"].get("AnnotatedEnqueue", 0) > 500
