@@ -75,6 +75,32 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
+def free_port_run(count: int, host: str = "127.0.0.1", attempts: int = 100) -> int:
+    """The first of `count` consecutive free TCP ports on `host` (as a `metrics_base_port`:
+    node i takes base + i; `free_ports(1)` left base + 1.. to chance, and a node then failed to
+    start on a port in use). Bound then released: a small race, as `free_ports`."""
+    for _ in range(attempts):
+        socks: list[socket.socket] = []
+        try:
+            first = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(first)
+            first.bind((host, 0))
+            base = first.getsockname()[1]
+            if base + count > 65536:
+                continue
+            for port in range(base + 1, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(sock)
+                sock.bind((host, port))
+            return int(base)
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise LauncherError(f"no {count} consecutive free ports on {host} in {attempts} attempts")
+
+
 def init_cluster(
     data_dir: Path,
     nodes: int = 3,

@@ -28,7 +28,6 @@ LONG_TODAY = {
     "cluster/node/metrics.py:__init__": 84,
     "cluster/node/server.py:run_node": 65,
     "cluster/node/server.py:__init__": 77,
-    "cluster/node/server.py:serve": 61,
     "pipeline/analyze.py:run_analysis": 104,
     "pipeline/logscan.py:scan_log": 68,
     "pipeline/replay.py:_sync": 96,

@@ -86,6 +86,8 @@ NO_LEADER = "no leader/quorum"  # starts every such message (clients and operato
 class NodeServer:
     """Everything one node runs, wired together on one asyncio loop."""
 
+    _status_written = ""  # status.json's last text: an unchanged one is not rewritten
+
     def __init__(
         self,
         cluster: ClusterConfig,
@@ -127,7 +129,6 @@ class NodeServer:
             config.memory_watermark_bytes(cluster.memory_high_watermark, total_memory_bytes()),
         )
         self.loop_stalls = LoopStalls()
-        self._status_written = ""  # status.json's last text: an unchanged one is not rewritten
         self.amqp: AmqpListener | None = None
         if node.amqp_port is not None:
             self.amqp = AmqpListener(self, node.amqp_port, cluster.amqp_guest)
@@ -279,11 +280,7 @@ class NodeServer:
         """Start raft and the client server; run until `stop` is set; shut down cleanly."""
         self._loop = asyncio.get_running_loop()
         self.replica = Replica(
-            self.settings,
-            self._loop,
-            self._on_applied,
-            self._reset_sessions,
-            self._observe_outcome,
+            self.settings, self._loop, self._on_applied, self._reset_sessions, self._observe_outcome
         )
         self.router.use_replica(self.replica)  # deliveries only from current state (issue 24)
         self.timers = LeaderTimers(self.replica)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster import config as cluster_config
-from cluster.launcher import free_ports, init_cluster, local_cluster, wait_until
+from cluster.launcher import free_port_run, init_cluster, local_cluster, wait_until
 from cluster.node.listening import listening_on
 
 HOST = "127.0.0.2"  # a loopback address that is not 127.0.0.1 (Linux routes all of 127/8)
@@ -55,7 +55,7 @@ def test_every_listener_binds_the_configured_address_and_says_so(tmp_path: Path)
         1,
         host=HOST,
         tls=True,
-        metrics_base_port=free_ports(1, HOST)[0],
+        metrics_base_port=free_port_run(3, HOST),
         http_base_port=0,
     )
     config = dataclasses.replace(config, metrics_bind=HOST, http_bind=HOST)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cluster.launcher import free_ports, start_cluster, wait_until
+from cluster.launcher import free_port_run, start_cluster, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -34,7 +34,7 @@ def _counter(text: str, name: str, labels: str = "") -> float:
 def test_a_killed_leader_is_replaced_and_every_role_change_is_logged_with_its_cause_and_counted(
     tmp_path: Path,
 ) -> None:
-    metrics_base = free_ports(1)[0]
+    metrics_base = free_port_run(3)
     with start_cluster(tmp_path / "D", nodes=3, metrics_base_port=metrics_base) as cluster:
         old = cluster.leader()
         won = _role_changes(cluster.config.node(old).data_dir / "node.log")

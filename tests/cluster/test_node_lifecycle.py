@@ -16,7 +16,7 @@ import pytest
 from cluster.launcher import (
     LEADER_TIMEOUT_S,
     LocalCluster,
-    free_ports,
+    free_port_run,
     init_cluster,
     node_pid,
     node_status,
@@ -97,7 +97,7 @@ def test_cluster_start_names_a_node_that_exits_at_once(tmp_path: Path, cause: st
     """A node that exits in under a second: named with its error at once, not after 30 s of
     "no leader elected"."""
     data_dir = tmp_path / "D"
-    metrics_base = free_ports(1)[0]
+    metrics_base = free_port_run(3)
     config = init_cluster(data_dir, 3, metrics_base_port=metrics_base)
     env = dict(os.environ)
     holder = None
