@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import signal
 import socket
 import ssl
@@ -61,44 +62,58 @@ class NoLeader(LauncherError):
 # --- creating a data dir ----------------------------------------------------------------------
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct free TCP ports on `host` (bound then released: a small race)."""
-    socks: list[socket.socket] = []
+# ports handed to test and local clusters come from below Linux's default ephemeral range
+# (32768-60999): a port taken by bind(0) is an ephemeral one, which the kernel may give to any
+# outgoing connection (a client's, a peer's) between the choice and the node's bind: a node
+# then failed to start, "address already in use" (twice in two full test runs)
+LOCAL_PORTS = range(20000, 32768)
+
+
+def _bindable(sock: socket.socket, host: str, port: int) -> bool:
     try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            socks.append(sock)
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
+        sock.bind((host, port))
+    except OSError:
+        return False
+    return True
 
 
-def free_port_run(count: int, host: str = "127.0.0.1", attempts: int = 100) -> int:
-    """The first of `count` consecutive free TCP ports on `host` (as a `metrics_base_port`:
-    node i takes base + i; `free_ports(1)` left base + 1.. to chance, and a node then failed to
-    start on a port in use). Bound then released: a small race, as `free_ports`."""
+def free_port_run(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """The first of `count` consecutive free TCP ports on `host` in LOCAL_PORTS (a
+    `metrics_base_port`: node i takes base + i). Bound then released: a small race."""
+    pick = random.SystemRandom()
     for _ in range(attempts):
-        socks: list[socket.socket] = []
+        base = pick.randrange(LOCAL_PORTS.start, LOCAL_PORTS.stop - count + 1)
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
         try:
-            first = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(first)
-            first.bind((host, 0))
-            base = first.getsockname()[1]
-            if base + count > 65536:
-                continue
-            for port in range(base + 1, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                socks.append(sock)
-                sock.bind((host, port))
-            return int(base)
-        except OSError:
-            continue
+            if all(_bindable(sock, host, base + i) for i, sock in enumerate(socks)):
+                return base
         finally:
             for sock in socks:
                 sock.close()
     raise LauncherError(f"no {count} consecutive free ports on {host} in {attempts} attempts")
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free TCP ports on `host` in LOCAL_PORTS (bound then released: a small
+    race)."""
+    pick = random.SystemRandom()
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(count * 50):
+            if len(ports) == count:
+                return ports
+            port = pick.randrange(LOCAL_PORTS.start, LOCAL_PORTS.stop)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            if port not in ports and _bindable(sock, host, port):
+                ports.append(port)
+        if len(ports) == count:
+            return ports
+        raise LauncherError(f"not {count} free ports on {host} in {LOCAL_PORTS}")
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def init_cluster(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cluster.launcher import free_port_run, start_cluster, wait_until
+from cluster.launcher import free_port_run, free_ports, start_cluster, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -59,3 +59,11 @@ def test_a_killed_leader_is_replaced_and_every_role_change_is_logged_with_its_ca
         assert _counter(text, "quorumq_raft_role_changes_total", leader) == 1, text
         assert _counter(text, "quorumq_raft_role_changes_total", candidate) >= 1, text
         assert _counter(text, "quorumq_raft_elections_total") >= 1, text
+
+
+def test_local_ports_come_from_below_the_ephemeral_range() -> None:
+    # a port from bind(0) is ephemeral: an outgoing connection could take it before the node
+    # bound it ("address already in use" at start, twice in two full runs)
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [*free_ports(20), free_port_run(3)]
+    assert all(port < low for port in ports) and len(set(ports)) == len(ports)
