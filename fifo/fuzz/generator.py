@@ -14,6 +14,7 @@ from fifo.commands import (
     BOUND_SETTLES_SINCE_VERSION,
     CONSUMER_TIMEOUT_MS_DEFAULT,
     DISCONNECTED_TIMEOUT_MS_DEFAULT,
+    EXCHANGES_SINCE_VERSION,
     AnnotatedEnqueue,
     Cancel,
     Checkout,
@@ -50,6 +51,7 @@ from fifo.commands import (
     SimplePrefetch,
     UpdateConfig,
 )
+from fifo.fuzz.exchanges import ExchangeDraws
 from fifo.fuzz.prng import SplitMix64
 from fifo.fuzz.world import (
     DEAD_LETTER_QUEUE,
@@ -128,6 +130,7 @@ class Generator:
         self.consumer_churn = rng.between(1, 4)
         self.faults = rng.between(1, 4)
         self.reconfig = rng.between(1, 3)
+        self.exchanges = ExchangeDraws(rng, world, body_for)  # v4
 
     def next_command(self) -> tuple[Command, bool]:
         """The next command, and whether it is deliberately bad input (expects an Error)."""
@@ -152,6 +155,8 @@ class Generator:
             (2 if world.version >= 3 else 0, self.partitioned),
             (3 if world.version >= 3 and world.partitioned else 0, self.join_group),
             (2 if world.version >= 3 and world.members else 0, self.leave_group),
+            # v4 exchanges (weight 0 before v4, as above)
+            (10 if world.version >= EXCHANGES_SINCE_VERSION else 0, self.exchanges.draw),
         ]
         if self.rng.chance(1, 60):
             return self.bad_input(), True
@@ -436,44 +441,51 @@ class Generator:
         ]
         choices += self.deep_bad_input()
         if world.version >= 3:
-            choices += [
-                AnnotatedEnqueue(queue, b"x", annotations=cast(Any, (("k",),))),
-                AnnotatedEnqueue(queue, b"x", annotations=(("", "g"),)),
-                PurgeGroup(queue, cast(str, 5)),
-                DeclareGroupedQueue("q-bad", QueueConfig(), GroupConfig("k", "sequenced", True)),
-                DeclareGroupedQueue(
-                    "q-bad",
-                    QueueConfig(),
-                    GroupConfig(
-                        "",
-                    ),
-                ),
-                DeclareGroupedQueue("q-bad", QueueConfig(), cast(GroupConfig, None)),
-                DeclarePartitionedQueue("p-bad", QueueConfig(single_active_consumer=True), 0),
-                DeclarePartitionedQueue("p-bad", QueueConfig(), 2),
-                JoinGroup(
-                    "no-such-queue", ConsumerId("j", conn), SimplePrefetch(1), group="g", member="j"
-                ),
-                JoinGroup(queue, ConsumerId("j", conn), SimplePrefetch(0), group="g", member="j"),
-                JoinGroup(queue, ConsumerId("j", conn), SimplePrefetch(1), group="", member="j"),
-                LeaveGroup(queue, ghost, Cancel(), group="no-such-group", member="j", epoch=1),
-            ]
-            for base in world.partitioned:
-                choices += [
-                    Enqueue(base, b"x", "e-bad", 0),
-                    AnnotatedEnqueue(base, b"x", annotations=(("x-group-id", cast(Any, 1.5)),)),
-                    Checkout(base, ConsumerId("b", conn), SimplePrefetch(1)),
-                    Purge(base),
-                    DeleteQueue(f"{base}.0"),
-                    DeclareQueue(base),
-                ]
+            choices += self.v3_bad_input(queue, conn, ghost)
         if world.version < 2:
             choices += [
                 Checkout(queue, ConsumerId("rm", conn), Remove()),
                 Modify(queue, ghost, (0,), True, False),
                 RenewLocks(queue, ghost, (0,)),
             ]
+        if world.version >= EXCHANGES_SINCE_VERSION:
+            choices += self.exchanges.bad_input(queue)
         return rng.choice(choices)
+
+    def v3_bad_input(self, queue: str, conn: ConnectionId, ghost: ConsumerId) -> list[Command]:
+        """Bad input for v3's groups, consumer groups and partitioned queues."""
+        choices: list[Command] = [
+            AnnotatedEnqueue(queue, b"x", annotations=cast(Any, (("k",),))),
+            AnnotatedEnqueue(queue, b"x", annotations=(("", "g"),)),
+            PurgeGroup(queue, cast(str, 5)),
+            DeclareGroupedQueue("q-bad", QueueConfig(), GroupConfig("k", "sequenced", True)),
+            DeclareGroupedQueue(
+                "q-bad",
+                QueueConfig(),
+                GroupConfig(
+                    "",
+                ),
+            ),
+            DeclareGroupedQueue("q-bad", QueueConfig(), cast(GroupConfig, None)),
+            DeclarePartitionedQueue("p-bad", QueueConfig(single_active_consumer=True), 0),
+            DeclarePartitionedQueue("p-bad", QueueConfig(), 2),
+            JoinGroup(
+                "no-such-queue", ConsumerId("j", conn), SimplePrefetch(1), group="g", member="j"
+            ),
+            JoinGroup(queue, ConsumerId("j", conn), SimplePrefetch(0), group="g", member="j"),
+            JoinGroup(queue, ConsumerId("j", conn), SimplePrefetch(1), group="", member="j"),
+            LeaveGroup(queue, ghost, Cancel(), group="no-such-group", member="j", epoch=1),
+        ]
+        for base in self.world.partitioned:
+            choices += [
+                Enqueue(base, b"x", "e-bad", 0),
+                AnnotatedEnqueue(base, b"x", annotations=(("x-group-id", cast(Any, 1.5)),)),
+                Checkout(base, ConsumerId("b", conn), SimplePrefetch(1)),
+                Purge(base),
+                DeleteQueue(f"{base}.0"),
+                DeclareQueue(base),
+            ]
+        return choices
 
     def deep_bad_input(self) -> list[Command]:
         """Bad input aimed at a real consumer and real ids, so it gets past the first lookups.

@@ -42,6 +42,7 @@ from fifo.replies import (
     PurgeOk,
     RejectPublish,
     Reply,
+    Routed,
 )
 from fifo.state import GroupId, Message, RefMessage, State
 from fifo.v3.sticky import moves, moves_lower_bound
@@ -310,6 +311,10 @@ class Checker:
                 )
         elif _is_settled_dequeue(command, reply):
             self.ledger(getattr(command, "queue", "")).outflow += 1
+        elif isinstance(reply, Routed):  # v4: a publish through an exchange, one copy a queue
+            found += _check_routed_reply(reply)
+            for name in reply.queues:
+                self.ledger(name).inflow += 1
         return found
 
     def _account_enqueue(self, command: Enqueue, reply: Reply, peek: Peek) -> list[Found]:
@@ -876,6 +881,15 @@ def _add_first(firsts: dict[str, list[int]], queue: str, body: bytes) -> None:
     number = body_number(body)
     if number is not None and body.startswith(queue.encode() + b"|"):
         firsts.setdefault(queue, []).append(number)
+
+
+def _check_routed_reply(reply: Routed) -> list[Found]:
+    """v4: a publish through an exchange names each queue it reached once, in name order, as
+    stored or as refused, never both (each stored copy is then counted by `accounting`)."""
+    names = [*reply.queues, *reply.refused]
+    if list(reply.queues) != sorted(set(reply.queues)) or len(set(names)) != len(names):
+        return [("exchange_routed", f"{reply!r}: queues unsorted, repeated or also refused")]
+    return []
 
 
 def _check_owner_rule(

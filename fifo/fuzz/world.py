@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fifo.commands import (
+    BindExchange,
+    BindQueue,
     Cancel,
     Checkout,
     Command,
@@ -17,9 +19,11 @@ from fifo.commands import (
     ConsumerId,
     ConsumerKey,
     Credited,
+    DeclareExchange,
     DeclareGroupedQueue,
     DeclarePartitionedQueue,
     DeclareQueue,
+    DeleteExchange,
     DeleteQueue,
     Dequeue,
     Enqueue,
@@ -31,6 +35,8 @@ from fifo.commands import (
     QueueConfig,
     Remove,
     SimplePrefetch,
+    UnbindExchange,
+    UnbindQueue,
     UpdateConfig,
 )
 from fifo.effects import CreditReply, Deliver, Effect
@@ -49,6 +55,8 @@ NODES = ("n1", "n2", "n3")
 WORK_QUEUES = ("q0", "q1")
 DEAD_LETTER_QUEUE = "dlx"
 SERIAL_MASK = (1 << 32) - 1
+_EXCHANGE_COMMANDS = (DeclareExchange, DeleteExchange, BindQueue, BindExchange, UnbindQueue,
+                      UnbindExchange)  # fmt: skip
 
 
 @dataclass
@@ -109,6 +117,8 @@ class World:
     counter: int = 0  # names and message bodies
     partitioned: dict[str, int] = field(default_factory=dict)  # v3: partitioned queues
     members: list[MemberSlot] = field(default_factory=list)  # v3: consumer-group members
+    exchanges: dict[str, str] = field(default_factory=dict)  # v4: declared, name -> type
+    bindings: list[BindQueue | BindExchange] = field(default_factory=list)  # v4: made
 
     def fresh(self) -> int:
         """A new number for names and bodies, increasing over the run."""
@@ -177,6 +187,22 @@ class World:
             self.nodes_down.remove(command.node)
         elif isinstance(command, Enqueue):
             self._observe_enqueue(command, reply)
+        elif isinstance(command, _EXCHANGE_COMMANDS) and isinstance(reply, Ok | DeclareOk):
+            self._observe_exchange(command, reply)
+
+    def _observe_exchange(self, command: Command, reply: Ok | DeclareOk) -> None:
+        """v4: learn declared and deleted exchanges, and the bindings made and removed."""
+        if isinstance(command, DeclareExchange) and isinstance(reply, DeclareOk) and reply.created:
+            self.exchanges[command.exchange] = command.exchange_type
+        elif isinstance(command, DeleteExchange):
+            self.exchanges.pop(command.exchange, None)
+        elif isinstance(command, BindQueue | BindExchange) and command not in self.bindings:
+            self.bindings.append(command)
+        elif isinstance(command, UnbindQueue | UnbindExchange):
+            made = (BindQueue if isinstance(command, UnbindQueue) else BindExchange)(
+                *(getattr(command, name) for name in command.__dataclass_fields__)
+            )
+            self.bindings = [b for b in self.bindings if b != made]
 
     def _observe_enqueue(self, command: Enqueue, reply: Reply) -> None:
         slot = self.enqueuers.get(command.enqueuer or "")
