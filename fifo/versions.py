@@ -48,9 +48,9 @@ class Machine(Protocol):
         """The earliest time at which `due_commands` returns something, or None."""
 
 
-SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)  # released
-LATEST_VERSION = 3  # the newest released version
-UNRELEASED_VERSIONS: tuple[int, ...] = (4,)  # selectable, not shipped (fifo/README.md)
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3, 4)  # released
+LATEST_VERSION = 4  # the newest released version
+UNRELEASED_VERSIONS: tuple[int, ...] = ()  # selectable, not shipped (fifo/README.md)
 MACHINES: dict[int, Machine] = {1: MachineV1(), 2: MachineV2(), 3: MachineV3(), 4: MachineV4()}
 # CONVERSIONS[n] turns a state of version n - 1 into one of version n
 CONVERSIONS: dict[int, Callable[[State, Meta], State]] = {

@@ -2,9 +2,11 @@
 
     python tests/fifo/replay_corpus.py generate --version 2      # write corpus/v2.cbor.xz
     python tests/fifo/replay_corpus.py check                      # replay every corpus file
+    python tests/fifo/replay_corpus.py split-digest --version 3 --to 4 --logs 20
 
 A corpus file holds, for each seed, the log the fuzzer applied (commands with their Meta, and for
-v1 an upgrade to v2 at a seeded split on odd seeds) and a digest after every
+v1 an upgrade to v2 at a seeded split on odd seeds; v4's odd seeds start at v3, marked by a first
+entry `["from", 3]`, and upgrade to v4 at a seeded split) and a digest after every
 `CHECKPOINT_ENTRIES` entries and at the end. A digest covers the state (`fifo.digest`) and
 everything the machine answered so far (replies and effects), so a change in any reply, effect
 or state of a shipped version shows up as the first diverging checkpoint, named by seed and
@@ -29,7 +31,9 @@ import cbor2
 
 import fifo
 from fifo.codec import decode_unchecked
+from fifo.fuzz.prng import SplitMix64
 from fifo.fuzz.runner import Upgrade, run_with_log
+from fifo.meta import Meta
 
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 SHIPPED = CORPUS_DIR / "SHIPPED.txt"
@@ -38,7 +42,11 @@ SEEDS_PER_VERSION = 200
 STEPS_PER_LOG = 300
 CHECKPOINT_ENTRIES = 50
 DIGEST_BYTES = 16
-FIRST_SEED = {1: 1_000_000, 2: 2_000_000, 3: 3_000_000}
+FIRST_SEED = {1: 1_000_000, 2: 2_000_000, 3: 3_000_000, 4: 4_000_000}
+# a version's odd seeds start at this earlier version and upgrade at a seeded split (v1's odd
+# seeds upgrade from the start, to the latest version when it was generated: v2)
+UPGRADE_FROM = {4: 3}
+START = "from"  # a log's first entry ["from", N]: it starts at machine version N
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +54,7 @@ class CorpusLog:
     """One seeded log and the digests replaying it must give."""
 
     seed: int
-    entries: list[Any]  # [Meta, command] or ["upgrade", Meta]
+    entries: list[Any]  # [Meta, command] or ["upgrade", Meta]; first maybe ["from", version]
     digests: list[bytes]  # after entry CHECKPOINT_ENTRIES, 2 * CHECKPOINT_ENTRIES, ..., and last
 
 
@@ -97,7 +105,11 @@ def replay(version: int, entries: list[Any]) -> Iterator[tuple[int, bytes]]:
     outputs = hashlib.sha256()
     marks = _checkpoints(len(entries))
     for number, entry in enumerate(entries, 1):
-        if isinstance(entry, list) and entry and entry[0] == "upgrade":
+        if number == 1 and isinstance(entry, list) and entry and entry[0] == START:
+            current = entry[1]
+            state = fifo.init_state(current)
+            outputs.update(b"from")
+        elif isinstance(entry, list) and entry and entry[0] == "upgrade":
             meta = entry[1]
             state = fifo.convert(state, current, meta.machine_version, meta)
             current = meta.machine_version
@@ -112,12 +124,13 @@ def replay(version: int, entries: list[Any]) -> Iterator[tuple[int, bytes]]:
 
 def record(version: int, seed: int) -> CorpusLog:
     """Run the fuzzer for `seed` and store its log with the digests of replaying it."""
-    upgrade: bool = version < fifo.LATEST_VERSION and bool(seed % 2)
+    start = UPGRADE_FROM[version] if version in UPGRADE_FROM and seed % 2 else version
+    upgrade: bool = start < fifo.LATEST_VERSION and bool(seed % 2)
     upgrade_at: Literal["random"] | None = "random" if upgrade else None
-    log, result = run_with_log(seed, STEPS_PER_LOG, version, upgrade_at)
+    log, result = run_with_log(seed, STEPS_PER_LOG, start, upgrade_at)
     if result.violations:
         raise SystemExit(f"seed {seed}: the fuzzer found violations: {result.violations[:3]}")
-    entries: list[Any] = []
+    entries: list[Any] = [[START, start]] if start != version else []
     for entry in log:
         if isinstance(entry, Upgrade):
             entries.append(["upgrade", entry.meta])
@@ -188,6 +201,32 @@ def corpus_versions() -> list[int]:
     return sorted(v for v in fifo.SUPPORTED_VERSIONS if corpus_path(v).exists())
 
 
+def split_of(log: CorpusLog) -> int:
+    """A seeded split of a log (1 .. len - 1): where `upgraded_at_split` converts it."""
+    return 1 + SplitMix64(log.seed ^ 0x5EED_0F_F00D).below(max(1, len(log.entries) - 1))
+
+
+def upgraded_at_split(log: CorpusLog, to_version: int) -> list[Any]:
+    """The log with an upgrade to `to_version` inserted at `split_of(log)`, timed as the entry
+    before it (a shipped corpus log replayed across a later release's conversion)."""
+    split = split_of(log)
+    before = log.entries[split - 1]
+    meta = before[1] if before[0] == "upgrade" else before[0]
+    upgrade = ["upgrade", Meta(meta.index, meta.term, meta.system_time_ms, to_version)]
+    return [*log.entries[:split], upgrade, *log.entries[split:]]
+
+
+def split_digest(version: int, to_version: int, logs_max: int) -> str:
+    """One digest over every checkpoint of the first `logs_max` logs of `version`'s corpus,
+    each upgraded to `to_version` at its seeded split (equal under any PYTHONHASHSEED)."""
+    _, logs = decode_corpus(corpus_path(version).read_bytes())
+    total = hashlib.sha256()
+    for log in logs[:logs_max]:
+        for number, digest in replay(version, upgraded_at_split(log, to_version)):
+            total.update(number.to_bytes(4, "big") + digest)
+    return total.hexdigest()
+
+
 def check(logs_max: int | None = None) -> int:
     """Replay every corpus (its first `logs_max` logs); print the first divergence."""
     status = 0
@@ -213,9 +252,16 @@ def main(argv: list[str]) -> int:
     gen.add_argument("--version", type=int, required=True, choices=fifo.SUPPORTED_VERSIONS)
     replay_parser = sub.add_parser("check", help="replay every shipped corpus")
     replay_parser.add_argument("--logs", type=int, default=None, help="only the first N logs")
+    split = sub.add_parser("split-digest", help="replay logs upgraded at a seeded split")
+    split.add_argument("--version", type=int, required=True, choices=fifo.SUPPORTED_VERSIONS)
+    split.add_argument("--to", type=int, required=True, choices=fifo.SUPPORTED_VERSIONS)
+    split.add_argument("--logs", type=int, default=SEEDS_PER_VERSION, help="the first N logs")
     args = parser.parse_args(argv)
     if args.action == "generate":
         generate(args.version)
+        return 0
+    if args.action == "split-digest":
+        print(split_digest(args.version, args.to, args.logs))
         return 0
     return check(args.logs)
 

@@ -14,6 +14,7 @@ import pytest
 
 import fifo
 import tests.fifo.replay_corpus as rc
+from fifo.replies import Error, Routed
 from tests.fifo.processes import run_pythons
 
 
@@ -54,16 +55,19 @@ def test_corpus_replays_to_recorded_digests(version: int) -> None:
 
 
 def test_corpus_covers_the_machine() -> None:
-    """The corpus exercises every command kind, bad input, timers and (v1) upgrades to v2."""
+    """The corpus exercises every command kind, bad input, timers and upgrades (v1's odd seeds
+    to v2; v4's odd seeds start at v3 and upgrade to v4)."""
     kinds: dict[int, set[str]] = {}
-    upgrades = 0
+    upgrades: dict[int, int] = {}
     for version in fifo.SUPPORTED_VERSIONS:
         _, logs = logs_of(version)
         names = kinds.setdefault(version, set())
         for log in logs:
             for entry in log.entries:
                 if entry[0] == "upgrade":
-                    upgrades += 1
+                    upgrades[version] = upgrades.get(version, 0) + 1
+                elif entry[0] == rc.START:
+                    names.add(f"from v{entry[1]}")
                 else:
                     names.add(type(entry[1]).__name__)
                     if getattr(entry[1], "queue", None) == "parts":  # a partitioned queue's name
@@ -79,7 +83,63 @@ def test_corpus_covers_the_machine() -> None:
     assert {"Enqueue@parts", "AnnotatedEnqueue@parts", "RegisterEnqueuer@parts",
             "DeleteQueue@parts"} <= kinds[3]  # fmt: skip  # v3: routed to the partitions
     assert {"NoneType", "list"} <= kinds[1]  # bad input that is not a command at all
-    assert upgrades >= rc.SEEDS_PER_VERSION // 2 - 10
+    assert kinds[3] - {"from v3"} <= kinds[4]  # v4 has every v3 kind (on a v4 state too)
+    assert {"BoundSettle", "BoundReturn", "BoundDiscard", "BoundModify", "BoundRenewLocks",
+            "DeclareExchange", "DeleteExchange", "BindQueue", "UnbindQueue", "BindExchange",
+            "UnbindExchange", "PublishToExchange", "from v3"} <= kinds[4]  # fmt: skip
+    assert upgrades[1] >= rc.SEEDS_PER_VERSION // 2 - 10
+    assert upgrades[4] == rc.SEEDS_PER_VERSION // 2  # every odd seed, once
+    assert set(upgrades) == {1, 4}
+
+
+def test_v4_corpus_exercises_references_exchanges_and_owners() -> None:
+    """v4's answers in its corpus (first 60 logs): deliveries by body reference, publishes routed
+    to several queues, unroutable and refused copies, foreign settles refused as not_owner,
+    exchange refusals; and each odd seed applies v3 before its upgrade."""
+    _, logs = logs_of(4)
+    seen: set[str] = set()
+    for log in logs[:60]:
+        state, version = fifo.init_state(4), 4
+        for entry in log.entries:
+            if entry[0] == rc.START:
+                state, version = fifo.init_state(entry[1]), entry[1]
+            elif entry[0] == "upgrade":
+                state, version = fifo.convert(state, version, 4, entry[1]), 4
+            else:
+                reply, effects = fifo.apply(entry[0], entry[1], state)
+                seen |= answer_kinds(version, reply, effects)
+    assert {"v3 Deliver", "v4 RefDeliver", "v4 RefDelivery", "v4 Delivery", "v4 RefDequeueOk",
+            "v4 Routed to 2+", "v4 Routed refused", "v4 Unroutable", "v4 not_owner",
+            "v4 unknown_exchange", "v4 access_refused", "v4 exchange_exists"} <= seen  # fmt: skip
+
+
+def answer_kinds(version: int, reply: object, effects: list[object]) -> set[str]:
+    """Names of what one command answered (reply and effect classes, delivery item classes,
+    error codes, a Routed reply's shape), each prefixed by the machine version."""
+    names = {type(reply).__name__, *(type(effect).__name__ for effect in effects)}
+    for effect in effects:
+        names |= {type(item).__name__ for item in getattr(effect, "messages", ())}
+    if isinstance(reply, Error):
+        names.add(reply.code)
+    if isinstance(reply, Routed):
+        names |= {"Routed to 2+"} if len(reply.queues) > 1 else set()
+        names |= {"Routed refused"} if reply.refused else set()
+    return {f"v{version} {name}" for name in names}
+
+
+def test_a_v3_log_upgraded_to_v4_at_a_split_replays_v3_until_then() -> None:
+    """A shipped v3 log with an upgrade to v4 inserted at a seeded split: up to the split its
+    checkpoints are v3's recorded ones, after it v4 goes on (v4 has no catch-all: a raise fails it); the
+    digest over 20 such logs is the same under any PYTHONHASHSEED
+    (`test_replay_is_independent_of_the_hash_seed`)."""
+    _, logs = logs_of(3)
+    for log in logs[:20]:
+        split = rc.split_of(log)
+        got = dict(rc.replay(3, rc.upgraded_at_split(log, 4)))
+        recorded = dict(zip(sorted(rc._checkpoints(len(log.entries))), log.digests, strict=True))
+        before = [n for n in recorded if n <= split and n < len(log.entries)]
+        assert [got[n] for n in before] == [recorded[n] for n in before], log.seed
+        assert len(got) == len(rc._checkpoints(len(log.entries) + 1))
 
 
 def test_a_changed_digest_is_reported_with_seed_and_index() -> None:
@@ -95,8 +155,14 @@ def test_a_changed_digest_is_reported_with_seed_and_index() -> None:
 
 def test_replay_is_independent_of_the_hash_seed() -> None:
     """Equal logs give equal digests under any PYTHONHASHSEED (no set or str-hash order leaks):
-    the corpus check passes under seeds 1 and 4242 (both processes run at once)."""
+    the corpus check passes under seeds 1 and 4242, and v3 logs upgraded to v4 at a split give
+    the same digest under both (the processes run at once)."""
     check = [str(Path(rc.__file__)), "check", "--logs", "20"]
-    for result in run_pythons([(check, "1"), (check, "4242")], 300):
+    split = [str(Path(rc.__file__)), "split-digest", "--version", "3", "--to", "4", "--logs", "20"]
+    runs = [(check, "1"), (check, "4242"), (split, "1"), (split, "4242")]
+    results = run_pythons(runs, 300)
+    for result in results:
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "20 logs replay to their digests" in result.stdout
+    for result in results[:2]:
+        assert result.stdout.count("20 logs replay to their digests") == len(fifo.SUPPORTED_VERSIONS)
+    assert results[2].stdout == results[3].stdout and len(results[2].stdout.strip()) == 64

@@ -83,8 +83,8 @@ def test_convert_is_pure() -> None:
 
 def test_machine_for_and_init_state() -> None:
     """Every version (released or not) has a machine; others raise UnsupportedVersionError."""
-    assert fifo.SUPPORTED_VERSIONS == (1, 2, 3) and fifo.LATEST_VERSION == 3
-    assert fifo.UNRELEASED_VERSIONS == (4,)
+    assert fifo.SUPPORTED_VERSIONS == (1, 2, 3, 4) and fifo.LATEST_VERSION == 4
+    assert fifo.UNRELEASED_VERSIONS == ()
     for v in (*fifo.SUPPORTED_VERSIONS, *fifo.UNRELEASED_VERSIONS):
         m = fifo.machine_for(v)
         assert m.version == v and fifo.state_version(m.init()) == v

@@ -1,5 +1,6 @@
 """Machine v4 is a flat copy of v3: it imports no earlier version, defines each method once, is
-not released, and replays v3's pinned corpus exactly (`v4_equivalence.py` says how it compares).
+released (the unreleased mechanism is tested with a test-only machine past it), and replays
+v3's pinned corpus exactly (`v4_equivalence.py` says how it compares).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 import fifo
 import tests.fifo.replay_corpus as rc
+import tests.fifo.unreleased_machine as unreleased_machine
 import tests.fifo.v4_equivalence as eq
 from fifo.v4 import machine as v4_machine
 from fifo.v4 import registry as v4_registry
@@ -67,28 +69,45 @@ def test_every_v4_method_is_defined_once() -> None:
                     seen[name] = cls.__name__
 
 
-def test_v4_is_selectable_but_not_released(monkeypatch: pytest.MonkeyPatch) -> None:
-    """machine_for(4) and init_state(4) work; v4 is not shipped, not the latest released, and
-    a node's default is still v3 (`--max-machine-version 4` needs the dev flag)."""
+def test_v4_is_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """v4 is shipped (its corpus pinned), the latest released version, and what a node runs by
+    default; `--max-machine-version 4` needs no flag."""
+    from cluster.node.server import UNRELEASED_FLAG, supported_version
+
+    monkeypatch.delenv(UNRELEASED_FLAG, raising=False)
+    assert fifo.machine_for(4).version == 4
+    assert fifo.init_state(4).version == 4
+    assert 4 in rc.shipped() and rc.FIRST_SEED[4] == 4_000_000
+    assert fifo.LATEST_VERSION == 4 == max(fifo.SUPPORTED_VERSIONS)
+    assert 4 not in fifo.UNRELEASED_VERSIONS
+    assert supported_version(None) == 4 and supported_version(4) == 4
+
+
+def test_an_unreleased_version_is_selectable_but_a_node_runs_it_only_with_the_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mechanism kept for the next version (a test-only machine past v4): machine_for,
+    init_state and convert select it; a node's default stays the latest released, and
+    `--max-machine-version` names it only with the dev flag."""
     from cluster.errors import ConfigError
     from cluster.node.server import UNRELEASED_FLAG, supported_version
 
     monkeypatch.delenv(UNRELEASED_FLAG, raising=False)
-
-    assert fifo.machine_for(4).version == 4
-    assert fifo.init_state(4).version == 4
-    assert 4 not in rc.shipped()
-    assert fifo.LATEST_VERSION == 3
-    assert 4 not in fifo.SUPPORTED_VERSIONS and 4 in fifo.UNRELEASED_VERSIONS
-    assert supported_version(None) == 3
-    try:
-        supported_version(4)
-    except ConfigError as err:
-        assert UNRELEASED_FLAG in str(err)
-    else:
-        raise AssertionError("--max-machine-version 4 accepted without the dev flag")
+    version = unreleased_machine.register(monkeypatch)
+    assert version not in fifo.SUPPORTED_VERSIONS and fifo.UNRELEASED_VERSIONS == (version,)
+    assert fifo.machine_for(version).version == version
+    assert fifo.init_state(version).version == version
+    state = fifo.init_state(fifo.LATEST_VERSION)
+    assert fifo.convert(state, fifo.LATEST_VERSION, version, fifo.Meta(1, 1, 0, version)).version \
+        == version  # fmt: skip
+    assert supported_version(None) == fifo.LATEST_VERSION
+    with pytest.raises(ConfigError, match=UNRELEASED_FLAG):
+        supported_version(version)
     monkeypatch.setenv(UNRELEASED_FLAG, "1")
-    assert supported_version(4) == 4 and supported_version(None) == 3
+    assert supported_version(version) == version
+    assert supported_version(None) == fifo.LATEST_VERSION
+    with pytest.raises(ConfigError):
+        supported_version(version + 1)
 
 
 def test_v3_corpus_replays_equal_through_v4() -> None:
