@@ -7,6 +7,7 @@ Regenerate only a version that was never released: `python tests/fifo/replay_cor
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def test_v4_corpus_exercises_references_exchanges_and_owners() -> None:
             "v4 unknown_exchange", "v4 access_refused", "v4 exchange_exists"} <= seen  # fmt: skip
 
 
-def answer_kinds(version: int, reply: object, effects: list[object]) -> set[str]:
+def answer_kinds(version: int, reply: object, effects: Sequence[object]) -> set[str]:
     """Names of what one command answered (reply and effect classes, delivery item classes,
     error codes, a Routed reply's shape), each prefixed by the machine version."""
     names = {type(reply).__name__, *(type(effect).__name__ for effect in effects)}
@@ -129,8 +130,8 @@ def answer_kinds(version: int, reply: object, effects: list[object]) -> set[str]
 
 def test_a_v3_log_upgraded_to_v4_at_a_split_replays_v3_until_then() -> None:
     """A shipped v3 log with an upgrade to v4 inserted at a seeded split: up to the split its
-    checkpoints are v3's recorded ones, after it v4 goes on (v4 has no catch-all: a raise fails it); the
-    digest over 20 such logs is the same under any PYTHONHASHSEED
+    checkpoints are v3's recorded ones, after it v4 goes on (it has no catch-all: a raise fails
+    the test); the digest over 20 such logs is the same under any PYTHONHASHSEED
     (`test_replay_is_independent_of_the_hash_seed`)."""
     _, logs = logs_of(3)
     for log in logs[:20]:
@@ -163,6 +164,7 @@ def test_replay_is_independent_of_the_hash_seed() -> None:
     results = run_pythons(runs, 300)
     for result in results:
         assert result.returncode == 0, result.stdout + result.stderr
+    versions = len(fifo.SUPPORTED_VERSIONS)
     for result in results[:2]:
-        assert result.stdout.count("20 logs replay to their digests") == len(fifo.SUPPORTED_VERSIONS)
+        assert result.stdout.count("20 logs replay to their digests") == versions
     assert results[2].stdout == results[3].stdout and len(results[2].stdout.strip()) == 64

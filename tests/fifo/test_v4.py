@@ -94,7 +94,7 @@ def test_an_unreleased_version_is_selectable_but_a_node_runs_it_only_with_the_fl
 
     monkeypatch.delenv(UNRELEASED_FLAG, raising=False)
     version = unreleased_machine.register(monkeypatch)
-    assert version not in fifo.SUPPORTED_VERSIONS and fifo.UNRELEASED_VERSIONS == (version,)
+    assert version not in fifo.SUPPORTED_VERSIONS and (version,) == fifo.UNRELEASED_VERSIONS
     assert fifo.machine_for(version).version == version
     assert fifo.init_state(version).version == version
     state = fifo.init_state(fifo.LATEST_VERSION)

@@ -1,6 +1,7 @@
 """A test-only machine one version past the latest released, registered as unreleased, so the
-unreleased-version mechanism (`fifo.UNRELEASED_VERSIONS`, a node's `QUORUMQ_ALLOW_UNRELEASED_MACHINE`,
-the CLI checks) stays tested while no real version is unreleased.
+unreleased-version mechanism (`fifo.UNRELEASED_VERSIONS`, a node's
+`QUORUMQ_ALLOW_UNRELEASED_MACHINE`, the CLI checks) stays tested while no real version is
+unreleased.
 
 `register(monkeypatch)` adds it to the version tables for one test (undone after it): the latest
 machine's behaviour under the next number, reached from the latest by a conversion that only
