@@ -16,7 +16,6 @@ import pytest
 import fifo
 from cluster.errors import ProtocolError
 from cluster.launcher import LocalCluster, start_cluster, wait_until
-from cluster.node.server import UNRELEASED_FLAG
 from cluster.rawclient import RawClient
 
 pika = pytest.importorskip("pika")
@@ -59,22 +58,18 @@ def upgrade_to_latest(cluster: LocalCluster) -> None:
 
 
 def start_at_v4(data_dir: Path) -> AmqpCluster:
-    """3 nodes whose code may run the unreleased machine v4: the cluster switches to it once
-    every node said it supports it (`wait_for_version`)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(UNRELEASED_FLAG, "1")
-        cluster = start_cluster(data_dir, nodes=3, max_machine_version=4)
+    """3 nodes of today's code: the cluster switches to machine v4 once every node said it
+    supports it (`wait_for_version`)."""
+    cluster = start_cluster(data_dir, nodes=3)
     wait_for_version(cluster, 4)
     return AmqpCluster(cluster, cluster.key.decode("ascii"))
 
 
 def restart_at_v4(cluster: LocalCluster) -> None:
-    """Restart every node of a running cluster with code allowed to run v4 (a rolling
-    upgrade), then wait until the cluster switched to it."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(UNRELEASED_FLAG, "1")
-        for node in cluster.config.nodes:
-            cluster.restart(node.id, max_machine_version=4)
+    """Restart every node of a running cluster capped at v3 (emulating older code) with the
+    cap at v4 (a rolling upgrade), then wait until the cluster switched to it."""
+    for node in cluster.config.nodes:
+        cluster.restart(node.id, max_machine_version=4)
     wait_for_version(cluster, 4)
 
 

@@ -36,8 +36,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 @pytest.fixture(scope="module")
 def before_v4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AmqpCluster]:
-    """3 nodes of released code: the cluster runs machine v3 (until `v4` restarts them)."""
-    cluster = start_cluster(Path(tmp_path_factory.mktemp("amqp-x")) / "D", nodes=3)
+    """3 nodes capped at machine v3 (code from before v4): the cluster runs v3 (until `v4`
+    restarts them)."""
+    cluster = start_cluster(
+        Path(tmp_path_factory.mktemp("amqp-x")) / "D", nodes=3, max_machine_version=3
+    )
     try:
         yield AmqpCluster(cluster, cluster.key.decode("ascii"))
     finally:
@@ -46,7 +49,7 @@ def before_v4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AmqpCluster]
 
 @pytest.fixture(scope="module")
 def v4(before_v4: AmqpCluster) -> AmqpCluster:
-    """The same cluster after a rolling restart onto code allowed to run v4."""
+    """The same cluster after a rolling restart onto code that runs v4 (the cap lifted)."""
     restart_at_v4(before_v4.cluster)
     return before_v4
 

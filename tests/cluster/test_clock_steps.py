@@ -21,7 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import config
 from cluster.launcher import LocalCluster, free_ports, init_cluster, wait_until
-from cluster.node.server import UNRELEASED_FLAG
 from cluster.rawclient import RawClient
 from fifo.commands import (
     Checkout,
@@ -124,7 +123,6 @@ def test_ttl_and_consumer_timeouts_fire_on_time_after_one_node_s_clock_steps(
     """+1 day on a restarted follower, then set right; -1 hour on the running leader; then every
     clock -1 hour and the whole cluster restarted: after each, a 5 s TTL and a 3 s consumer
     timeout fire on time; the two single-node steps are counted."""
-    monkeypatch.setenv(UNRELEASED_FLAG, "1")
     monkeypatch.setenv(CLOCK_OFFSET_FILE_ENV, OFFSET_FILE)
     data_dir = tmp_path / "D"
     cfg = init_cluster(data_dir, nodes=3)
@@ -136,7 +134,7 @@ def test_ttl_and_consumer_timeouts_fire_on_time_after_one_node_s_clock_steps(
     cluster = LocalCluster(data_dir, cfg)
     try:
         for node in cfg.nodes:
-            cluster.start_node(node.id, max_machine_version=4)
+            cluster.start_node(node.id)
         leader = cluster.leader()
         follower = next(node.id for node in cfg.nodes if node.id != leader)
         raw = cluster.raw_client(leader)
@@ -144,13 +142,13 @@ def test_ttl_and_consumer_timeouts_fire_on_time_after_one_node_s_clock_steps(
         raw.close()
 
         step_clock(cluster, follower, DAY_MS)  # the issue: restarted a day ahead, for a while
-        cluster.restart(follower, max_machine_version=4)
+        cluster.restart(follower)
         probe = cluster.raw_client(follower)
         assert isinstance(probe.command(DeclareQueue("probe")), DeclareOk)
         assert probe.command(Enqueue("probe", b"stamped a day ahead")) == Ok()
         probe.close()
         step_clock(cluster, follower, 0)  # then set right, and restarted again
-        cluster.restart(follower, max_machine_version=4)
+        cluster.restart(follower)
         leader = cluster.leader()
         raw = cluster.raw_client(leader)
         after_day = fire_times(raw, "day")
@@ -168,7 +166,7 @@ def test_ttl_and_consumer_timeouts_fire_on_time_after_one_node_s_clock_steps(
             step_clock(cluster, node.id, -HOUR_MS)
         cluster.stop()
         for node in cfg.nodes:
-            cluster.start_node(node.id, max_machine_version=4)
+            cluster.start_node(node.id)
         raw = cluster.raw_client(cluster.leader())
         after_restart = fire_times(raw, "restart")
         raw.close()

@@ -20,7 +20,6 @@ import pytest
 
 from cluster import config
 from cluster.launcher import LocalCluster, init_cluster, wait_until
-from cluster.node.server import UNRELEASED_FLAG
 from raft import storage
 from raft.errors import StorageError
 
@@ -39,18 +38,15 @@ def _sums(bodies: list[bytes]) -> list[str]:
     return [hashlib.sha256(body).hexdigest() for body in bodies]
 
 
-def test_a_restarted_node_sends_the_exact_bodies_in_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_restarted_node_sends_the_exact_bodies_in_order(tmp_path: Path) -> None:
     """Every body comes back byte for byte (checksums), in publish order, from a node that was
     restarted after the publishes: read back from its journal, never from the state."""
-    monkeypatch.setenv(UNRELEASED_FLAG, "1")
     cfg = dataclasses.replace(init_cluster(tmp_path / "D", nodes=3), snapshot_every_entries=20)
     config.write(tmp_path / "D", cfg)
     cluster = LocalCluster(tmp_path / "D", cfg)
     try:
         for node in cfg.nodes:
-            cluster.start_node(node.id, max_machine_version=4)
+            cluster.start_node(node.id)
         leader = cluster.leader()
         raw = cluster.raw_client(leader)
         wait_until(lambda: raw.query("machine")["effective_version"] == 4, 30, "machine v4")
@@ -67,7 +63,7 @@ def test_a_restarted_node_sends_the_exact_bodies_in_order(
         # its log compacted past some publishes: their bodies are in retained entries only
         wait_until(lambda: _snapshot_index(tmp_path / "D" / restarted, restarted) > before + 10,
                    30, "a snapshot of the node to restart past the first publishes")  # fmt: skip
-        cluster.restart(restarted, max_machine_version=4)
+        cluster.restart(restarted)
         node_log = tmp_path / "D" / restarted / "node.log"
         with cluster.client(restarted, only=True) as client:
             wait_until(lambda: _ready(client) == MESSAGES, 30, "the restarted node to catch up")

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from cluster.launcher import start_cluster, wait_until
-from cluster.node.server import UNRELEASED_FLAG
 from fifo.commands import DeclareQueue, Enqueue, Purge
 from fifo.replies import Ok
 
@@ -48,8 +47,7 @@ def test_a_raising_v4_handler_stops_every_node_at_that_entry(
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(PLANT)
     monkeypatch.setenv("PYTHONPATH", str(hook))
-    monkeypatch.setenv(UNRELEASED_FLAG, "1")
-    cluster = start_cluster(tmp_path / "D", 3, max_machine_version=4)
+    cluster = start_cluster(tmp_path / "D", 3)
     try:
         client = cluster.raw_client(cluster.leader())
         wait_until(lambda: client.query("machine")["effective_version"] == 4, 30, "machine v4")

@@ -15,7 +15,6 @@ import pytest
 
 from cluster.client.errors import CommandRefused
 from cluster.launcher import LocalCluster, init_cluster, wait_until
-from cluster.node.server import UNRELEASED_FLAG
 from fifo.commands import BoundDiscard, Command, Discard, Modify, RenewLocks, Return, Settle
 from fifo.replies import Ok
 from tests.management.helpers import admin_auth, base_url, http
@@ -26,18 +25,15 @@ QUEUE = "owned"
 MESSAGES = 5
 
 
-def test_another_connection_cannot_settle_a_consumers_deliveries(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_another_connection_cannot_settle_a_consumers_deliveries(tmp_path: Path) -> None:
     """B's discard, settle, return, modify and renew of A's deliveries are refused with
     not_owner and change nothing (also a bound discard naming A's connection); A's later ack
     of the same ids is ok."""
-    monkeypatch.setenv(UNRELEASED_FLAG, "1")
     cfg = init_cluster(tmp_path / "D", nodes=3, http_base_port=0)
     cluster = LocalCluster(tmp_path / "D", cfg)
     try:
         for node in cfg.nodes:
-            cluster.start_node(node.id, max_machine_version=4)
+            cluster.start_node(node.id)
         leader = cluster.leader()
         other = next(node.id for node in cfg.nodes if node.id != leader)
         raw = cluster.raw_client(leader)

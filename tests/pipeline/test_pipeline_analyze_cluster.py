@@ -11,11 +11,9 @@ import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
-import fifo
 from cluster.cli.exits import CliError
 from cluster.cli.main import cli
 from cluster.launcher import LocalCluster, start_cluster, wait_until
-from cluster.node.server import UNRELEASED_FLAG
 from cluster.rawclient import RawClient
 from fifo.commands import (
     Cancel,
@@ -136,8 +134,6 @@ def test_analyze_reports_the_exact_counts_of_a_real_cluster_workload(
 ) -> None:
     """The same counts whatever the machine version: at v4 (issue 32) the export's messages
     keep their bodies in the log, and the analysis takes their sizes from the references."""
-    if version not in fifo.SUPPORTED_VERSIONS:
-        monkeypatch.setenv(UNRELEASED_FLAG, "1")
     cluster = start_cluster(tmp_path / "D", nodes=3, max_machine_version=version)
     try:
         client = cluster.raw_client(cluster.leader())

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 import fifo
 from cluster.cli import exits
 from cluster.cli.main import main
+from tests.fifo.unreleased_machine import register as register_unreleased
 
 pytestmark = [
     pytest.mark.spark,
@@ -94,25 +95,23 @@ def test_planted_bug_exits_1_and_prints_each_failing_seed_with_its_command(
     assert f"{summary['failures']} of 20 seeds failed" in captured.err
 
 
-def test_an_unreleased_machine_version_is_fuzzed_from_the_cli(
-    spark: SparkSession,
+def test_an_unreleased_machine_version_passes_the_cli_checks(
     monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    tmp_path: Path,
 ) -> None:
-    """v4 is not released (not in SUPPORTED_VERSIONS) yet is fuzzed before it ships: every
-    seed runs v4 and the campaign is clean."""
-    version = max(fifo.UNRELEASED_VERSIONS)
+    """An unreleased version (a test-only machine past the latest) is fuzzed before it ships,
+    as `quorumq fuzz` does: the CLI accepts it (not in SUPPORTED_VERSIONS), and refuses an
+    upgrade from it (nothing newer to go to). No Spark: its workers would not see the test-only
+    machine."""
+    from cluster.cli.exits import CliError
+    from cluster.cli.pipeline import _check_machine_version
+
+    version = register_unreleased(monkeypatch)
     assert version not in fifo.SUPPORTED_VERSIONS
-    code = run_cli(
-        monkeypatch, "-o", "json", "pipeline", "fuzz", "--seeds", "4", "--steps", "200",
-        "--machine-version", str(version), "--master", "local[2]", "--out", str(tmp_path),
-    )  # fmt: skip
-    captured = capsys.readouterr()
-    assert code == exits.OK, captured.err
-    assert (json.loads(captured.out)["seeds"], json.loads(captured.out)["failures"]) == (4, 0)
-    rows = spark.read.parquet(str(tmp_path / "seeds.parquet")).collect()
-    assert sorted(row["initial_machine_version"] for row in rows) == [version] * 4
+    _check_machine_version(version, None)
+    with pytest.raises(CliError, match="--upgrade-at needs"):
+        _check_machine_version(version, "random")
+    with pytest.raises(CliError, match="is not one of"):
+        _check_machine_version(version + 1, None)
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ from pipeline.logscan import Groups, parse_chunk, scan_log
 from pipeline.replay import GroupReplay, merged_digest
 from pipeline.workload import write_log
 from raft import SUB_INDEX_SPAN
+from tests.fifo.unreleased_machine import register as register_unreleased
 from tests.pipeline.test_pipeline_replay import _grouped_entries, replay_groups
 
 LOG_BYTES = 120_000  # ~1,000 commands: a second of replay, a few of Spark
@@ -178,8 +179,8 @@ def test_pipeline_analyze_on_a_v4_export_counts_what_the_v3_workload_did(
 def test_the_upgrade_dry_run_of_a_v4_export_replays_it_to_its_digest(
     logs: dict[int, Path],
 ) -> None:
-    """`--to 4` is refused by the CLI (released versions only), so the dry run of a v4 export
-    is at the newest released version: nothing to upgrade, but the whole v4 log is replayed."""
+    """The dry run of a v4 export to v4, the newest released version: nothing to upgrade, but
+    the whole v4 log is replayed."""
     result = CliRunner().invoke(
         cli,
         ["-o", "json", "machine", "upgrade", "--dry-run", "--log", str(logs[4]), "--to",
@@ -193,17 +194,14 @@ def test_the_upgrade_dry_run_of_a_v4_export_replays_it_to_its_digest(
     assert plan.end is not None and report["baseline_digest"] == plan.end["fifo_digest"]
 
 
-def test_the_upgrade_dry_run_of_a_v3_export_to_v4_needs_the_flag_and_is_safe(
+def test_the_upgrade_dry_run_of_a_v3_export_to_v4_is_safe(
     logs: dict[int, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """v4 is unreleased: `--to 4` is a usage error naming the flag, as for a node; with it,
-    every split point of the v3 log upgraded to v4 answers as v3 did."""
+    """v4 is released: `--to 4` needs no flag, and every split point of the v3 log upgraded to
+    v4 answers as v3 did. An unreleased version (a test-only machine past v4) is a usage error
+    naming the flag, as for a node, and is dry-run with it."""
     args = ["-o", "json", "machine", "upgrade", "--dry-run", "--log", str(logs[3]), "--to", "4"]
     monkeypatch.delenv(UNRELEASED_FLAG, raising=False)
-    refused = CliRunner().invoke(cli, args)
-    assert isinstance(refused.exception, CliError) and refused.exception.exit_code == USAGE
-    assert UNRELEASED_FLAG in str(refused.exception)
-    monkeypatch.setenv(UNRELEASED_FLAG, "1")
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output + str(result.exception)
     report = json.loads(result.stdout)
@@ -211,6 +209,15 @@ def test_the_upgrade_dry_run_of_a_v3_export_to_v4_needs_the_flag_and_is_safe(
     statuses = Counter(split["status"] for split in report["splits"])
     assert statuses["ok"] > 10 and set(statuses) == {"ok"}
     assert sum(split["replies_compared"] for split in report["splits"]) > 0
+    unreleased = register_unreleased(monkeypatch)
+    args[-1] = str(unreleased)
+    refused = CliRunner().invoke(cli, args)
+    assert isinstance(refused.exception, CliError) and refused.exception.exit_code == USAGE
+    assert UNRELEASED_FLAG in str(refused.exception)
+    monkeypatch.setenv(UNRELEASED_FLAG, "1")
+    result = CliRunner().invoke(cli, [*args, "--every", "200"])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert json.loads(result.stdout)["to_version"] == unreleased
 
 
 def test_an_export_starting_from_a_v4_snapshot_sizes_its_messages_from_the_references() -> None:
