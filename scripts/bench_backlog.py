@@ -11,9 +11,8 @@ rate and the resident sets after it. Prints one JSON document (progress on stder
 to --out (default: a fresh temp dir, never the checkout).
 
 The fields match ../shared/bench/rabbitmq/bench_backlog.py's (the same workload on RabbitMQ);
-`--peer FILE` reads that script's JSON and adds the ratios (ours / RabbitMQ's). Machine v4 is
-unreleased: `--machine-version 4` runs the nodes with --max-machine-version 4 and
-QUORUMQ_ALLOW_UNRELEASED_MACHINE=1.
+`--peer FILE` reads that script's JSON and adds the ratios (ours / RabbitMQ's). The nodes run
+the newest machine version (v4: bodies stay in the log); `--machine-version N` caps them at N.
 
     python scripts/bench_backlog.py --total 50000 --slice 10000 --body 1024
     python scripts/bench_backlog.py --total 400000 --peer /tmp/rmq-backlog.json
@@ -34,7 +33,6 @@ from typing import Any
 
 from cluster.client import Client, Consumer
 from cluster.launcher import LocalCluster, local_cluster, wait_until
-from cluster.node.server import UNRELEASED_FLAG
 
 QUEUE = "backlog"
 POLL_S = 1.0  # status polls during a phase (the stall window of a node is 10 s)
@@ -368,8 +366,6 @@ def main() -> None:
             peer = load_peer(args.peer)
         except (OSError, ValueError) as err:
             sys.exit(f"--peer: {err}")
-    if args.machine_version == 4:
-        os.environ[UNRELEASED_FLAG] = "1"  # for the nodes started below (v4 is unreleased)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # client records: stderr
     results = run(args)
     if peer is not None:

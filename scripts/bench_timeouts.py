@@ -18,8 +18,9 @@ With `--baseline-tree DIR` (a checkout of other code, e.g. `git archive main | t
 every cluster runs twice, first with its nodes importing DIR (PYTHONPATH), then this code, and
 `ratio` is this code's cores over the baseline's in the same run.
 
-v4 is unreleased: the nodes run it with --max-machine-version 4 and
-QUORUMQ_ALLOW_UNRELEASED_MACHINE=1 (set here for the nodes this script starts). Linux only.
+The nodes run each version with --max-machine-version N. A baseline tree from before v4's
+release needs QUORUMQ_ALLOW_UNRELEASED_MACHINE=1 to run v4: set here with --baseline-tree only.
+Linux only.
 
     python scripts/bench_timeouts.py --consumers 2,20,100 --window 10 -o results.json
     python scripts/bench_timeouts.py --versions 4 --baseline-tree /tmp/base -o results.json
@@ -194,7 +195,8 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.consumers.split(",")]
     versions = [int(v) for v in args.versions.split(",")]
-    os.environ[UNRELEASED_FLAG] = "1"  # the nodes started below may run v4 (unreleased)
+    if args.baseline_tree is not None:  # a tree from before v4's release has it unreleased
+        os.environ[UNRELEASED_FLAG] = "1"
     result: dict[str, Any] = {"messages": args.messages, "nodes": args.nodes,
                               "window_s": args.window, "load_before": os.getloadavg(),
                               "versions": {}}  # fmt: skip

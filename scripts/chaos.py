@@ -114,7 +114,7 @@ def _quiet_logs(verbose: bool) -> None:
     default=None,
     help="A standing backlog of N messages in a queue of its own, published before the faults "
     "and drained after them through every node in turn, each body checked byte for byte "
-    "(with --machine-version 4 the bodies live only in the journal's live entries).",
+    "(at machine v4, the default, the bodies live only in the journal's live entries).",
 )
 @click.option(
     "--backlog-body",
@@ -128,7 +128,7 @@ def _quiet_logs(verbose: bool) -> None:
     type=click.IntRange(1, max(fifo.UNRELEASED_VERSIONS or (fifo.LATEST_VERSION,))),
     default=None,
     help="The nodes' machine version cap (default: the newest released); the run waits until "
-    "the cluster applies it. The unreleased 4 is allowed here, for these nodes only.",
+    "the cluster applies it. An unreleased version is allowed here, for these nodes only.",
 )
 @click.option("--keep-data", is_flag=True, help="Keep the cluster data dir under /tmp.")
 @click.option(
@@ -173,8 +173,8 @@ def main(
     Example:
       python scripts/chaos.py --duration 60 --faults kill,pause --seed 7 --json
       python scripts/chaos.py --netns --faults kill,partition,membership --duration 120
-      python scripts/chaos.py --backlog 200000 --machine-version 4 \\
-          --faults kill,partition,power-loss --duration 120 --json
+      python scripts/chaos.py --backlog 200000 --faults kill,partition,power-loss \\
+          --duration 120 --json
     """
     tokens = [] if faults.strip() in ("", "none") else [t.strip() for t in faults.split(",")]
     try:

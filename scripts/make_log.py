@@ -4,12 +4,11 @@ The workload runs through the replicated machine exactly as a node applies entri
 `pipeline/workload.py`): independent services, each a work queue dead-lettering into its own DLQ
 (every third one single-active-consumer), publishers, consumers that ack / return / reject /
 time out, consumer churn and dropped connections. Same seed and size, same file. Prints JSON.
-`--machine-version 4` (unreleased: bodies stay in the log) needs
-QUORUMQ_ALLOW_UNRELEASED_MACHINE=1, as a node does.
+The default is the newest released version (v4: bodies stay in the log); an unreleased one
+needs QUORUMQ_ALLOW_UNRELEASED_MACHINE=1, as a node does.
 
     python scripts/make_log.py --mib 64 --seed 1 --services 8 --out /tmp/qq-64.log
-    QUORUMQ_ALLOW_UNRELEASED_MACHINE=1 python scripts/make_log.py --mib 1 --machine-version 4 \
-        --out /tmp/qq-v4.log
+    python scripts/make_log.py --mib 1 --machine-version 3 --out /tmp/qq-v3.log
 """
 
 from __future__ import annotations

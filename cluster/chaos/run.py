@@ -89,7 +89,7 @@ class RunParams:
     # a standing backlog (issue 32): published before the faults, drained after them through
     # every node, each body checked against what was published (cluster/chaos/backlog.py)
     backlog: BacklogParams | None = None
-    # the nodes' machine version cap (None: the newest released); an unreleased one (4) is
+    # the nodes' machine version cap (None: the newest released); an unreleased one is
     # allowed for the run's nodes only (UNRELEASED_FLAG in their environment)
     machine_version: int | None = None
 
