@@ -53,7 +53,7 @@ Example:
     "--upgrade-at",
     type=UpgradeAt(),
     default=None,
-    help="Convert v1 to v2 before entry K, or at a seeded random entry.",
+    help="Convert to the latest version before entry K, or at a seeded random entry.",
 )
 @click.option(
     "--snapshot-check",

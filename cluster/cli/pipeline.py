@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pyspark is slow to import: the CLI imports the pipeline onl
 
 
 class UpgradeAtType(click.ParamType[int | Literal["random"], Any]):
-    """`random` or a non-negative log step at which the v1 -> v2 upgrade happens."""
+    """`random` or a non-negative log step at which the upgrade to the latest version happens."""
 
     name = "random|K"
 
@@ -53,7 +53,7 @@ def pipeline() -> None:
     "--upgrade-at",
     type=UpgradeAtType(),
     default=None,
-    help="Upgrade v1 -> v2 at step K, or at a random step per seed.",
+    help="Upgrade to the latest version at step K, or at a random step per seed.",
 )
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option(
@@ -105,8 +105,8 @@ def fuzz(
     """Run a seeded fuzz campaign on Spark; exit 1 when any seed fails.
 
     Each seed runs the machine with its invariants, a snapshot/replay check and, with
-    --upgrade-at, a v1 -> v2 upgrade. A failing seed's row carries the `quorumq fuzz` command
-    that reproduces it locally. Progress goes to stderr.
+    --upgrade-at, an upgrade to the latest version. A failing seed's row carries the
+    `quorumq fuzz` command that reproduces it locally. Progress goes to stderr.
 
     \b
     Example:
