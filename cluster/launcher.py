@@ -465,7 +465,7 @@ def start_cluster(
     cluster = LocalCluster(data_dir, config)
     down = [node for node in config.nodes if node.id not in running]
     try:
-        stderr_from = {node.id: _file_size(node.data_dir / "stderr.log") for node in down}
+        stderr_from = {node.id: file_size(node.data_dir / "stderr.log") for node in down}
         for node in down:
             cluster.start_node(node.id, max_machine_version)
         wait_answering(cluster, stderr_from, timeout_s)
@@ -534,29 +534,29 @@ def wait_answering(cluster: LocalCluster, stderr_from: dict[str, int], timeout_s
             proc = cluster.procs.get(node_id)
             code = proc.poll() if proc is not None else None
             if code is not None or (proc is None and node_pid(node) is None):
-                tail = _stderr_tail(node, waiting[node_id])
+                tail = stderr_tail(node, waiting[node_id])
                 raise NoLeader(f"node {node_id} exited at start (exit code {code}){tail}")
         if waiting and time.monotonic() >= deadline:
             node_id = sorted(waiting)[0]
-            tail = _stderr_tail(cluster.config.node(node_id), waiting[node_id])
+            tail = stderr_tail(cluster.config.node(node_id), waiting[node_id])
             raise NoLeader(f"node {node_id} did not answer within {timeout_s:.0f}s{tail}")
         if waiting:
             time.sleep(0.1)
 
 
-def _file_size(path: Path) -> int:
+def file_size(path: Path) -> int:
     try:
         return path.stat().st_size
     except OSError:
         return 0
 
 
-def _stderr_tail(node: NodeConfig, offset: int) -> str:
+def stderr_tail(node: NodeConfig, offset: int) -> str:
     """': <the last lines it wrote to stderr.log since `offset>' (or where to look)."""
     path = node.data_dir / "stderr.log"
     try:
         with open(path, "rb") as f:
-            f.seek(max(offset, _file_size(path) - STDERR_TAIL_BYTES))
+            f.seek(max(offset, file_size(path) - STDERR_TAIL_BYTES))
             text = f.read(STDERR_TAIL_BYTES).decode("utf-8", "replace")
     except OSError:
         text = ""

@@ -346,6 +346,10 @@ class Replica:
         resolved = self._resolved_deliver(effect, self.read_body)
         return resolved if resolved.messages else None
 
+    def handovers_waiting(self) -> int:
+        """How many applied entries' hand-overs still wait for their bodies."""
+        return len(self._waiting)
+
     def _in_order(self, refs: list[int], hand_over: Callable[[Lookup], None]) -> None:
         """Run `hand_over` now if nothing waits and every body is cached, else behind the
         hand-overs already waiting, once its bodies were read off the loop."""

@@ -31,10 +31,12 @@ from cluster.config import ClusterConfig, read_secret
 from cluster.errors import ConfigError
 from cluster.launcher import (
     client_key,
+    file_size,
     node_pid,
     node_status,
     set_node_cap,
     spawn_node,
+    stderr_tail,
     stop_node,
 )
 from raft.storage import fsync_dir
@@ -209,8 +211,9 @@ def restart(
     was_running = stop_node(node, grace_s)
     if max_machine_version is not None:
         set_node_cap(data_dir, node_id, max_machine_version)
+    since = file_size(node.data_dir / "stderr.log")
     spawn_node(data_dir, node_id, max_machine_version)
-    status = _wait_answering(data_dir, node_id, timeout_s)
+    status = _wait_answering(data_dir, node_id, timeout_s, since)
     row = {
         "node": node_id,
         "was_running": was_running,
@@ -242,7 +245,11 @@ def _check_startable(data_dir: Path, node_id: str, cap: int | None = None) -> No
         ) from err
 
 
-def _wait_answering(data_dir: Path, node_id: str, timeout_s: float) -> dict[str, object]:
+def _wait_answering(
+    data_dir: Path, node_id: str, timeout_s: float, stderr_since: int
+) -> dict[str, object]:
+    """The node's status once it answers; exit 69 quoting its stderr (what it wrote from
+    `stderr_since` on) if it exits first."""
     config = load_config(data_dir)
     node, key, tls = config.node(node_id), client_key(data_dir), _tls(data_dir, config)
     deadline = time.monotonic() + timeout_s
@@ -252,7 +259,7 @@ def _wait_answering(data_dir: Path, node_id: str, timeout_s: float) -> dict[str,
             return status
         if node_pid(node) is None:
             raise CliError(
-                f"{node_id} exited at start; see {node.data_dir}/stderr.log", UNAVAILABLE
+                f"{node_id} exited at start{stderr_tail(node, stderr_since)}", UNAVAILABLE
             )
         time.sleep(0.1)
     raise CliError(f"{node_id} did not answer within {timeout_s:.0f}s", UNAVAILABLE)
@@ -323,9 +330,10 @@ def recover(
     _check_startable(data_dir, node_id, node.max_machine_version)
     was_running = stop_node(node, grace_s)
     moved_to = _move_storage_aside(node.data_dir)
+    since = file_size(node.data_dir / "stderr.log")
     spawn_node(data_dir, node_id)
-    _wait_answering(data_dir, node_id, timeout_s)
-    status = _wait_caught_up(data_dir, node_id, target, timeout_s)
+    _wait_answering(data_dir, node_id, timeout_s, since)
+    status = _wait_caught_up(data_dir, node_id, target, timeout_s, since)
     row = {
         "node": node_id,
         "was_running": was_running,
@@ -393,7 +401,7 @@ def _move_storage_aside(node_dir: Path) -> Path | None:
 
 
 def _wait_caught_up(
-    data_dir: Path, node_id: str, target: int, timeout_s: float
+    data_dir: Path, node_id: str, target: int, timeout_s: float, stderr_since: int
 ) -> dict[str, object]:
     config = load_config(data_dir)
     node, key, tls = config.node(node_id), client_key(data_dir), _tls(data_dir, config)
@@ -406,7 +414,8 @@ def _wait_caught_up(
             return status
         if node_pid(node) is None:
             raise CliError(
-                f"{node_id} exited while rebuilding; see {node.data_dir}/stderr.log", UNAVAILABLE
+                f"{node_id} exited while rebuilding{stderr_tail(node, stderr_since)}",
+                UNAVAILABLE,
             )
         time.sleep(0.2)
     raise CliError(

@@ -75,6 +75,10 @@ class EffectRouter:
         # connection number -> consumer -> the lowest message id held (never sent)
         self._held: dict[int, dict[Slot, int]] = {}
         self._held_since = 0.0  # monotonic time of the first hold since the last reconciliation
+        # (connection, consumer) -> the highest id a reconciliation sent, kept while hand-overs
+        # of entries applied before it still wait for their bodies (machine v4,
+        # `Replica.handovers_waiting`): their deliveries were in the state it read, so sent
+        self._reconciled: dict[tuple[int, Slot], int] = {}
         self._soon = False  # a reconciliation is asked for right after the current tick
         self.sent = 0
         self.dropped = 0
@@ -100,6 +104,8 @@ class EffectRouter:
         self._live.pop(connection.number, None)
         self._handlers.pop(connection.number, None)
         self._held.pop(connection.number, None)
+        for mark in [mark for mark in self._reconciled if mark[0] == connection.number]:
+            del self._reconciled[mark]
 
     def is_live(self, number: int) -> bool:
         """Whether the connection with this number (of this incarnation) has a session."""
@@ -126,7 +132,6 @@ class EffectRouter:
         """Send every effect addressed to one of our live connections, in order (deliveries
         only while the state is current: held otherwise)."""
         current: bool | None = None  # asked once per call: one entry's effects
-        sent_by_reconcile: dict[tuple[int, Slot], int] = {}
         for effect in effects:
             connection = getattr(effect, "connection", None)
             if not isinstance(connection, ConnectionId) or connection.node != self.node_id:
@@ -139,16 +144,17 @@ class EffectRouter:
                 if current is None:
                     current = self._current()
                     if current and self._held:  # what was held first: ids stay in order
-                        sent_by_reconcile = self._reconcile()
+                        self._reconcile()
                 if not current:
                     self._hold(effect)
                     continue
-                if sent_by_reconcile:
-                    effect = _unsent_part(effect, sent_by_reconcile)
+                if self._reconciled:
+                    effect = _unsent_part(effect, self._reconciled)
                     if effect is None:
                         continue
             sink(effect)
             self.sent += 1
+        self._forget_reconciled()
 
     def reconcile(self) -> None:
         """If deliveries were held and the state is current now, send what the state says each
@@ -156,6 +162,7 @@ class EffectRouter:
         no entry applied)."""
         if self._held and self._current():
             self._reconcile()
+            self._forget_reconciled()
 
     def _hold(self, effect: Deliver) -> None:
         if not self._held:
@@ -181,13 +188,17 @@ class EffectRouter:
         self._soon = False
         self.reconcile()
 
-    def _reconcile(self) -> dict[tuple[int, Slot], int]:
+    def _forget_reconciled(self) -> None:
+        """Drop the reconciliation marks once no hand-over applied before it can come."""
+        if self._reconciled and (self._replica is None or not self._replica.handovers_waiting()):
+            self._reconciled = {}
+
+    def _reconcile(self) -> None:
         """Send, per held consumer, the messages the state says it holds from the first held
-        id on; the highest id sent per (connection, consumer)."""
+        id on; mark the highest id sent per (connection, consumer)."""
         held, self._held = self._held, {}
         assert self._replica is not None  # only a replica-backed router holds
         deliveries = self._replica.read(lambda view: _still_held(view, held, self))
-        sent: dict[tuple[int, Slot], int] = {}
         for delivery in self._with_bodies(deliveries):
             sink = self._sink(delivery.connection)
             if sink is None:
@@ -195,14 +206,13 @@ class EffectRouter:
             sink(delivery)
             self.sent += 1
             self.reconciled += len(delivery.messages)
-            sent[(delivery.connection.number, (delivery.queue, delivery.consumer_key))] = (
-                delivery.messages[-1].msg_id
-            )
+            mark = (delivery.connection.number, (delivery.queue, delivery.consumer_key))
+            upto = delivery.messages[-1].msg_id
+            self._reconciled[mark] = max(upto, self._reconciled.get(mark, upto))
         held_s = time.monotonic() - self._held_since
         level = log.info if held_s >= HELD_LOG_S else log.debug
         level("deliveries_reconciled", consumers=len(deliveries), messages=self.reconciled,
               held_ms=round(held_s * 1000))  # fmt: skip
-        return sent
 
     def _with_bodies(self, deliveries: list[RefDeliver]) -> list[Deliver]:
         """The reconciled deliveries with their bodies: machine v4's references are read now
@@ -270,7 +280,7 @@ def _held_messages(consumer: Consumer, first: int) -> tuple[Delivery | RefDelive
 
 
 def _unsent_part(effect: Deliver, sent: dict[tuple[int, Slot], int]) -> Deliver | None:
-    """`effect` without the messages a reconciliation just sent (None when nothing is left)."""
+    """`effect` without the messages a reconciliation sent (None when nothing is left)."""
     upto = sent.get((effect.connection.number, (effect.queue, effect.consumer_key)))
     if upto is None:
         return effect

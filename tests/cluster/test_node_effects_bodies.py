@@ -24,6 +24,10 @@ class BodyReplica:
         self.current = True
         self.state = state
         self.resolved: list[int] = []
+        self.waiting = 0  # hand-overs of applied entries still waiting for their bodies
+
+    def handovers_waiting(self) -> int:
+        return self.waiting
 
     def applied_state_current(self) -> bool:
         return self.current
@@ -63,3 +67,39 @@ def test_reconciled_deliveries_of_references_carry_their_bodies() -> None:
     bodies = [(d.msg_id, d.body) for e in effects if isinstance(e, Deliver) for d in e.messages]
     assert bodies == [(0, b"ref-zero"), (1, b"inline"), (2, b"ref-one!")]
     assert replica.resolved == [5 * 1024, 6 * 1024 + 3]
+
+
+def test_a_reconciliation_ahead_of_waiting_hand_overs_sends_nothing_twice() -> None:
+    """The v3 -> v4 rolling-upgrade test's duplicate (one run in seven): deliveries of entries
+    already applied wait for their bodies (`Replica._in_order`) while a reconciliation reads
+    the state, which holds them checked out already, and sends them; when the waiting
+    hand-over came, it sent them again, unflagged, with the same ids."""
+    state = State(4)
+    queue = Queue("q", QueueConfig(), 0)
+    consumer = Consumer(1, "t", LIVE, 1)
+    for mid in range(3):
+        consumer.checked_out[mid] = RefMessage(5 * 1024 if mid != 2 else 6 * 1024 + 3, 8, None)
+    consumer.checked_out[1] = Message(b"inline", None)
+    consumer.next_msg_id = 3
+    queue.consumers[1] = consumer
+    state.queues["q"] = queue
+    replica = BodyReplica(state)
+    router = EffectRouter("n1", incarnation=2)
+    router.use_replica(replica)  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    router.register(LIVE, sent.append)
+    replica.current = False
+    router.dispatch([Deliver(LIVE, "q", "t", 1, (Delivery(0, b"ref-zero", False, 0),))])
+    replica.current, replica.waiting = True, 1  # ids 1 and 2: applied, bodies being read
+    router.reconcile()
+    assert _ids(sent) == [0, 1, 2]
+    replica.waiting = 0  # (the replica pops a hand-over before running it)
+    router.dispatch([Deliver(LIVE, "q", "t", 1, (Delivery(1, b"inline", False, 0),
+                                                 Delivery(2, b"ref-one!", False, 0)))])  # fmt: skip
+    router.dispatch([Deliver(LIVE, "q", "t", 1, (Delivery(3, b"later", False, 0),))])
+    assert _ids(sent) == [0, 1, 2, 3]
+
+
+def _ids(sent: list[dict[str, Any]]) -> list[int]:
+    effects = [fifo.decode(m["effect"]) for m in sent]
+    return [d.msg_id for e in effects if isinstance(e, Deliver) for d in e.messages]

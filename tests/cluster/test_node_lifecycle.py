@@ -23,6 +23,7 @@ from cluster.launcher import (
     running_nodes,
     start_cluster,
     stop_cluster,
+    stop_node,
     wait_until,
 )
 
@@ -90,6 +91,28 @@ def test_cluster_start_names_a_node_whose_client_port_is_taken(tmp_path: Path) -
     finally:
         holder.close()
         stop_cluster(config, grace_s=2.0)  # whatever a failed assertion left running
+
+
+def test_node_restart_quotes_the_stderr_of_a_node_that_exits_at_start(tmp_path: Path) -> None:
+    """`node restart` (and `node recover`, the same wait) said only "exited at start; see
+    .../stderr.log": in a test's failure that file was gone with its temp dir. Now the error
+    quotes what the node wrote there since it was started."""
+    data_dir = tmp_path / "D"
+    config = init_cluster(data_dir, 3)
+    try:
+        started = quorumq("cluster", "start", "--data-dir", str(data_dir))
+        assert started.returncode == 0, started.stderr
+        stop_node(config.node("n2"), grace_s=5.0)
+        holder = _listening(config.node("n2").client_port)
+        try:
+            result = quorumq("node", "restart", "n2", "--data-dir", str(data_dir))
+        finally:
+            holder.close()
+        assert result.returncode == 69, (result.stdout, result.stderr)
+        assert "n2 exited at start" in result.stderr, result.stderr
+        assert "address already in use" in result.stderr.lower(), result.stderr
+    finally:
+        stop_cluster(config, grace_s=2.0)
 
 
 @pytest.mark.parametrize("cause", ["metrics port taken", "prometheus-client missing"])
