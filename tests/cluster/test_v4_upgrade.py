@@ -9,12 +9,12 @@ across the switch are acked by their consumer afterwards (a settle bound to its 
 v4), messages left waiting at v3 (inline bodies) are delivered byte for byte at v4, and a publish
 through a fanout exchange lands in both bound queues.
 
-Known bug, pinned (found by this test, about 1 run in 7 on a loaded 2-core host): around the
-restarts at v4 a node sends a consumer the same delivery twice (the same msg_id, on the same
-connection, unflagged). Probably the held-delivery reconciliation (`cluster/node/effects.py:
-EffectRouter.reconcile`) reading a state that is ahead of the deliveries still waiting for their
-bodies (`raft/replica.py:Replica._in_order`). Such a wire duplicate ends the test as xfail; any
-other duplicate (a message stored twice: another msg_id) or a loss fails it.
+This test found a v4 bug (about 1 run in 7 on a loaded 2-core host): around the restarts a node
+sent a consumer the same delivery twice (the same msg_id, on the same connection, unflagged):
+the held-delivery reconciliation (`cluster/node/effects.py`) read a state ahead of deliveries
+still waiting for their bodies (`raft/replica.py:Replica._in_order`) and sent them, then the
+waiting hand-over sent them again. A second unflagged delivery of a body fails the test, saying
+which it was: the same delivery sent twice, or a message stored twice.
 """
 
 from __future__ import annotations
@@ -80,14 +80,12 @@ def test_rolling_upgrade_3_to_4_under_traffic_keeps_held_and_waiting_messages(
         time.sleep(1.0)  # traffic runs on v4 for a while
         traffic.finish()
         assert not traffic.errors, traffic.errors
-        wire_duplicates = check_delivery(traffic)
+        check_delivery(traffic)
         check_v4_works(cluster, waiting)
         rows = replicas_agree(cluster)
         assert {row["effective_machine_version"] for row in rows} == {4}
         code, output = invoke("--data-dir", str(cluster.data_dir), "machine", "upgrade")
         assert code == 0 and "already at machine version 4" in output, output
-    if wire_duplicates:
-        pytest.xfail(f"known: deliveries sent twice (same msg_id, connection): {wire_duplicates}")
 
 
 class RecordingTraffic(Traffic):
@@ -117,21 +115,19 @@ class RecordingTraffic(Traffic):
             consumer.wait_settled()
 
 
-def check_delivery(traffic: RecordingTraffic) -> list[bytes]:
-    """No confirmed message lost; a second unflagged delivery of a body is allowed only as a
-    wire duplicate (the known bug: same msg_id on the same connection); those bodies."""
+def check_delivery(traffic: RecordingTraffic) -> None:
+    """No confirmed message lost, none delivered twice unflagged: the failure says whether the
+    same delivery was sent twice (same msg_id and connection) or a message stored twice."""
     assert len(traffic.confirmed) > 100, "too little traffic to prove anything"
     lost = set(traffic.confirmed) - {body for body, _ in traffic.delivered}
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:3]}"
     first: dict[bytes, tuple[int, int]] = {}
-    wire: list[bytes] = []
     for (body, redelivered), (_, msg_id, number) in zip(traffic.delivered, traffic.ids,
                                                          strict=True):  # fmt: skip
         if body in first and not redelivered:
-            assert first[body] == (msg_id, number), f"{body!r} stored twice: {first[body]}"
-            wire.append(body)
+            kind = "sent twice" if first[body] == (msg_id, number) else "stored twice"
+            raise AssertionError(f"{body!r} {kind}: {first[body]} then {(msg_id, number)}")
         first.setdefault(body, (msg_id, number))
-    return wire
 
 
 def restart_lifting_the_cap(cluster: LocalCluster, node_ids: list[str]) -> None:

@@ -56,9 +56,6 @@ def test_members_crash_and_a_node_is_killed_without_double_ownership(tmp_path: P
             warmup_s=3.0, fault_min_s=3.0, fault_max_s=5.0, quiet_min_s=3.0, quiet_max_s=5.0
         ),
         groups=groups,
-        # at v4 this run met the known wire duplicate (a delivery sent twice, unflagged, after
-        # a node kill; pinned in tests/cluster/test_v4_upgrade.py): at v3 until it is fixed
-        machine_version=3,
     )
     report = run(params)
     checks = report["groups"]
