@@ -40,9 +40,9 @@ class BodyReplica:
         return resolve_deliver(effect, BODIES.__getitem__)
 
 
-def test_reconciled_deliveries_of_references_carry_their_bodies() -> None:
-    """Held deliveries of a v4 consumer come back, once current, with the bodies of their
-    references (and an inline body from before v4 as it is), in id order."""
+def holding_router() -> tuple[BodyReplica, EffectRouter, list[dict[str, Any]]]:
+    """A router over a v4 state whose consumer holds ids 0 (a reference), 1 (an inline body
+    from before v4) and 2 (a reference), after delivery 0 was held (the state not current)."""
     state = State(4)
     queue = Queue("q", QueueConfig(), 0)
     consumer = Consumer(1, "t", LIVE, 1)
@@ -61,6 +61,13 @@ def test_reconciled_deliveries_of_references_carry_their_bodies() -> None:
     # (the replica hands the router resolved deliveries: Deliver, never RefDeliver)
     router.dispatch([Deliver(LIVE, "q", "t", 1, (Delivery(0, b"ref-zero", False, 0),))])
     assert sent == [] and router.held == 1
+    return replica, router, sent
+
+
+def test_reconciled_deliveries_of_references_carry_their_bodies() -> None:
+    """Held deliveries of a v4 consumer come back, once current, with the bodies of their
+    references (and an inline body from before v4 as it is), in id order."""
+    replica, router, sent = holding_router()
     replica.current = True
     router.reconcile()
     effects = [fifo.decode(m["effect"]) for m in sent]
@@ -74,22 +81,7 @@ def test_a_reconciliation_ahead_of_waiting_hand_overs_sends_nothing_twice() -> N
     already applied wait for their bodies (`Replica._in_order`) while a reconciliation reads
     the state, which holds them checked out already, and sends them; when the waiting
     hand-over came, it sent them again, unflagged, with the same ids."""
-    state = State(4)
-    queue = Queue("q", QueueConfig(), 0)
-    consumer = Consumer(1, "t", LIVE, 1)
-    for mid in range(3):
-        consumer.checked_out[mid] = RefMessage(5 * 1024 if mid != 2 else 6 * 1024 + 3, 8, None)
-    consumer.checked_out[1] = Message(b"inline", None)
-    consumer.next_msg_id = 3
-    queue.consumers[1] = consumer
-    state.queues["q"] = queue
-    replica = BodyReplica(state)
-    router = EffectRouter("n1", incarnation=2)
-    router.use_replica(replica)  # type: ignore[arg-type]
-    sent: list[dict[str, Any]] = []
-    router.register(LIVE, sent.append)
-    replica.current = False
-    router.dispatch([Deliver(LIVE, "q", "t", 1, (Delivery(0, b"ref-zero", False, 0),))])
+    replica, router, sent = holding_router()
     replica.current, replica.waiting = True, 1  # ids 1 and 2: applied, bodies being read
     router.reconcile()
     assert _ids(sent) == [0, 1, 2]

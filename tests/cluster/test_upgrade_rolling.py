@@ -53,6 +53,7 @@ class Traffic:
         self.stop = threading.Event()
         self.confirmed: list[bytes] = []
         self.delivered: list[tuple[bytes, bool]] = []
+        self.ids: list[tuple[int, int]] = []  # each delivery's (msg_id, connection number)
         self.errors: list[BaseException] = []
         self.threads = [
             threading.Thread(target=self._guard(self._produce), daemon=True),
@@ -90,6 +91,7 @@ class Traffic:
                 message = consumer.get(timeout_s=0.5)
                 if message is not None:
                     self.delivered.append((message.body, message.redelivered))
+                    self.ids.append((message.msg_id, client.connection_id.number))
                     message.ack()
                     quiet_since = None
                     continue

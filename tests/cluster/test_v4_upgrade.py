@@ -57,7 +57,7 @@ def test_rolling_upgrade_3_to_4_under_traffic_keeps_held_and_waiting_messages(
         code, output = invoke("--data-dir", str(cluster.data_dir), "machine", "upgrade", "--to",
                               "4")  # fmt: skip
         assert code == 65 and "upgrade refused" in output, output
-        traffic = RecordingTraffic(cluster)
+        traffic = Traffic(cluster)
         traffic.start()
         time.sleep(1.0)
         restart_lifting_the_cap(cluster, nodes[:2])
@@ -88,42 +88,14 @@ def test_rolling_upgrade_3_to_4_under_traffic_keeps_held_and_waiting_messages(
         assert code == 0 and "already at machine version 4" in output, output
 
 
-class RecordingTraffic(Traffic):
-    """`Traffic` whose consumer also records each delivery's msg_id and connection."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        super().__init__(cluster)
-        self.ids: list[tuple[bytes, int, int]] = []  # body, msg_id, connection number
-
-    def _consume(self) -> None:
-        with self._client("n2") as client:
-            consumer = client.consume(QUEUE, prefetch=20)
-            quiet_since: float | None = None
-            while True:
-                message = consumer.get(timeout_s=0.5)
-                if message is not None:
-                    self.delivered.append((message.body, message.redelivered))
-                    self.ids.append((message.body, message.msg_id, client.connection_id.number))
-                    message.ack()
-                    quiet_since = None
-                    continue
-                if not self.stop.is_set():
-                    continue
-                quiet_since = quiet_since or time.monotonic()
-                if time.monotonic() - quiet_since > 3.0:
-                    break
-            consumer.wait_settled()
-
-
-def check_delivery(traffic: RecordingTraffic) -> None:
+def check_delivery(traffic: Traffic) -> None:
     """No confirmed message lost, none delivered twice unflagged: the failure says whether the
     same delivery was sent twice (same msg_id and connection) or a message stored twice."""
     assert len(traffic.confirmed) > 100, "too little traffic to prove anything"
     lost = set(traffic.confirmed) - {body for body, _ in traffic.delivered}
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:3]}"
     first: dict[bytes, tuple[int, int]] = {}
-    for (body, redelivered), (_, msg_id, number) in zip(traffic.delivered, traffic.ids,
-                                                         strict=True):  # fmt: skip
+    for (body, redelivered), (msg_id, number) in zip(traffic.delivered, traffic.ids, strict=True):
         if body in first and not redelivered:
             kind = "sent twice" if first[body] == (msg_id, number) else "stored twice"
             raise AssertionError(f"{body!r} {kind}: {first[body]} then {(msg_id, number)}")
