@@ -109,6 +109,12 @@ class Elections(NodeBase):
     def _on_role_changed(self, old: int, new: int) -> None:
         if new == _RAFT_STATE.LEADER:
             self._elected_at = monotonic_time()
+        elif old == _RAFT_STATE.LEADER:
+            # pysyncobj leaves the election deadline as it was when it stops leading (its
+            # leader fallback, a higher term): here the value the pre-vote gate parked an hour
+            # ahead, which the gate would then take as the next round's time (campaign seeds
+            # 6167, 6451: no leader for ever). A fresh timeout, as a follower that heard nothing
+            self.election_deadline = monotonic_time() + self.generate_raft_timeout()
         silent = monotonic_time() - self._pre_vote.last_leader_contact
         self.roles.changed(old, new, self.current_term, silent)
 
