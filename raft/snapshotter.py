@@ -172,8 +172,13 @@ class SnapshotJob:
 
     def cancel(self) -> None:
         """Abandon the job (a snapshot from the leader replaces the state): kill the child, wait
-        for the thread; nothing is renamed. pysyncobj hears FAILED once."""
+        for the thread; nothing is renamed. pysyncobj hears FAILED once. A job that finished
+        and was not heard yet is dropped too: its SUCCESS would compact the leader's snapshot's
+        log up to this job's index (campaign seed 9464: every entry gone)."""
         if not self.running:
+            if self._outcome is not None:
+                self._outcome = None
+                self._pending = SERIALIZER_STATE.FAILED
             return
         self._cancelled.set()
         if self._pid != 0:
