@@ -1,7 +1,8 @@
 """A leader change the client rides out is one log record, never one per refused frame.
 
 The client publishes through the leader while both followers are paused (SIGSTOP) until it
-steps down for want of a majority: the node refuses or loses many frames meanwhile
+steps down for want of a majority, and the leader while a follower is elected: the node refuses
+or loses many frames meanwhile
 (`unavailable`: no leader, the leader changed, the entry was discarded by a new leader), and the
 client retries them all on the same connection. It says so once, at INFO on `quorumq.client`
 (how many frames were refused, for how long), and prints nothing on stdout.
@@ -43,9 +44,17 @@ def _depose(
     paused.set()
     try:
         wait_until(lambda: _role(cluster, leader) not in ("leader", None), 30.0, "a step-down")
+        # with the longest log it would stand again, win, and commit what it holds: nothing
+        # refused (since a node that stops leading gets a fresh election timeout). Paused, a
+        # follower is elected, and what it held unconfirmed is discarded by the new leader
+        cluster.kill(leader, signal.SIGSTOP)
     finally:
         for node in followers:
             cluster.kill(node, signal.SIGCONT)
+    try:
+        cluster.leader(exclude=leader, timeout_s=30.0)
+    finally:
+        cluster.kill(leader, signal.SIGCONT)
     cluster.leader(timeout_s=30.0)
 
 
@@ -64,7 +73,9 @@ def test_a_leader_change_ridden_out_by_a_publisher_is_one_info_record(
     caplog.set_level(logging.INFO)
     leader = cluster.leader()
     total = 3000
-    with cluster.client(leader, reconnect_timeout_s=30.0) as client:
+    # no confirm comes while the followers and then the leader are paused (several seconds):
+    # the client must not give the node up as silent meanwhile
+    with cluster.client(leader, reconnect_timeout_s=30.0, silence_timeout_s=30.0) as client:
         client.declare_queue("changes")
         with client.publisher("changes", window=200) as publisher:
             paused = threading.Event()

@@ -57,21 +57,18 @@ def quorumq(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    data_dir = tmp_path / "D"
-    init_cluster(data_dir, 3)
-    start_cluster(data_dir, 3)
-    local = LocalCluster(data_dir)
-    try:
-        yield local
-    finally:
-        local.stop()
+    yield from _cluster(tmp_path / "D")
 
 
 @pytest.fixture
 def cluster_v3(tmp_path: Path) -> Iterator[LocalCluster]:
     """`cluster` capped at machine v3, where a message's body is part of the state."""
-    data_dir = tmp_path / "D"
-    init_cluster(data_dir, 3, max_machine_version=3)
+    yield from _cluster(tmp_path / "D", max_machine_version=3)
+
+
+def _cluster(data_dir: Path, max_machine_version: int | None = None) -> Iterator[LocalCluster]:
+    """A started 3-node cluster, stopped after the test."""
+    init_cluster(data_dir, 3, max_machine_version=max_machine_version)
     start_cluster(data_dir, 3)
     local = LocalCluster(data_dir)
     try:
