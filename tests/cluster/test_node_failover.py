@@ -93,6 +93,9 @@ def test_effects_replayed_after_a_restart_are_not_resent_and_messages_return(
     consumer_client.close()
     cluster3.start_node(owner)
     cluster3.converged()
+    # a restarted node refuses reads until it has heard the leader steadily (raft/contact.py)
+    wait_until(lambda: (cluster3.statuses()[owner] or {}).get("read_refusal", "?") is None, 15,
+               "the restarted node current")  # fmt: skip
     # connection numbers restart at 1: open connections until the old number is reused
     clients = []
     while True:
