@@ -4,7 +4,8 @@
   (`send_ack`, `_flush_acks`): entries are on disk before the leader counts them;
 - the leader's AppendEntries (pysyncobj sends after every appended entry, every apply and every
   heartbeat) go out once per tick, then the leader fsyncs (`send_append_entries`,
-  `_flush_sends`); one that would carry only a new commit index waits up to
+  `_flush_sends`), never to a follower whose connection is backed up (`guard_send_buffers`);
+  one that would carry only a new commit index waits up to
   COMMIT_SEND_DELAY_S for the next entry's to carry it (`_commit_send_due`); an idle leader
   heartbeats every `idle_heartbeat_s` instead of `heartbeat_ms` (`_stretch_idle_heartbeat`),
   and a follower's reply that leaves it idle needs no tick (`_event_handled_lightly`);
@@ -30,6 +31,17 @@ from raft.settings import int_or
 from raft.transfer import TRANSFER_BUFFERED_MAX, TransferFailed, send_buffered
 
 log = structlog.get_logger("raft")
+
+# a follower whose connection holds more bytes than this not yet taken by its socket is sent no
+# more entries until it drains (`guard_send_buffers`): pysyncobj sends every entry past the
+# follower's next index in each round, whatever the socket takes
+APPEND_BUFFERED_MAX = 4 * 1024 * 1024
+
+
+class FollowerBackedUp(TransferFailed):
+    """The connection to `node` holds more than APPEND_BUFFERED_MAX: the send round goes on
+    without it (its next index is back at the first entry it was not sent)."""
+
 
 # how long the leader may hold back an AppendEntries that would only carry a new commit index:
 # the next entry's AppendEntries (usually sooner, under load) carries it for free
@@ -76,6 +88,31 @@ class Appends(NodeBase):
         each heartbeat: collect them and send once, before the tick ends in `_end_of_tick`."""
         self._send_pending = True
 
+    def guard_send_buffers(self) -> None:
+        """Flow control on the leader's sends: an AppendEntries with entries for a follower
+        whose connection already holds more than APPEND_BUFFERED_MAX is not queued; its next
+        index goes back to that message's first entry and the round goes on without it
+        (`_send_round`), which gets them from there once its socket took the backlog.
+
+        Without it, a follower slower than the publishers (its fsyncs, a pause) let the
+        leader's write buffer grow without bound: 500-760 MiB with 1 KiB publishes at window
+        1000 (`scripts/bench_backlog.py`, 150,000 messages in), each append to it a copy of it
+        on the loop, stalls of 0.3-1.8 s and a leader change every few seconds."""
+        transport = self.raft_transport
+        send = transport.send
+
+        def send_bounded(node: Any, message: Any) -> bool:
+            if (
+                isinstance(message, dict)
+                and message.get("entries")
+                and send_buffered(transport, node) > APPEND_BUFFERED_MAX
+            ):
+                self.set_next_index(node, int(message["prevLogIdx"]) + 1)
+                raise FollowerBackedUp(node)
+            return bool(send(node, message))
+
+        transport.send = send_bounded
+
     def _flush_sends(self) -> None:
         if not self._send_pending:
             return
@@ -89,8 +126,9 @@ class Appends(NodeBase):
 
     def _send_round(self, skip: frozenset[Any]) -> None:
         """pysyncobj's send of AppendEntries to every follower but `skip`; a follower whose
-        snapshot chunk could not be read is left out and the round goes again without it
-        (the followers before it get their messages again: Raft takes repeats)."""
+        snapshot chunk could not be read, or whose connection is backed up
+        (`guard_send_buffers`), is left out and the round goes again without it (the followers
+        before it get their messages again: Raft takes repeats)."""
         for _attempt in range(len(self.other_nodes) + 1):
             try:
                 self.syncobj_send_append_entries(skip=skip)
@@ -99,7 +137,8 @@ class Appends(NodeBase):
                 skip = skip | {failed.node}
 
     def _transfers_on_hold(self) -> frozenset[Any]:
-        """Followers owed snapshot chunks that cannot have one now, left out of this send round:
+        """Followers whose connection is backed up (`guard_send_buffers`), and followers owed
+        snapshot chunks that cannot have one now, left out of this send round:
         every one while a snapshot is being taken (there is no dump to read), and one whose
         connection is behind (raft.transfer). pysyncobj's send loop, given no chunk, spins for
         the rest of its heartbeat period sending empty messages (thousands per round; for ever
@@ -109,12 +148,18 @@ class Appends(NodeBase):
         now = float(monotonic_time())
         holds = {node: until for node, until in self._transfer_holds.items() if until > now}
         self._transfer_holds = holds
+        transport = self.raft_transport
+        backed_up = {
+            n for n in self.other_nodes if send_buffered(transport, n) > APPEND_BUFFERED_MAX
+        }
         owed = self.nodes_needing_snapshot()
         if not owed or self.serializer_busy():
-            return frozenset(owed)
-        transport = self.raft_transport
-        return frozenset(
-            n for n in owed if n in holds or send_buffered(transport, n) > TRANSFER_BUFFERED_MAX
+            return frozenset(owed) | backed_up
+        return (
+            frozenset(
+                n for n in owed if n in holds or send_buffered(transport, n) > TRANSFER_BUFFERED_MAX
+            )
+            | backed_up
         )
 
     def _stretch_idle_heartbeat(self) -> None:

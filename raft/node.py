@@ -237,6 +237,7 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
             self._load_live(dump, trust_log=True)
         self.replace_pipe_notifier(self._on_command_queued, self._loop_poller.unsubscribe)
         self.guard_forwards()
+        self.guard_send_buffers()
         transport = self.raft_transport
         transport._constructing = False
         with contextlib.suppress(TransportNotReadyError):

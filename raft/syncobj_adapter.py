@@ -179,6 +179,10 @@ class SyncObjAdapter(SyncObj):  # type: ignore[misc]
 
     # --- pysyncobj's private steps, called -------------------------------------------------------
 
+    def set_next_index(self, node: Any, index: int) -> None:
+        """The next entry the leader sends `node` (pysyncobj moves it past each send)."""
+        self._SyncObj__raftNextIndex[node] = index
+
     def get_entries(self, start: int, count: int | None = None) -> Any:
         """The log entries (command, index, term) from `start` (`count` of them, or all)."""
         return self._SyncObj__getEntries(start, count)

@@ -528,6 +528,56 @@ def test_a_follower_whose_snapshot_transfer_is_backed_up_is_skipped_by_a_send_ro
         node.destroy_synchronous()
 
 
+def test_a_follower_whose_connection_is_backed_up_is_sent_no_entries_until_it_drains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj sends every entry past a follower's next index in each round, whatever its
+    socket takes: with 1 KiB publishes at window 1000 the leader's write buffer to a slower
+    follower grew to 500-760 MiB (`scripts/bench_backlog.py`), each append a copy on the loop,
+    stalls of up to 1.8 s and a leader change every few seconds. A follower whose connection
+    holds more than APPEND_BUFFERED_MAX is now left out of the round (the other one gets its
+    entries), its next index where it was; once it drains it gets them from there. A message
+    refused inside a round puts the next index back at its first entry."""
+    buffered = {"n2": appends.APPEND_BUFFERED_MAX + 1, "n3": 0}
+    node, last, _term = _follower_with_tail(tmp_path, 3)
+    n2, n3 = node._peer_nodes["n2"], node._peer_nodes["n3"]
+    sent: list[tuple[Any, Any]] = []
+
+    def entries_to(peer: Any) -> list[int]:
+        return [e[1] for to, m in sent if to == peer for e in m.get("entries", [])]
+
+    def scenario() -> None:
+        monkeypatch.setattr(appends, "send_buffered", lambda _t, n: buffered[node_id(n)])
+        node._SyncObj__raftState = _RAFT_STATE.LEADER
+        node._SyncObj__connectedNodes.update({n2, n3})
+        node._SyncObj__raftNextIndex = {n2: last + 1, n3: last + 1}
+        node.raft_transport.send = lambda to, message: _record(sent, to, message)
+        node.guard_send_buffers()  # over the recorder
+        _send_round(node)
+        assert entries_to(n2) == [] and node._SyncObj__raftNextIndex[n2] == last + 1
+        assert entries_to(n3) == [last + 1, last + 2, last + 3]
+        buffered["n2"] = 0
+        _send_round(node)
+        assert entries_to(n2) == [last + 1, last + 2, last + 3]
+        buffered["n2"] = appends.APPEND_BUFFERED_MAX + 1
+        message = {
+            "type": "append_entries",
+            "entries": [(b"", last + 2, 1)],
+            "prevLogIdx": last + 1,
+        }
+        with pytest.raises(appends.FollowerBackedUp):
+            node.raft_transport.send(n2, message)
+        assert node._SyncObj__raftNextIndex[n2] == last + 2
+
+    def node_id(peer: Any) -> str:
+        return next(nid for nid, p in node._peer_nodes.items() if p == peer)
+
+    try:
+        _on_loop(node, scenario)
+    finally:
+        node.destroy_synchronous()
+
+
 def test_no_follower_is_sent_snapshot_chunks_while_a_snapshot_is_being_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
