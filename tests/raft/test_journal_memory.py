@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import random
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -56,8 +57,9 @@ def test_entries_bytes_are_not_kept_in_memory(tmp_path: Path) -> None:
 
 def test_reads_match_a_list_through_every_kind_of_change(tmp_path: Path) -> None:
     """Ints, negative ints and slices (with steps and out-of-range bounds) answer what a plain
-    list of the entries answers, through appends, tail cuts, compaction, clear and reopen, with
-    a tail cache small enough that most reads go to the file."""
+    list of the entries answers, through appends, tail cuts, compaction (prepared off the loop
+    or not), clear and reopen, with a tail cache small enough that most reads go to the file.
+    A compaction that finds its prepared file valid copies only the entries added since."""
     rng = random.Random(7)
     path = tmp_path / "raft.journal"
     journal = _journal(path)
@@ -66,7 +68,8 @@ def test_reads_match_a_list_through_every_kind_of_change(tmp_path: Path) -> None
     journal._eager_max = 2
     model: list[Entry] = []
     next_index, term = 1, 1
-    for step in range(400):
+    prepared = (-1, 0)  # the compaction prepared and still valid: its first index, its entries
+    for step in range(800):
         action = rng.random()
         if action < 0.6 or not model:
             command = b"\x00" + bytes(rng.randrange(256) for _ in range(rng.randrange(0, 300)))
@@ -77,21 +80,36 @@ def test_reads_match_a_list_through_every_kind_of_change(tmp_path: Path) -> None
             cut = rng.randrange(len(model) + 2)
             journal.deleteEntriesFrom(cut)
             del model[cut:]
+            prepared = (-1, 0)
             next_index = model[-1][1] + 1 if model else next_index
             term += 1
+        elif action < 0.8:
+            cut = rng.randrange(len(model))
+            journal.prepare_compaction(model[cut][1])
+            prepared = (model[cut][1], len(model) - cut)  # its first index, the entries written
         elif action < 0.85:
             cut = rng.randrange(len(model))
+            first = [e[1] for e in model].index(prepared[0]) if prepared[0] in {
+                e[1] for e in model
+            } else None
+            if first is not None and rng.random() < 0.9:
+                cut = first
             journal.deleteEntriesTo(cut)
+            copied_before = prepared[1] if cut == first else 0
+            assert journal.compacted_on_loop == len(model) - cut - copied_before, step
             del model[:cut]
+            prepared = (-1, 0)
         elif action < 0.88:
             journal.clear()
             model.clear()
+            prepared = (-1, 0)
         elif action < 0.93:
             journal.sync()
             journal._destroy()
             journal = _journal(path)
             journal._tail_max_entries = 5
             journal._eager_max = 2
+            prepared = (-1, 0)
         assert len(journal) == len(model), step
         if model:
             for i in {0, 1, len(model) - 1, rng.randrange(len(model))}:
@@ -113,6 +131,7 @@ def test_reads_match_a_list_through_every_kind_of_change(tmp_path: Path) -> None
         journal[len(model)]
     journal._destroy()
     assert _all(_journal(path)) == model
+    assert not list(tmp_path.glob("*" + durability.COMPACTING_SUFFIX))
 
 
 def test_a_view_reads_in_bounded_chunks(tmp_path: Path) -> None:
@@ -179,3 +198,60 @@ def test_a_compaction_streams_the_kept_entries(tmp_path: Path) -> None:
     journal.add(b"\x00k50", 51, 1)
     journal._destroy()
     assert _all(_journal(path)) == [*model[45:], (b"\x00k50", 51, 1)]
+
+
+def test_a_prepared_compaction_leaves_the_loop_only_what_came_after(tmp_path: Path) -> None:
+    """prepare_compaction (the snapshot thread) writes the kept entries while another thread
+    appends; deleteEntriesTo then copies only the entries added after its last pass, and the
+    file it renames into place reads back whole after a restart."""
+    path = tmp_path / "raft.journal"
+    journal = _journal(path)
+    journal.setCurrentTerm(1, None)
+    model = [(b"\x00" + bytes(500), i + 1, 1) for i in range(20_000)]
+    for entry in model[:10_000]:
+        journal.add(*entry)
+    preparing = threading.Thread(target=journal.prepare_compaction, args=(4_001,))
+    preparing.start()
+    for entry in model[10_000:15_000]:
+        journal.add(*entry)
+    preparing.join()
+    for entry in model[15_000:15_007]:
+        journal.add(*entry)
+    journal.deleteEntriesTo(4_000)
+    assert 7 <= journal.compacted_on_loop < 5_007
+    assert journal[0] == model[4_000] and journal[-1] == model[15_006]
+    journal._destroy()
+    assert _all(_journal(path)) == model[4_000:15_007]
+    assert not list(tmp_path.glob("*" + durability.COMPACTING_SUFFIX))
+
+
+@pytest.mark.parametrize("change", ["cut", "clear", "compaction"])
+def test_a_prepared_compaction_the_log_moved_under_is_not_used(
+    tmp_path: Path, change: str
+) -> None:
+    """A tail cut, a clear or another compaction after the prepare makes its file stale: the
+    compaction rewrites the kept entries on the loop, as before, and the stale file is gone."""
+    path = tmp_path / "raft.journal"
+    journal = _journal(path)
+    journal.setCurrentTerm(1, None)
+    model = [(b"\x00k%d" % i, i + 1, 1) for i in range(100)]
+    for entry in model:
+        journal.add(*entry)
+    journal.prepare_compaction(41)
+    assert list(tmp_path.glob("*" + durability.COMPACTING_SUFFIX))
+    if change == "cut":
+        journal.deleteEntriesFrom(90)
+        model = model[:90]
+    elif change == "clear":
+        journal.clear()
+        model = [(b"\x00new", 7, 2), (b"\x00new", 8, 2)]
+        for entry in model:
+            journal.add(*entry)
+    else:
+        journal.deleteEntriesTo(10)
+        model = model[10:]
+    assert not list(tmp_path.glob("*" + durability.COMPACTING_SUFFIX))
+    journal.deleteEntriesTo(1)
+    assert journal.compacted_on_loop == len(model) - 1
+    journal._destroy()
+    assert _all(_journal(path)) == model[1:]
