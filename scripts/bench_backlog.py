@@ -68,7 +68,7 @@ def disk_mib(path: Path) -> float:
 
 def snapshots_written(node_dir: Path) -> list[float | None]:
     """One entry per `snapshot_written` line of the node's logs: its duration in ms when the
-    line carries one (`duration_ms` or `seconds`), else None."""
+    line carries one (`total_ms`, `duration_ms` or `seconds`), else None."""
     found: list[float | None] = []
     for log_file in sorted(node_dir.glob("node.log*")):
         with open(log_file, encoding="utf-8", errors="replace") as lines:
@@ -79,7 +79,9 @@ def snapshots_written(node_dir: Path) -> list[float | None]:
                     event = json.loads(line)
                 except ValueError:
                     continue
-                if "duration_ms" in event:
+                if "total_ms" in event:
+                    found.append(float(event["total_ms"]))
+                elif "duration_ms" in event:
                     found.append(float(event["duration_ms"]))
                 elif "seconds" in event:
                     found.append(float(event["seconds"]) * 1000)
