@@ -127,7 +127,11 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self._dropped = 0  # entries compacted away from the front since the journal was opened
         # entries kept below the log's start because a snapshot names them live
         self.retained = RetainedStore(
-            Path(journal_file + ".retained"), policy, node_id, fault_flag=self._fault_flag
+            Path(journal_file + ".retained"),
+            policy,
+            node_id,
+            fault_flag=self._fault_flag,
+            journal=self.path,
         )
         self._snapshot_live: Sequence[int] = ()  # what the newest dump names live
         self._kept_below = -1  # retained trimmed to _snapshot_live below this (-1: not yet)
@@ -412,37 +416,37 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self.dirty = True
 
     def deleteEntriesTo(self, entryTo: int) -> None:
-        """Drop compacted entries, after making the dump's rename durable. The new file is the
-        one `prepare_compaction` wrote off the loop, when it matches: only the entries added
-        since are copied here; otherwise the kept entries are all rewritten now."""
+        """Drop compacted entries, after making the dump's rename durable. The live entries
+        among them (`_snapshot_live`) go to the retained store with the old file (`_adopt`);
+        the new file is the one `prepare_compaction` wrote off the loop, when it matches (only
+        the entries added since are copied here), or else all the kept entries are rewritten."""
         if self.policy != "never":
             fsync_dir(self._dir)  # the dump was renamed into place just before this call
         self.sync()
         with self._lock:
             kept = range(len(self._offsets))[entryTo:]
-            prepared, self._prepared = self._prepared, None
-            if prepared is not None and prepared.start == kept.start:
-                self.compacted_on_loop = len(kept) - (prepared.stop - prepared.start)
-                self._swap_in(prepared, kept.stop)
-            else:
-                if prepared is not None:
-                    prepared.discard()
-                self.compacted_on_loop = len(kept)
-
-                def batches() -> Iterator[list[Entry]]:  # streamed from the old file, verified
-                    position = kept.start
-                    while position < kept.stop:
-                        stop = self._chunk_end(position, kept.stop)
-                        yield self._fetch(position, stop)
-                        position = stop
-
-                self._write_new_file(batches())
+            dropped_bytes = self._offsets[kept.start] if kept else self._end
+            adopted = self._adopt(kept.start)
+            try:
+                self._replace_file(kept)
+            except BaseException:
+                if adopted is not None:
+                    self.retained.abandon(adopted)
+                raise
             self._indexes = self._indexes[kept.start :]
             self._terms = self._terms[kept.start :]
             self._dropped += kept.start
             while len(self._tail) > len(self._offsets):
                 self._tail_bytes -= len(self._tail.popleft()[0])
             below = self._indexes[0] if len(self._indexes) else 0
+        log.info(
+            "journal_compacted",
+            dropped=kept.start,
+            dropped_mib=round(dropped_bytes / 2**20, 1),
+            kept=len(kept),
+            copied_on_loop=self.compacted_on_loop,
+            retained_segment=adopted,
+        )
         # the dump naming _snapshot_live is durable: what it does not name below the log goes
         if below != self._kept_below:
             self._keep_only(self._snapshot_live, below)
@@ -450,13 +454,64 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         if self.policy != "never":
             self._note_synced()
 
+    def _adopt(self, stop: int) -> int | None:
+        """Under the lock: hand the live entries (`_snapshot_live`) the log holds below position
+        `stop` and the retained store does not to the retained store in place, the journal file
+        becoming one of its segments (`RetainedStore.adopt`; the replace that follows leaves it
+        there): nothing is copied. Copying them (a backlog's gigabyte at its first snapshot)
+        saturated the disk and stalled the loops on their fsyncs (issue 32). The segment's
+        number, or None if none was live."""
+        count = len(self._indexes)
+        if not count or stop == 0:
+            return None
+        first = self._indexes[0]
+        below = self._indexes[stop] if stop < count else self._indexes[-1] + 1
+        live = self._snapshot_live
+        placed = []
+        for index in live[bisect.bisect_left(live, first) : bisect.bisect_left(live, below)]:
+            if index in self.retained:
+                continue
+            position = index - first
+            end = self._offsets[position + 1] if position + 1 < count else self._end
+            offset = self._offsets[position]
+            placed.append((index, offset, end - offset, self._terms[position]))
+        if not placed:
+            return None
+        try:
+            return self.retained.adopt(placed, self._end, below)
+        except OSError as err:
+            if storage.is_enospc(err):
+                raise self._disk_full(err, "handing live entries to the retained store") from err
+            raise
+
+    def _replace_file(self, kept: range) -> None:
+        """Under the lock: make the journal file hold the `kept` positions only."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared.start == kept.start:
+            self.compacted_on_loop = len(kept) - (prepared.stop - prepared.start)
+            self._swap_in(prepared, kept.stop)
+            return
+        if prepared is not None:
+            prepared.discard()
+        self.compacted_on_loop = len(kept)
+
+        def batches() -> Iterator[list[Entry]]:  # streamed from the old file, verified
+            position = kept.start
+            while position < kept.stop:
+                stop = self._chunk_end(position, kept.stop)
+                yield self._fetch(position, stop)
+                position = stop
+
+        self._write_new_file(batches())
+
     def prepare_compaction(self, first_index: int) -> None:
         """Snapshot thread, before pysyncobj compacts the log to `first_index`: write the file
         that compaction leaves (the entries from `first_index` on, as many as the log holds,
         copied in passes while the loop appends), synced, for `deleteEntriesTo` to finish and
         rename. Copied on the loop at a backlog's first snapshot, these were seconds of
-        appends: a 0.8 s stall (issue 32). A cut, clear or compaction meanwhile discards it;
-        so does a write error (the loop then rewrites as before)."""
+        appends: a 0.8 s stall (issue 32). A cut, clear or compaction meanwhile discards it
+        (the loop then rewrites as before); a write error discards it and raises (ENOSPC:
+        DiskFullError, reported as for a journal write)."""
         self._drop_prepared()
         with self._lock:
             if not len(self._indexes) or not self._indexes[0] <= first_index <= self._indexes[-1]:
@@ -476,8 +531,11 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             if left is not None and self.policy != "never":
                 os.fsync(prepared.fd)
         except OSError as err:
-            log.warning("journal_compaction_prepare_failed", error=str(err), action="rewritten")
-            left = None
+            if prepared is not None:
+                prepared.discard()
+            if storage.is_enospc(err):
+                raise self._disk_full(err, "writing the compacted journal") from err
+            raise
         with self._lock:
             if left is not None and stamp == (self._epoch, self._dropped):
                 self._prepared, prepared = prepared, None
@@ -564,14 +622,6 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         """The live list the newest dump names and the index below which it is retained."""
         return self._snapshot_live, self._snapshot_below
 
-    def retain_live(self, live: Sequence[int], below: int) -> int:
-        """Before a dump naming `live` is written: copy the entries of `live` below `below`
-        that the log holds and the retained store does not yet, synced; the number copied."""
-        with self._lock:
-            first = self._indexes[0] if len(self._indexes) else below
-        wanted = [i for i in live if first <= i < below and i not in self.retained]
-        return self.add_retained(self._entries_at(wanted), f"retaining {len(wanted)} live entries")
-
     def add_retained(self, records: Iterable[Entry], what: str) -> int:
         """`retained.add`; a full disk raises DiskFullError and is reported as for a journal
         write (`disk_full`, probed until space returns); nothing is published."""
@@ -581,21 +631,6 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             if storage.is_enospc(err):
                 raise self._disk_full(err, what) from err
             raise
-
-    def _entries_at(self, indexes: list[int]) -> Iterator[Entry]:
-        """The log's entries at `indexes` (sorted, held), read in runs of consecutive
-        positions, a chunk at a time under the lock (appends wait at most one chunk)."""
-        at = 0
-        while at < len(indexes):
-            run_end = at + 1
-            while run_end < len(indexes) and indexes[run_end] == indexes[run_end - 1] + 1:
-                run_end += 1
-            with self._lock:
-                lo = indexes[at] - self._indexes[0]
-                hi = self._chunk_end(lo, lo + run_end - at)
-                chunk = self._fetch(lo, hi)
-            yield from chunk
-            at += len(chunk)
 
     def note_snapshot_live(self, live: Sequence[int], below: int) -> None:
         """The dump being written names `live`: the compaction that follows it keeps those."""

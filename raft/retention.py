@@ -6,7 +6,12 @@ snapshot, the live entries below it move here, and the rest are gone. Ra keeps t
 that hold live entries the same way.
 
 Layout: `<journal>.retained/`, segment files `0000000001.seg`, `0000000002.seg`, ... (format in
-`raft.storage`: a header, then journal records with their checksums). New entries go to the
+`raft.storage`: a header, then journal records with their checksums). A compaction that leaves
+live entries below the snapshot hands over the journal file itself (`adopt`: a hard link, made
+just before the compacted file replaces it, so nothing is copied): `0000000003-below-N.seg`,
+the journal's format, of which only the records below index N count (those at N and after are
+the compacted journal's). A start finds such a link still naming the journal (a crash between
+the link and the replace) and removes it: the journal holds them all. New entries go to the
 newest segment until it holds `segment_bytes_max`, then a new one starts. A snapshot that no
 longer names an entry drops it (in memory: its bytes are dead); a segment whose entries are all
 dead is deleted, and one whose live share fell under `LIVE_SHARE_MIN_PERCENT` is rewritten (its
@@ -30,6 +35,7 @@ import contextlib
 import errno
 import os
 import threading
+import time
 from array import array
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -39,13 +45,19 @@ import structlog
 from raft import storage
 from raft.errors import StorageError
 
-__all__ = ["LIVE_SHARE_MIN_PERCENT", "SEGMENT_BYTES_MAX", "RetainedStore"]
+__all__ = ["LIVE_SHARE_MIN_PERCENT", "REWRITE_BYTES_PER_S", "SEGMENT_BYTES_MAX", "RetainedStore"]
 
 log = structlog.get_logger("raft.retention")
 
 SEGMENT_BYTES_MAX = 8 * 1024 * 1024
 LIVE_SHARE_MIN_PERCENT = 50
 SEGMENT_SUFFIX = ".seg"
+ADOPTED_MARK = "-below-"
+# rewriting a segment copies at most this fast (the snapshot worker sleeps between batches): a
+# rewrite of an adopted journal is up to half a gigabyte, and at disk speed it queued the nodes'
+# journal fsyncs behind it
+REWRITE_BYTES_PER_S = 16 * 1024 * 1024
+REWRITE_BATCH_BYTES = 4 * 1024 * 1024
 _OFFSET_BITS = 40  # a place is segment number << 40 | offset (segments are far below 1 TiB)
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 Record = tuple[bytes, int, int]  # (command, raft index, term), as the journal holds them
@@ -62,8 +74,10 @@ class RetainedStore:
         node_id: str | None = None,
         segment_bytes_max: int = SEGMENT_BYTES_MAX,
         fault_flag: str | None = None,
+        journal: Path | None = None,
     ) -> None:
         self.directory = directory
+        self._journal = journal  # the file `adopt` links from
         # test-only: while this file exists, writes fail with ENOSPC (the journal's hook,
         # raft.durability.FAULT_ENOSPC_ENV)
         self._fault_flag = fault_flag
@@ -78,6 +92,7 @@ class RetainedStore:
         self._sizes: dict[int, int] = {}  # segment number -> its file's length
         self._live: dict[int, int] = {}  # segment number -> bytes of the records it holds
         self._fds: dict[int, int] = {}
+        self._below: dict[int, int] = {}  # adopted segment number -> the index its records end
         self._active: int | None = None  # the segment appended to
         # the first damage found reading a record back while running: the node stops on it,
         # as on journal damage (DurableFileJournal.damage, raft.node)
@@ -88,14 +103,24 @@ class RetainedStore:
     # --- loading -----------------------------------------------------------------------------
 
     def _path(self, segment: int) -> Path:
-        return self.directory / f"{segment:010d}{SEGMENT_SUFFIX}"
+        below = self._below.get(segment)
+        mark = "" if below is None else f"{ADOPTED_MARK}{below}"
+        return self.directory / f"{segment:010d}{mark}{SEGMENT_SUFFIX}"
 
     def _load(self) -> None:
         found: dict[int, Placed] = {}
         for path in sorted(self.directory.glob("*" + SEGMENT_SUFFIX)):
-            segment = int(path.name[: -len(SEGMENT_SUFFIX)])
+            number, _mark, below = path.name[: -len(SEGMENT_SUFFIX)].partition(ADOPTED_MARK)
+            segment = int(number)
+            if below:
+                if self._journal is not None and _same_file(path, self._journal):
+                    log.warning("retained_adoption_undone", file=str(path))
+                    path.unlink()  # the crash came before the replace: the journal holds all
+                    continue
+                self._below[segment] = int(below)
             for placed in self._scan(segment, path):
-                found[placed[0]] = placed  # a later segment's copy wins (same bytes)
+                if placed[0] < self._below.get(segment, placed[0] + 1):
+                    found[placed[0]] = placed  # a later segment's copy wins (same bytes)
         for index in sorted(found):
             self._append_placed(found[index])
         if self._sizes:
@@ -104,7 +129,8 @@ class RetainedStore:
 
     def _scan(self, segment: int, path: Path) -> list[Placed]:
         data = path.read_bytes()
-        scan = storage.scan_segment(path, data, self.node_id)
+        header = storage.JOURNAL_HEADER if segment in self._below else storage.SEGMENT_HEADER
+        scan = storage.scan_segment(path, data, self.node_id, header)
         if scan.torn_at is not None:
             log.warning(
                 "retained_torn_tail_truncated",
@@ -114,6 +140,7 @@ class RetainedStore:
             )
             if scan.end < storage.SEGMENT_HEADER_BYTES:
                 path.unlink()
+                self._below.pop(segment, None)
                 return []
             os.truncate(path, scan.end)
         self._sizes[segment] = scan.end
@@ -226,6 +253,12 @@ class RetainedStore:
                 for item in placed:
                     self._append_placed(item)
                 return len(placed)
+        self._merge(placed)
+        return len(placed)
+
+    def _merge(self, placed: list[Placed]) -> None:
+        """Publish `placed` (sorted) among the entries held."""
+        with self._lock:
             held = [
                 (index, place, length, term)
                 for index, place, length, term in zip(
@@ -237,7 +270,42 @@ class RetainedStore:
             self._live = dict.fromkeys(self._sizes, 0)
             for item in sorted(held + placed):
                 self._append_placed(item)
-        return len(placed)
+
+    def adopt(self, placed: Sequence[Placed], size: int, below: int) -> int:
+        """Take the journal file as a sealed segment holding the records `placed` (index,
+        offset in the journal, record length, term; sorted, none held yet, all below `below`):
+        a hard link, synced. The caller then replaces the journal by its compacted file (or
+        calls `abandon` if it could not). The new segment's number."""
+        if self._journal is None:
+            raise ValueError("this store was opened without its journal")
+        segment = max(self._sizes, default=0) + 1
+        self._check_fault()
+        storage.private_dir(self.directory)
+        self._below[segment] = below
+        try:
+            os.link(self._journal, self._path(segment))
+            if self._sync:
+                storage.fsync_dir(self.directory)
+        except OSError:
+            self._path(segment).unlink(missing_ok=True)
+            del self._below[segment]
+            raise
+        with self._lock:
+            self._sizes[segment], self._live[segment] = size, 0
+            at_end = not self._indexes or placed[0][0] > self._indexes[-1]
+            if at_end:
+                for index, offset, length, term in placed:
+                    self._append_placed((index, segment << _OFFSET_BITS | offset, length, term))
+        if not at_end:  # below what is held already (entries installed from a leader)
+            self._merge([(i, segment << _OFFSET_BITS | o, n, t) for i, o, n, t in placed])
+        return segment
+
+    def abandon(self, segment: int) -> None:
+        """Undo `adopt` (the journal was not replaced: the link must not outlive it)."""
+        with self._lock:
+            kept = [at for at, place in enumerate(self._places) if place >> _OFFSET_BITS != segment]
+        self._keep_positions(kept)
+        self._delete(segment)
 
     def _write(self, records: Iterable[Record]) -> list[Placed]:
         """Write records to the active segment (starting new ones as they fill); synced."""
@@ -332,24 +400,36 @@ class RetainedStore:
                 self._rewrite(segment)
 
     def _rewrite(self, segment: int) -> None:
-        """Copy a segment's held entries to the active one (synced), then delete it."""
+        """Copy a segment's held entries to the active one, a synced batch at a time at most
+        REWRITE_BYTES_PER_S, each published as it is written; then delete it."""
         with self._lock:
             positions = [
                 at for at, place in enumerate(self._places) if place >> _OFFSET_BITS == segment
             ]
-            moving = [(self._indexes[at], self._terms[at]) for at in positions]
-        records: list[Record] = []
-        for index, term in moving:
-            command = self.read(index)
-            if command is not None:
-                records.append((command, index, term))
-        placed = self._write(records)
-        with self._lock:
-            for at, (_index, place, length, _term) in zip(positions, placed, strict=True):
-                self._places[at] = place
-                self._live[place >> _OFFSET_BITS] += length
-            self._live[segment] = 0
-        log.info("retained_segment_rewritten", segment=segment, entries=len(placed))
+            moving = [(self._indexes[at], self._terms[at], self._lengths[at]) for at in positions]
+        started, copied, at = time.monotonic(), 0, 0
+        while at < len(moving):
+            batch: list[Record] = []
+            batch_bytes = 0
+            while at < len(moving) and (not batch or batch_bytes < REWRITE_BATCH_BYTES):
+                index, term, length = moving[at]
+                command = self.read(index)
+                if command is None:  # (only this thread drops entries: never)
+                    raise StorageError(f"{self._path(segment)}: index {index} vanished", "", 0)
+                batch.append((command, index, term))
+                batch_bytes += length
+                at += 1
+            placed = self._write(batch)
+            with self._lock:
+                for position, (_index, place, length, _term) in zip(
+                    positions[at - len(batch) : at], placed, strict=True
+                ):
+                    self._places[position] = place
+                    self._live[place >> _OFFSET_BITS] += length
+                    self._live[segment] -= length
+            copied += batch_bytes
+            time.sleep(max(0.0, started + copied / REWRITE_BYTES_PER_S - time.monotonic()))
+        log.info("retained_segment_rewritten", segment=segment, entries=len(moving))
         self._delete(segment)
 
     def _delete(self, segment: int) -> None:
@@ -359,6 +439,7 @@ class RetainedStore:
                 os.close(fd)
             self._path(segment).unlink(missing_ok=True)
             del self._sizes[segment], self._live[segment]
+            self._below.pop(segment, None)
         if self._sync:
             storage.fsync_dir(self.directory)
 
@@ -368,6 +449,14 @@ class RetainedStore:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    try:
+        a, b = one.stat(), other.stat()
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:

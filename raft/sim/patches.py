@@ -5,8 +5,8 @@ answer from the virtual clock and the seeded generator instead:
 - `pysyncobj.syncobj.monotonicTime`, `monotonic_time` in `raft.node`, `raft.appends`,
   `raft.elections`, `raft.node_status` and `raft.transport` (Raft's timers) and the `time` module
   as `raft.node`, its parts `raft.node_base` and `raft.node_status`, `raft.batcher` and
-  `raft.durability` and `raft.machine_clock` see it (submitter clocks, proposal timeouts, disk
-  probes), and as
+  `raft.durability`, `raft.retention` and `raft.machine_clock` see it (submitter clocks,
+  proposal timeouts, disk probes, the pace of segment rewrites), and as
   `cluster.node.timers` and `cluster.node.server` see it (the leader timers and the connection
   reconciliation that `raft.sim.session` runs);
 - `raft.batcher._Batch` (its `submitted_s` default was bound to `time.monotonic` at import);
@@ -55,6 +55,7 @@ import raft.machine_clock
 import raft.node
 import raft.node_base
 import raft.node_status
+import raft.retention
 import raft.snapshot_hooks
 import raft.transport
 from raft.sim.network import SimTransport
@@ -156,6 +157,7 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.batcher, "time", clock_time),
         (raft.batcher, "_Batch", _virtual_batch(clock)),
         (raft.durability, "time", clock_time),
+        (raft.retention, "time", clock_time),
         (raft.machine_clock, "time", clock_time),
         (cluster.node.timers, "time", clock_time),
         (cluster.node.server, "time", clock_time),

@@ -89,9 +89,11 @@ def test_reads_match_a_list_through_every_kind_of_change(tmp_path: Path) -> None
             prepared = (model[cut][1], len(model) - cut)  # its first index, the entries written
         elif action < 0.85:
             cut = rng.randrange(len(model))
-            first = [e[1] for e in model].index(prepared[0]) if prepared[0] in {
-                e[1] for e in model
-            } else None
+            first = (
+                [e[1] for e in model].index(prepared[0])
+                if prepared[0] in {e[1] for e in model}
+                else None
+            )
             if first is not None and rng.random() < 0.9:
                 cut = first
             journal.deleteEntriesTo(cut)
@@ -226,9 +228,7 @@ def test_a_prepared_compaction_leaves_the_loop_only_what_came_after(tmp_path: Pa
 
 
 @pytest.mark.parametrize("change", ["cut", "clear", "compaction"])
-def test_a_prepared_compaction_the_log_moved_under_is_not_used(
-    tmp_path: Path, change: str
-) -> None:
+def test_a_prepared_compaction_the_log_moved_under_is_not_used(tmp_path: Path, change: str) -> None:
     """A tail cut, a clear or another compaction after the prepare makes its file stale: the
     compaction rewrites the kept entries on the loop, as before, and the stale file is gone."""
     path = tmp_path / "raft.journal"

@@ -66,8 +66,7 @@ def test_read_entry_of_an_index_not_held_or_not_a_blob_says_so(tmp_path: Path) -
 
 
 def _compact(journal: durability.DurableFileJournal, live: list[int], below: int) -> None:
-    """What a snapshot at `below` does: retain, (dump written), compact the log to `below`."""
-    journal.retain_live(live, below)
+    """What a snapshot at `below` does: (dump written), compact the log to `below`."""
     journal.note_snapshot_live(live, below)
     journal.deleteEntriesTo(below - journal[0][1])
 
@@ -220,28 +219,92 @@ def test_a_format_2_dump_still_loads_and_names_no_live_entries(tmp_path: Path) -
     assert list(storage.decode_indexes(path, plain.get("live"))) == []
 
 
-def test_enospc_while_retaining_is_reported_as_disk_full_and_clears_when_space_returns(
+def test_enospc_while_writing_the_compacted_journal_is_reported_as_disk_full(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A full disk while copying live entries to the retained store fails that snapshot and
-    says `disk_full` as a journal write would (DurableFileJournal.disk_full, probed until space
-    returns); nothing half-written is served, and the next try retains them."""
+    """A full disk while the snapshot worker writes the compacted journal fails that snapshot
+    (DiskFullError, before the dump is renamed) and says `disk_full` as a journal write would
+    (probed until space returns); no partial file is left, and the next try compacts."""
     flag = tmp_path / "full"
     monkeypatch.setenv(durability.FAULT_ENOSPC_ENV, str(flag))
     journal = _filled(tmp_path / "raft.journal", 20)
     flag.touch()
-    with pytest.raises(DiskFullError, match="retaining"):
-        journal.retain_live([5, 6, 7], 10)
-    assert journal.disk_full and journal.retained.indexes() == []
+    with pytest.raises(DiskFullError, match="compacted journal"):
+        journal.prepare_compaction(10)
+    assert journal.disk_full
+    assert not list(tmp_path.glob("*" + durability.COMPACTING_SUFFIX))
     journal._next_probe = 0.0
     assert journal.probe_space() is False
     flag.unlink()
     journal._next_probe = 0.0
     # (cast: mypy would keep the narrowing of the assert above; the probe changed it)
     assert journal.probe_space() is True and not cast(bool, journal.disk_full)
+    journal.prepare_compaction(10)
     _compact(journal, [5, 6, 7], 10)
+    assert journal.compacted_on_loop == 0
     assert [journal.read_entry(i) for i in (5, 6, 7)] == [_blob(i) for i in (5, 6, 7)]
     journal._destroy()
+
+
+def _inode(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_dev, stat.st_ino
+
+
+def test_a_compaction_hands_the_journal_file_to_the_retained_store_without_copying(
+    tmp_path: Path,
+) -> None:
+    """The live entries below the snapshot stay where they are: the old journal file becomes
+    a retained segment (the same inode; issue 32: copying a backlog's gigabyte saturated the
+    disk), the journal is a new file, and a restart serves the live entries from the segment
+    and only those below the snapshot (its records from the snapshot on are the journal's)."""
+    path = tmp_path / "raft.journal"
+    journal = _filled(path, 40)
+    before = _inode(path)
+    live = [*range(3, 29), 35]  # most of the file is live: it is kept, not rewritten
+    journal.prepare_compaction(30)
+    _compact(journal, live, 30)
+    segments = list((tmp_path / "raft.journal.retained").glob("*.seg"))
+    assert [p.name for p in segments] == ["0000000001-below-30.seg"]
+    assert _inode(segments[0]) == before != _inode(path)
+    assert journal.retained.indexes() == live[:-1]
+    assert [journal.read_entry(i) for i in live] == [_blob(i) for i in live]
+    journal.add(_command(_blob(41)), 41, 1)
+    journal._destroy()
+
+    again = _journal(path)
+    # every record below 30 (the dead ones go at the next compaction, as for any segment),
+    # none from 30 on
+    assert again.retained.indexes() == list(range(1, 30))
+    again.load_live(live, 30)
+    assert [again.read_entry(i) for i in [*live, 41]] == [_blob(i) for i in [*live, 41]]
+    _compact(again, [35], 38)  # 3..28 consumed: the adopted segment is deleted
+    assert again.retained.indexes() == [35]
+    assert not (tmp_path / "raft.journal.retained" / segments[0].name).exists()
+    assert again.read_entry(35) == _blob(35)
+    again._destroy()
+
+
+def test_a_crash_between_the_handover_and_the_replace_leaves_it_all_in_the_journal(
+    tmp_path: Path,
+) -> None:
+    """The hard link is made just before the compacted file replaces the journal; a start that
+    finds the link still naming the journal removes it (the journal holds every entry) and the
+    dump's live list is then compacted from the journal again."""
+    path = tmp_path / "raft.journal"
+    journal = _filled(path, 20)
+    offsets = journal._offsets
+    placed = [(5, offsets[4], offsets[5] - offsets[4], 1)]
+    journal.retained.adopt(placed, journal._end, 10)  # the crash: no replace follows
+    journal._destroy()
+    again = _journal(path)
+    assert again.retained.indexes() == []
+    assert not list((tmp_path / "raft.journal.retained").glob("*.seg"))
+    assert len(again) == 20
+    again.load_live([5], 10)
+    again.deleteEntriesTo(9)  # what the start's alignment does
+    assert again.retained.indexes() == [5] and again.read_entry(5) == _blob(5)
+    again._destroy()
 
 
 def test_enospc_while_reclaiming_retained_segments_is_reported_and_retried(
@@ -260,9 +323,9 @@ def test_enospc_while_reclaiming_retained_segments_is_reported_and_retried(
     for index in range(2, 61):
         journal.add(_command(_blob(index)), index, 1)
     _compact(journal, list(range(2, 50)), 50)
-    assert journal.retained.stats()["segments"] > 3
+    assert journal.retained.stats()["segments"] == 1  # the old journal, handed over
     first = _segment(tmp_path)
-    live = [2, *range(30, 50)]  # the first segment dies but for entry 2: it is rewritten
+    live = [2, *range(40, 50)]  # under half of it is live: it is rewritten
     flag.touch()
     journal.forget_dead(live, 50)
     assert journal.disk_full
@@ -274,5 +337,6 @@ def test_enospc_while_reclaiming_retained_segments_is_reported_and_retried(
     journal.forget_dead(live, 50)
     # (cast: mypy would keep the narrowing of the assert above; the probe changed it)
     assert not first.exists() and not cast(bool, journal.disk_full)
+    assert journal.retained.stats()["segments"] > 1  # copied into 2 KiB segments
     assert [journal.read_entry(i) for i in live] == [_blob(i) for i in live]
     journal._destroy()

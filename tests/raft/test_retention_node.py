@@ -147,6 +147,35 @@ def test_a_restart_after_compaction_keeps_the_live_entries_and_the_digest(
         second.close()
 
 
+def test_a_crash_between_the_dump_and_the_compaction_keeps_the_live_entries(
+    tmp_path: Path, port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until the compaction the live entries below a snapshot are only in the journal. A
+    crash after the dump was renamed into place but before the compaction: the start compacts
+    the journal to the dump (`_align_journal_to_snapshot`) with the dump's live list, so they
+    go to the retained store."""
+    live: set[int] = set()
+    first = Node(tmp_path, port, live)
+    first.run(DeclareQueue("q"))
+    indexes = [first.run(Enqueue("q", b"body-%d" % i)) for i in range(30)]
+    live.update(indexes[::3])
+    compactions: list[int] = []
+    with monkeypatch.context() as patch:  # the crash: the compaction never runs
+        patch.setattr(durability.DurableFileJournal, "deleteEntriesTo", compactions.append)
+        first.node.forceLogCompaction()
+        wait_until(lambda: compactions, 10, "the snapshot")
+        first.close()
+    assert first.node.getStatus()["log_len"] > 30
+    second = Node(tmp_path, port, live)
+    try:
+        wait_until(lambda: second.node.getStatus()["log_len"] < 10, 10, "the start's compaction")
+        assert second.node.storage_damage() is None
+        for index in sorted(live):
+            assert second.node.read_entry(index) == first.blobs[index]
+    finally:
+        second.close()
+
+
 def test_a_start_refuses_a_snapshot_naming_an_entry_that_is_gone(tmp_path: Path, port: int) -> None:
     live: set[int] = set()
     first = Node(tmp_path, port, live)
@@ -262,9 +291,12 @@ def test_damage_found_in_a_retained_entry_stops_the_node_as_journal_damage_does(
     node.live.update(indexes[:3])
     node.compact()
     segment = sorted((node.node.settings.data_dir / "raft.journal.retained").glob("*.seg"))[0]
-    offsets = storage.scan_segment(segment, segment.read_bytes()).offsets
+    # (the segment is the journal file the compaction handed over: the journal's format)
+    assert "-below-" in segment.name
+    scan = storage.scan_segment(segment, segment.read_bytes(), header=storage.JOURNAL_HEADER)
+    at = scan.offsets[[index for _command, index, _term in scan.entries].index(indexes[1])]
     with open(segment, "r+b") as f:  # in place, under the running node
-        f.seek(offsets[1] + 40)
+        f.seek(at + 40)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x40]))
@@ -277,11 +309,11 @@ def test_damage_found_in_a_retained_entry_stops_the_node_as_journal_damage_does(
     wait_until(lambda: not node.node.tick_thread_alive(), 10, "the node to stop")
 
 
-def test_a_full_disk_while_retaining_fails_the_snapshot_and_says_disk_full(
+def test_a_full_disk_while_compacting_fails_the_snapshot_and_says_disk_full(
     tmp_path: Path, port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ENOSPC copying live entries to the retained store (the snapshot worker) fails that
-    snapshot (the journal is kept) and the node says disk_full as for a journal write (its
+    """ENOSPC writing the compacted journal (the snapshot worker) fails that snapshot (the
+    journal is kept) and the node says disk_full as for a journal write (its
     clients are refused with `disk_full`); once space returns the probe clears it and the next
     snapshot succeeds."""
     flag = tmp_path / "full"
