@@ -642,13 +642,13 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         `below` (its first entry in the log) and reclaim their segments. Any thread (the
         snapshot worker): the compaction that follows skips this work."""
         self._snapshot_live, self._snapshot_below = live, below
-        self._keep_only(live, below)
+        self._keep_only(live, below, paced=True)
 
-    def _keep_only(self, live: Sequence[int], below: int) -> None:
+    def _keep_only(self, live: Sequence[int], below: int, paced: bool = False) -> None:
         """`retained.keep_only`; a full disk while rewriting a segment (reclaiming space) is
         reported as disk_full and leaves that segment as it was: the next snapshot tries again."""
         try:
-            self.retained.keep_only(live, below)
+            self.retained.keep_only(live, below, paced)
         except OSError as err:
             if not storage.is_enospc(err):
                 raise

@@ -192,8 +192,10 @@ class Replica:
         self._node.request_leadership_transfer()
 
     def sweep(self) -> None:
-        """Fail proposals that got no commit within their timeout (call periodically)."""
+        """Fail proposals that got no commit within their timeout, and ask for a snapshot if
+        a drained backlog left retained entries (call periodically)."""
         self._committer.sweep()
+        self._node.compact_if_drained()
 
     def fail_pending(self, reason: SubmitError) -> None:
         """Fail every pending proposal with `reason` (shutting down)."""

@@ -113,6 +113,10 @@ class ReplicatedState:
         """The sorted Raft indexes of the entries whose bodies the state still refers to."""
         return self.live_indexes_provider(self.state)
 
+    def messages_held(self) -> int:
+        """Messages in every queue (ready, returned, checked out); O(queues)."""
+        return sum(queue.messages_total for queue in self.state.queues.values())
+
     # --- apply -------------------------------------------------------------------------------
 
     def apply_entry(

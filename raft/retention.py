@@ -357,17 +357,18 @@ class RetainedStore:
         if self._fault_flag is not None and os.path.exists(self._fault_flag):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
-    def keep_only(self, live: Sequence[int], below: int) -> None:
+    def keep_only(self, live: Sequence[int], below: int, paced: bool = False) -> None:
         """Keep the entries whose index is in `live` (sorted) and below `below`; drop the rest,
         then delete the segments left empty (the active one too) and rewrite the sealed ones
-        under the live share. Call only once the dump naming `live` is durable."""
+        under the live share (`paced`: at most REWRITE_BYTES_PER_S, for the snapshot worker).
+        Call only once the dump naming `live` is durable."""
         wanted = set(live)
         # the one writer is this thread: the arrays are read without the lock, and only the
         # swap to the new ones takes it (readers wait for the swap, not the filtering)
         kept = [at for at, index in enumerate(self._indexes) if index < below and index in wanted]
         if len(kept) != len(self._indexes):
             self._keep_positions(kept)
-        self._reclaim()
+        self._reclaim(paced)
 
     def _keep_positions(self, kept: list[int]) -> None:
         indexes = array("Q", (self._indexes[at] for at in kept))
@@ -386,7 +387,7 @@ class RetainedStore:
             )
             self._live = live
 
-    def _reclaim(self) -> None:
+    def _reclaim(self, paced: bool) -> None:
         """Delete empty sealed segments; rewrite sealed ones whose live share is too low."""
         for segment in sorted(self._sizes):
             live, size = self._live[segment], self._sizes[segment]
@@ -397,11 +398,11 @@ class RetainedStore:
             elif segment == self._active:
                 continue
             elif live * 100 < size * LIVE_SHARE_MIN_PERCENT:
-                self._rewrite(segment)
+                self._rewrite(segment, paced)
 
-    def _rewrite(self, segment: int) -> None:
-        """Copy a segment's held entries to the active one, a synced batch at a time at most
-        REWRITE_BYTES_PER_S, each published as it is written; then delete it."""
+    def _rewrite(self, segment: int, paced: bool) -> None:
+        """Copy a segment's held entries to the active one, a synced batch at a time (`paced`:
+        at most REWRITE_BYTES_PER_S), each published as it is written; then delete it."""
         with self._lock:
             positions = [
                 at for at, place in enumerate(self._places) if place >> _OFFSET_BITS == segment
@@ -428,7 +429,8 @@ class RetainedStore:
                     self._live[place >> _OFFSET_BITS] += length
                     self._live[segment] -= length
             copied += batch_bytes
-            time.sleep(max(0.0, started + copied / REWRITE_BYTES_PER_S - time.monotonic()))
+            if paced:
+                time.sleep(max(0.0, started + copied / REWRITE_BYTES_PER_S - time.monotonic()))
         log.info("retained_segment_rewritten", segment=segment, entries=len(moving))
         self._delete(segment)
 

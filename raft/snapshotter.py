@@ -10,10 +10,12 @@ loop than the encoding itself (`copy.deepcopy`, ~2.9 s, and the C encoder holds 
    temporary dump file and the live list to `<dump>.live.tmp`, fsyncs, and `_exit`s. It touches
    no lock, no logger, no socket.
 2. the loop polls the child (`waitpid`, non-blocking) on every tick. When it exited 0, a thread
-   writes the compacted journal (the entries from the snapshot on, in passes while the loop
-   appends: `DurableFileJournal.prepare_compaction`), synced, renames the dump into place
-   (directory fsynced), then drops the retained entries the dump no longer names and rewrites
-   the segments gone mostly dead (raft.retention: all file I/O, off the loop).
+   renames the dump into place (directory fsynced), drops the retained entries the dump no
+   longer names and rewrites the segments gone mostly dead (raft.retention), then writes the
+   compacted journal (the entries from the snapshot on, in passes while the loop appends:
+   `DurableFileJournal.prepare_compaction`), synced: all file I/O, off the loop. A failure
+   there (ENOSPC) fails the snapshot with the dump already in place: the journal is compacted
+   at the next one (or at a start, as below).
 3. the next poll reports success: pysyncobj compacts the journal. On the loop that is: the
    journal file becomes a retained segment if it holds live entries below the snapshot (a hard
    link: nothing copied), the compacted file gets the entries appended since the last pass and
@@ -154,21 +156,23 @@ class SnapshotJob:
         self._thread.start()
 
     def _finish(self) -> None:
-        """Thread: write the compacted journal, rename the dump into place, drop the retained
-        entries it no longer names."""
+        """Thread: rename the dump into place, drop the retained entries it no longer names,
+        write the compacted journal (last: the rewrites of retained segments are paced and
+        can take many seconds, and what the loop appends meanwhile would be its to copy)."""
         outcome = SERIALIZER_STATE.FAILED
         try:
             live = storage.decode_indexes(self.live_path, self.live_path.read_bytes())
-            if self.journal is not None:
-                self.journal.prepare_compaction(self._below)
-            prepared_ms = (time.perf_counter() - self._started) * 1000
             if self._cancelled.is_set():
                 return
             os.replace(self.tmp_path, self.dump_path)
             if self.sync:
                 storage.fsync_dir(self.dump_path.parent)
+            prepared_ms = 0.0
             if self.journal is not None:
                 self.journal.forget_dead(live, self._below)
+                prepared_at = time.perf_counter()
+                self.journal.prepare_compaction(self._below)
+                prepared_ms = (time.perf_counter() - prepared_at) * 1000
             log.info(
                 "snapshot_written",
                 index=self._below + 1,

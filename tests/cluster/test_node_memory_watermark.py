@@ -108,7 +108,9 @@ class _Clock:
 
 
 def _monitor(rss: list[int], trims: list[float], clock: _Clock) -> MemoryMonitor:
-    return MemoryMonitor("n1", 100 * MIB, lambda: rss[0], clock, lambda: trims.append(clock.now))
+    return MemoryMonitor(
+        "n1", 100 * MIB, lambda: rss[0], clock, lambda: trims.append(clock.now), lambda: 1000
+    )
 
 
 def test_the_alarm_sets_at_the_mark_and_clears_below_the_resume_share() -> None:
@@ -138,7 +140,7 @@ def test_the_alarm_sets_at_the_mark_and_clears_below_the_resume_share() -> None:
     }
 
 
-def test_sampling_is_rate_limited_and_trimming_happens_only_under_the_alarm() -> None:
+def test_sampling_is_rate_limited_and_a_steady_heap_is_trimmed_only_under_the_alarm() -> None:
     clock, rss, trims = _Clock(), [200 * MIB], list[float]()
     reads: list[float] = []
 
@@ -146,7 +148,9 @@ def test_sampling_is_rate_limited_and_trimming_happens_only_under_the_alarm() ->
         reads.append(clock.now)
         return rss[0]
 
-    monitor = MemoryMonitor("n1", 100 * MIB, read, clock, lambda: trims.append(clock.now))
+    monitor = MemoryMonitor(
+        "n1", 100 * MIB, read, clock, lambda: trims.append(clock.now), lambda: 1000
+    )
     for _ in range(100):  # ten samples asked per period: one taken
         monitor.sample()
         clock.now += SAMPLE_PERIOD_S / 10
@@ -157,6 +161,48 @@ def test_sampling_is_rate_limited_and_trimming_happens_only_under_the_alarm() ->
         clock.now += TRIM_PERIOD_S
         monitor.sample()
     assert len(trims) == 1  # the sample that cleared it trimmed first; none after
+
+
+def test_a_heap_that_lost_half_its_objects_is_trimmed_without_the_alarm() -> None:
+    """A drained backlog frees most of the heap's objects; the resident set stays (glibc keeps
+    the freed pages) unless it is trimmed: once below half the peak since the last trim, at
+    most every TRIM_PERIOD_S, and not again until the heap halves again."""
+    clock, rss, trims, blocks = _Clock(), [60 * MIB], list[float](), [1000]
+    monitor = MemoryMonitor(
+        "n1", 100 * MIB, lambda: rss[0], clock, lambda: trims.append(clock.now), lambda: blocks[0]
+    )
+
+    def samples(count: int) -> None:
+        for _ in range(count):
+            clock.now += SAMPLE_PERIOD_S
+            monitor.sample()
+
+    blocks[0] = 2_000_000  # the backlog
+    samples(10)
+    blocks[0] = 1_000_001  # not yet half
+    samples(10)
+    assert trims == []
+    blocks[0] = 900_000
+    samples(1)
+    assert len(trims) == 1 and not monitor.alarm
+    blocks[0] = 500_000  # not half of 900,000
+    samples(int(TRIM_PERIOD_S / SAMPLE_PERIOD_S) * 2)
+    assert len(trims) == 1
+    blocks[0] = 1000  # the rest drained: again, TRIM_PERIOD_S after the last one at most
+    samples(int(TRIM_PERIOD_S / SAMPLE_PERIOD_S))
+    assert len(trims) == 2 and trims[1] - trims[0] >= TRIM_PERIOD_S
+
+
+def test_a_long_stall_is_logged_at_most_once_a_second(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = _Clock()
+    stalls = LoopStalls(clock)
+    stalls.note(0.05)
+    stalls.note(0.25)
+    stalls.note(0.3)  # the same second: not logged
+    clock.now += 1.0
+    stalls.note(0.12)
+    logged = [line for line in capsys.readouterr().out.splitlines() if "event_loop_stalled" in line]
+    assert len(logged) == 2 and "ms=250" in logged[0] and "ms=120" in logged[1]
 
 
 def test_loop_stalls_keep_the_longest_ever_and_of_the_recent_window() -> None:

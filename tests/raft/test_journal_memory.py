@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import random
-import threading
 import tracemalloc
 from pathlib import Path
 
@@ -202,25 +201,37 @@ def test_a_compaction_streams_the_kept_entries(tmp_path: Path) -> None:
     assert _all(_journal(path)) == [*model[45:], (b"\x00k50", 51, 1)]
 
 
-def test_a_prepared_compaction_leaves_the_loop_only_what_came_after(tmp_path: Path) -> None:
-    """prepare_compaction (the snapshot thread) writes the kept entries while another thread
-    appends; deleteEntriesTo then copies only the entries added after its last pass, and the
-    file it renames into place reads back whole after a restart."""
+def test_a_prepared_compaction_leaves_the_loop_only_what_came_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prepare_compaction (the snapshot thread) copies the kept entries in passes while the
+    loop appends (here: 5,000 entries appended during its first write); deleteEntriesTo then
+    copies only the entries added after its last pass, and the file it renames into place
+    reads back whole after a restart."""
     path = tmp_path / "raft.journal"
     journal = _journal(path)
     journal.setCurrentTerm(1, None)
     model = [(b"\x00" + bytes(500), i + 1, 1) for i in range(20_000)]
     for entry in model[:10_000]:
         journal.add(*entry)
-    preparing = threading.Thread(target=journal.prepare_compaction, args=(4_001,))
-    preparing.start()
-    for entry in model[10_000:15_000]:
-        journal.add(*entry)
-    preparing.join()
+    write = durability._Prepared.write
+    writes = []
+
+    def write_while_the_loop_appends(prepared: durability._Prepared, entries: list[Entry]) -> None:
+        write(prepared, entries)
+        writes.append(len(entries))
+        if len(writes) == 1:
+            for entry in model[10_000:15_000]:
+                journal.add(*entry)
+
+    monkeypatch.setattr(durability._Prepared, "write", write_while_the_loop_appends)
+    journal.prepare_compaction(4_001)
+    monkeypatch.undo()
+    assert sum(writes) == 11_000  # a second pass took the 5,000 (2.5 MB left > 1 MiB)
     for entry in model[15_000:15_007]:
         journal.add(*entry)
     journal.deleteEntriesTo(4_000)
-    assert 7 <= journal.compacted_on_loop < 5_007
+    assert journal.compacted_on_loop == 7
     assert journal[0] == model[4_000] and journal[-1] == model[15_006]
     journal._destroy()
     assert _all(_journal(path)) == model[4_000:15_007]

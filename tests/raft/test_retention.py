@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import struct
+import types
 import zlib
 from pathlib import Path
 from typing import cast
@@ -13,7 +14,7 @@ import pysyncobj.pickle as pysyncobj_pickle
 import pytest
 
 import fifo
-from raft import durability, replicated, storage
+from raft import durability, replicated, retention, storage
 from raft.entry import Entry, encode_entry
 from raft.errors import DiskFullError, EntryGoneError, StorageError
 from raft.retention import RetainedStore
@@ -163,6 +164,36 @@ def test_disk_use_stays_within_twice_the_live_bytes_plus_one_segment(tmp_path: P
     reopened.keep_only([], next_index)  # drained: nothing is left on disk
     assert reopened.stats() == {"entries": 0, "live_bytes": 0, "disk_bytes": 0, "segments": 0}
     reopened.close()
+
+
+def test_a_rewrite_by_the_snapshot_worker_is_paced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rewriting half-dead segments copies at most REWRITE_BYTES_PER_S when `paced` (the
+    snapshot worker: at disk speed it queued the loops' fsyncs behind it), at full speed when
+    not (a start)."""
+    now = [0.0]
+    clock = types.SimpleNamespace(
+        monotonic=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+    )
+    monkeypatch.setattr(retention, "time", clock)
+    monkeypatch.setattr(retention, "REWRITE_BYTES_PER_S", 10_000)
+    monkeypatch.setattr(retention, "REWRITE_BATCH_BYTES", 2_000)
+    for paced in (False, True):
+        store = RetainedStore(tmp_path / f"retained-{paced}", "never", "n1", segment_bytes_max=4096)
+        store.add([(b"\x00" + b"b" * 1000, i, 1) for i in range(1, 41)])
+        live = list(range(1, 41, 5))  # one entry in five: every sealed segment under half live
+        moved = sum(n for i, n in zip(store._indexes, store._lengths, strict=True) if i in live)
+        now[0] = 0.0
+        store.keep_only(live, 100, paced=paced)
+        assert (
+            store.indexes() == live and [store.read(i) for i in live] == [b"\x00" + b"b" * 1000] * 8
+        )
+        if paced:
+            assert moved / 10_000 * 0.5 <= now[0] <= moved / 10_000
+        else:
+            assert now[0] == 0.0
+        store.close()
 
 
 def _transfer(tmp_path: Path) -> tuple[Path, list[tuple[bytes, int, int]], int]:

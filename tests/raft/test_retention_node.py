@@ -14,7 +14,7 @@ import pytest
 
 import fifo
 from cluster.launcher import free_ports, wait_until
-from fifo.commands import DeclareQueue, Enqueue
+from fifo.commands import DeclareQueue, Enqueue, Purge
 from fifo.state import State
 from raft import durability, storage
 from raft.entry import Entry, encode_entry
@@ -174,6 +174,27 @@ def test_a_crash_between_the_dump_and_the_compaction_keeps_the_live_entries(
             assert second.node.read_entry(index) == first.blobs[index]
     finally:
         second.close()
+
+
+def test_a_drained_state_gives_the_retained_entries_back_at_once(node: Node) -> None:
+    """Once the state holds no message, the retained entries go at the next check (a forced
+    snapshot), not 5,000 entries or 300 s later; while one message is held nothing is forced."""
+    node.run(DeclareQueue("q"))
+    indexes = [node.run(Enqueue("q", b"body-%d" % i)) for i in range(20)]
+    node.live.update(indexes)
+    node.compact()
+    journal = node.node._journal()
+    assert len(journal.retained) > 0
+    node.node._drained_checked_at = float("-inf")
+    assert node.node.compact_if_drained() is False  # 20 messages held
+    node.run(Purge("q"))
+    node.live.clear()
+    node.node._drained_checked_at = float("-inf")
+    assert node.node.compact_if_drained() is True
+    assert node.node.compact_if_drained() is False  # at most once a second
+    wait_until(lambda: len(journal.retained) == 0, 10, "the forced snapshot")
+    retained_dir = node.node.settings.data_dir / "raft.journal.retained"
+    assert not list(retained_dir.glob("*.seg"))
 
 
 def test_a_start_refuses_a_snapshot_naming_an_entry_that_is_gone(tmp_path: Path, port: int) -> None:
