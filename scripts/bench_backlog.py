@@ -7,8 +7,10 @@ longest event-loop stall (the nodes' `loop_stall_recent_max_ms`, polled every se
 in the 10 s before a poll, so a slice may show a stall of the one before); leader changes (role
 changes to leader); snapshots written (count, and durations where node.log carries them); the
 disk use of its data dir. Then drains the queue (prefetch --prefetch, ack) and records the drain
-rate and the resident sets after it. Prints one JSON document (progress on stderr) and writes it
-to --out (default: a fresh temp dir, never the checkout).
+rate, and --settle-s seconds after the queue is empty (a drained node forces a snapshot within a
+second, giving back its retained entries) the resident sets and disk use. Prints one JSON
+document (progress on stderr) and writes it to --out (default: a fresh temp dir, never the
+checkout).
 
 The fields match ../shared/bench/rabbitmq/bench_backlog.py's (the same workload on RabbitMQ);
 `--peer FILE` reads that script's JSON and adds the ratios (ours / RabbitMQ's). The nodes run
@@ -134,9 +136,10 @@ def written_statuses(cluster: LocalCluster) -> dict[str, dict[str, Any] | None]:
 
 
 def leader_elections(cluster: LocalCluster) -> int:
-    """Role changes to leader, summed over the answering nodes, since they started."""
+    """Role changes to leader, summed over the answering nodes, since they started (the
+    `status` query, once a slice: status.json may predate the first election)."""
     total = 0
-    for status in written_statuses(cluster).values():
+    for status in cluster.statuses().values():
         changes = (status or {}).get("role_changes") or {}
         total += sum(count for change, count in changes.items() if change.endswith("->leader"))
     return total
@@ -222,6 +225,7 @@ def drain_phase(
         seconds = time.perf_counter() - started
         wait_until(lambda: _emptied(client), 120.0, "the acks applied")
         consumer.cancel()
+        time.sleep(args.settle_s)  # a drained node snapshots within a second (its disk back)
     figures = node_figures(cluster)
     return {
         "drain": {
@@ -369,6 +373,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--machine-version", type=int, choices=(1, 2, 3, 4), default=None)
     parser.add_argument("--peer", type=Path, default=None, metavar="FILE", help="RabbitMQ JSON.")
     parser.add_argument("--out", type=Path, default=None, help="Results file (default: temp).")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=5.0,
+        help="Seconds between the queue found empty and the after-drain figures.",
+    )
     return parser.parse_args()
 
 
