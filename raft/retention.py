@@ -58,6 +58,9 @@ ADOPTED_MARK = "-below-"
 # journal fsyncs behind it
 REWRITE_BYTES_PER_S = 16 * 1024 * 1024
 REWRITE_BATCH_BYTES = 4 * 1024 * 1024
+# a big segment is deleted (by the snapshot worker) a step at a time (`_shrink_gradually`)
+SHRINK_STEP_BYTES = 32 * 1024 * 1024
+SHRINK_PAUSE_S = 0.02
 _OFFSET_BITS = 40  # a place is segment number << 40 | offset (segments are far below 1 TiB)
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
 Record = tuple[bytes, int, int]  # (command, raft index, term), as the journal holds them
@@ -392,7 +395,7 @@ class RetainedStore:
         for segment in sorted(self._sizes):
             live, size = self._live[segment], self._sizes[segment]
             if live == 0:  # the active one too: a drained queue leaves no segment behind
-                self._delete(segment)
+                self._delete(segment, paced)
                 if segment == self._active:
                     self._active = None
             elif segment == self._active:
@@ -432,16 +435,20 @@ class RetainedStore:
             if paced:
                 time.sleep(max(0.0, started + copied / REWRITE_BYTES_PER_S - time.monotonic()))
         log.info("retained_segment_rewritten", segment=segment, entries=len(moving))
-        self._delete(segment)
+        self._delete(segment, paced)
 
-    def _delete(self, segment: int) -> None:
+    def _delete(self, segment: int, paced: bool = False) -> None:
+        """Remove a segment no entry is placed in (`paced`: a big one shrunk first)."""
         with self._lock:
+            path = self._path(segment)
             fd = self._fds.pop(segment, None)
-            if fd is not None:
-                os.close(fd)
-            self._path(segment).unlink(missing_ok=True)
             del self._sizes[segment], self._live[segment]
             self._below.pop(segment, None)
+        if fd is not None:
+            os.close(fd)
+        if paced and not (self._journal is not None and _same_file(path, self._journal)):
+            _shrink_gradually(path)
+        path.unlink(missing_ok=True)
         if self._sync:
             storage.fsync_dir(self.directory)
 
@@ -451,6 +458,25 @@ class RetainedStore:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+def _shrink_gradually(path: Path) -> None:
+    """Truncate a file SHRINK_STEP_BYTES at a time (a pause between steps) before it is
+    unlinked. Unlinked whole, an adopted journal's gigabyte was freed (and, mounted with
+    `discard`, trimmed) in one filesystem transaction, and the loops' fsyncs waited behind it:
+    stalls of 110-140 ms on two nodes at once."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        while size > SHRINK_STEP_BYTES:
+            size -= SHRINK_STEP_BYTES
+            os.ftruncate(fd, size)
+            time.sleep(SHRINK_PAUSE_S)
+    finally:
+        os.close(fd)
 
 
 def _same_file(one: Path, other: Path) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 import types
@@ -193,6 +194,33 @@ def test_a_rewrite_by_the_snapshot_worker_is_paced(
             assert moved / 10_000 * 0.5 <= now[0] <= moved / 10_000
         else:
             assert now[0] == 0.0
+        store.close()
+
+
+def test_the_snapshot_worker_deletes_a_big_segment_a_step_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment freed whole (a gigabyte's adopted journal) made the loops' fsyncs wait behind
+    the filesystem's transaction: the snapshot worker (`paced`) truncates it in steps first; a
+    start (not paced) unlinks at once."""
+    cuts: list[int] = []
+    ftruncate = os.ftruncate
+
+    def recorded(fd: int, size: int) -> None:
+        cuts.append(size)
+        ftruncate(fd, size)
+
+    monkeypatch.setattr(os, "ftruncate", recorded)
+    for paced in (False, True):
+        store = RetainedStore(tmp_path / f"retained-{paced}", "never", "n1")
+        store.add([(b"\x00x", 1, 1)])
+        (segment,) = (tmp_path / f"retained-{paced}").glob("*.seg")
+        os.truncate(segment, 100 * 2**20)  # (sparse) as big as a backlog's journal
+        cuts.clear()
+        store.keep_only([], 10, paced=paced)
+        assert not segment.exists()
+        step = retention.SHRINK_STEP_BYTES
+        assert cuts == ([100 * 2**20 - step * k for k in (1, 2, 3)] if paced else [])
         store.close()
 
 
