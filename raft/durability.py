@@ -698,6 +698,11 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
     def __len__(self) -> int:
         return len(self._offsets)
 
+    @property
+    def file_bytes(self) -> int:
+        """The journal file's length."""
+        return self._end
+
     def _destroy(self) -> None:
         self._drop_prepared()
         self.retained.close()

@@ -37,6 +37,8 @@ SNAPSHOT_IN_CHILD = os.environ.get(SNAPSHOT_INLINE_ENV) != "1"
 
 # how often `compact_if_drained` looks (it is called more often)
 DRAINED_CHECK_PERIOD_S = 1.0
+# a drained state's journal at least this big is compacted at once too
+DRAINED_JOURNAL_BYTES = 64 * 1024 * 1024
 
 
 class SnapshotHooks(NodeBase):
@@ -46,16 +48,18 @@ class SnapshotHooks(NodeBase):
 
     def compact_if_drained(self) -> bool:
         """Ask pysyncobj for a snapshot when the state holds no message but the retained store
-        still holds entries: a drained backlog's disk comes back now rather than at the next
-        snapshot (5,000 entries or 300 s later; rabbit_fifo moves its release cursor to the
-        head when its queues empty). Loop thread, at most once per DRAINED_CHECK_PERIOD_S,
-        O(queues). True if it asked."""
+        still holds entries or the journal DRAINED_JOURNAL_BYTES: a drained backlog's disk comes
+        back now rather than at the next snapshot (5,000 entries or 300 s later; rabbit_fifo
+        moves its release cursor to the head when its queues empty). Loop thread, at most once
+        per DRAINED_CHECK_PERIOD_S, O(queues). True if it asked."""
         now = float(monotonic_time())
         if now - self._drained_checked_at < DRAINED_CHECK_PERIOD_S:
             return False
         self._drained_checked_at = now
         journal = self._journal()
-        if not isinstance(journal, DurableFileJournal) or not len(journal.retained):
+        if not isinstance(journal, DurableFileJournal):
+            return False
+        if not len(journal.retained) and journal.file_bytes < DRAINED_JOURNAL_BYTES:
             return False
         if self._snapshots.running:
             return False

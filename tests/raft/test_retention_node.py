@@ -16,7 +16,7 @@ import fifo
 from cluster.launcher import free_ports, wait_until
 from fifo.commands import DeclareQueue, Enqueue, Purge
 from fifo.state import State
-from raft import durability, storage
+from raft import durability, snapshot_hooks, storage
 from raft.entry import Entry, encode_entry
 from raft.errors import EntryGoneError, StorageError
 from raft.node import RaftNode, RaftSettings
@@ -195,6 +195,23 @@ def test_a_drained_state_gives_the_retained_entries_back_at_once(node: Node) -> 
     wait_until(lambda: len(journal.retained) == 0, 10, "the forced snapshot")
     retained_dir = node.node.settings.data_dir / "raft.journal.retained"
     assert not list(retained_dir.glob("*.seg"))
+
+
+def test_a_drained_state_with_a_big_journal_is_compacted_at_once(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Big bodies fill the journal long before 5,000 entries: a drained state with a journal
+    over DRAINED_JOURNAL_BYTES is compacted at once too, with nothing retained."""
+    monkeypatch.setattr(snapshot_hooks, "DRAINED_JOURNAL_BYTES", 4096)
+    node.run(DeclareQueue("q"))
+    for i in range(10):
+        node.run(Enqueue("q", b"x" * 1000 + b"%d" % i))
+    node.node._drained_checked_at = float("-inf")
+    assert node.node.compact_if_drained() is False  # 10 messages held
+    node.run(Purge("q"))
+    node.node._drained_checked_at = float("-inf")
+    assert node.node.compact_if_drained() is True
+    wait_until(lambda: node.node._journal().file_bytes < 4096, 10, "the forced snapshot")
 
 
 def test_a_start_refuses_a_snapshot_naming_an_entry_that_is_gone(tmp_path: Path, port: int) -> None:
