@@ -27,6 +27,16 @@ def _journal(path: Path, policy: str = "batch") -> durability.DurableFileJournal
     return durability.DurableFileJournal(str(path), policy, "n1")
 
 
+def _numbered(path: Path, count: int) -> tuple[durability.DurableFileJournal, list[Entry]]:
+    """A journal holding `count` small entries (indexes 1..count, term 1), and them."""
+    journal = _journal(path)
+    journal.setCurrentTerm(1, None)
+    model = [(b"\x00k%d" % i, i + 1, 1) for i in range(count)]
+    for entry in model:
+        journal.add(*entry)
+    return journal, model
+
+
 def _all(journal: durability.DurableFileJournal) -> list[Entry]:
     return [journal[i] for i in range(len(journal))]
 
@@ -188,11 +198,7 @@ def test_a_compaction_streams_the_kept_entries(tmp_path: Path) -> None:
     """deleteEntriesTo rewrites the file from the old one (verified) and keeps the tail cache
     consistent with the new positions."""
     path = tmp_path / "raft.journal"
-    journal = _journal(path)
-    journal.setCurrentTerm(1, None)
-    model = [(b"\x00k%d" % i, i + 1, 1) for i in range(50)]
-    for entry in model:
-        journal.add(*entry)
+    journal, model = _numbered(path, 50)
     journal.deleteEntriesTo(45)
     assert _all(journal) == model[45:]
     assert journal[-1] == model[-1] and journal[0] == model[45]
@@ -243,11 +249,7 @@ def test_a_prepared_compaction_the_log_moved_under_is_not_used(tmp_path: Path, c
     """A tail cut, a clear or another compaction after the prepare makes its file stale: the
     compaction rewrites the kept entries on the loop, as before, and the stale file is gone."""
     path = tmp_path / "raft.journal"
-    journal = _journal(path)
-    journal.setCurrentTerm(1, None)
-    model = [(b"\x00k%d" % i, i + 1, 1) for i in range(100)]
-    for entry in model:
-        journal.add(*entry)
+    journal, model = _numbered(path, 100)
     journal.prepare_compaction(41)
     assert list(tmp_path.glob("*" + durability.COMPACTING_SUFFIX))
     if change == "cut":
