@@ -126,22 +126,16 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self._read_cache: OrderedDict[int, Entry] = OrderedDict()
         self._dropped = 0  # entries compacted away from the front since the journal was opened
         # entries kept below the log's start because a snapshot names them live
+        retained_dir = Path(journal_file + ".retained")
         self.retained = RetainedStore(
-            Path(journal_file + ".retained"),
-            policy,
-            node_id,
-            fault_flag=self._fault_flag,
-            journal=self.path,
+            retained_dir, policy, node_id, fault_flag=self._fault_flag, journal=self.path
         )
         self._snapshot_live: Sequence[int] = ()  # what the newest dump names live
         self._kept_below = -1  # retained trimmed to _snapshot_live below this (-1: not yet)
         self._snapshot_below = 0
         self._epoch = 0  # bumped when positions are reused (tail cut, clear): views go stale
-        # the compacted file written off the loop for the next deleteEntriesTo, if any
-        self._prepared: _Prepared | None = None
+        self._prepared: _Prepared | None = None  # written off the loop for deleteEntriesTo
         self.compacted_on_loop = 0  # entries the last compaction copied on the loop
-        with contextlib.suppress(FileNotFoundError):  # a prepare cut short by a crash
-            os.unlink(self.path.with_name(self.path.name + COMPACTING_SUFFIX))
         self._load()
         meta = storage.read_meta(self.meta_path, node_id)
         if meta is None and any(term > 0 for term in self._terms):
@@ -163,6 +157,8 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
     # --- loading -----------------------------------------------------------------------------
 
     def _load(self) -> None:
+        with contextlib.suppress(FileNotFoundError):  # a prepare cut short by a crash
+            os.unlink(self.path.with_name(self.path.name + COMPACTING_SUFFIX))
         if not self.path.exists():
             storage.write_atomically(self.path, storage.JOURNAL_HEADER, self.policy != "never")
         data = self.path.read_bytes()
