@@ -89,6 +89,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
 
     app = celery_app.app
     workers = [_worker(tmp_path, env, "w1")]
+    senders: list[threading.Thread] = []
     try:
         reply_to = app.thread_oid  # results of every sender thread come to this thread
         task_ids: list[str] = [""] * TASKS
@@ -102,7 +103,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
             except BaseException as err:  # reported by the main thread
                 errors.append(err)
 
-        senders = [threading.Thread(target=send, args=(i,)) for i in range(SENDERS)]
+        senders += [threading.Thread(target=send, args=(i,)) for i in range(SENDERS)]
         for sender in senders:
             sender.start()
         with Client(endpoints.split(","), cluster3.key) as client:
@@ -138,6 +139,8 @@ def test_celery_worker_killed_mid_run_loses_no_task(
     finally:
         for worker in workers:
             _kill_group(worker)
+        for sender in senders:  # a failed test must not leave them publishing (1,000 tasks)
+            sender.join(60)
 
     ran = _ran(ran_path)
     numbers = {number for _, number in ran}
