@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,6 +72,18 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)  # the worker and its pool processes
     process.wait(10)
+
+
+def _close_connections(app: Any) -> None:
+    """Close the broker connections the app opened in this process (its pool, its RPC result
+    consumer's): each is a quorumq client with threads, which would otherwise outlive the test
+    and reconnect to the stopped cluster for the rest of the run (`app.close()` only forgets
+    the pool)."""
+    result_consumer = app.backend.result_consumer
+    if result_consumer._connection is not None:
+        result_consumer.stop()
+    app.amqp.producer_pool.force_close_all()
+    app.pool.force_close_all()
 
 
 def test_celery_worker_killed_mid_run_loses_no_task(
@@ -141,6 +154,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
             _kill_group(worker)
         for sender in senders:  # a failed test must not leave them publishing (1,000 tasks)
             sender.join(60)
+        _close_connections(app)
 
     ran = _ran(ran_path)
     numbers = {number for _, number in ran}
