@@ -26,7 +26,9 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="shells-asyncio-loop", daemon=True
+        )
         self.thread.start()
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -19,6 +19,7 @@ from cluster.client.groups import declare_partitioned_queue, join_group, partiti
 from cluster.launcher import LocalCluster
 from fifo.commands import AnnotatedEnqueue, DeclarePartitionedQueue, QueueConfig
 from fifo.meta import Meta
+from tests.cluster.kill_midway import kill_when_confirmed
 
 pytestmark = pytest.mark.cluster
 
@@ -219,20 +220,11 @@ def test_a_leader_kill_mid_stream_to_the_base_name_stores_each_message_once(
             time.sleep(0.2)
         declare_partitioned_queue(client, "rr", partitions)
         publisher = client.publisher("rr", window=200)
-        killed = threading.Event()
-
-        def kill_when_a_third_is_confirmed() -> None:
-            while publisher.confirmed < total // 3:
-                threading.Event().wait(0.005)
-            reused_cluster3.kill(leader)
-            killed.set()
-
-        killer = threading.Thread(target=kill_when_a_third_is_confirmed)
-        killer.start()
-        publisher.publish_many((b"m-%05d" % i for i in range(total)), timeout_s=30.0)
-        publisher.wait_for_confirms(timeout_s=30.0)
-        killer.join()
-        assert killed.is_set() and publisher.confirmed == total
+        with kill_when_confirmed(reused_cluster3, leader, publisher, total // 3) as killed:
+            publisher.publish_many((b"m-%05d" % i for i in range(total)), timeout_s=30.0)
+            publisher.wait_for_confirms(timeout_s=30.0)
+            assert killed.wait(10.0)
+        assert publisher.confirmed == total
         assert client.reconnects >= 1, "the client was on the killed leader and must reconnect"
         totals = []
         for index in range(partitions):

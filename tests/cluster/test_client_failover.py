@@ -5,7 +5,6 @@ Every test runs against both shells (threaded `Client`, `AsyncClient`; see `shel
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 from cluster.launcher import LocalCluster, local_cluster
+from tests.cluster.kill_midway import kill_when_confirmed
 from tests.cluster.shells import Shells
 
 pytestmark = pytest.mark.cluster
@@ -47,20 +47,10 @@ def test_leader_kill_mid_stream_loses_no_confirmed_message_and_stores_no_duplica
     with shells.client(cluster, leader, reconnect_timeout_s=20.0) as client:
         client.declare_queue("failover")
         publisher = client.publisher("failover", window=200)
-        killed = threading.Event()
-
-        def kill_when_a_third_is_confirmed() -> None:
-            while publisher.confirmed < total // 3:
-                threading.Event().wait(0.005)
-            cluster.kill(leader)
-            killed.set()
-
-        killer = threading.Thread(target=kill_when_a_third_is_confirmed)
-        killer.start()
-        publisher.publish_many((b"msg-%05d" % i for i in range(total)), timeout_s=30.0)
-        publisher.wait_for_confirms(timeout_s=30.0)
-        killer.join()
-        assert killed.is_set()
+        with kill_when_confirmed(cluster, leader, publisher, total // 3) as killed:
+            publisher.publish_many((b"msg-%05d" % i for i in range(total)), timeout_s=30.0)
+            publisher.wait_for_confirms(timeout_s=30.0)
+            assert killed.wait(10.0)
         assert publisher.confirmed == total
         assert client.reconnects >= 1, "the client was on the killed leader and must reconnect"
         assert client.node != leader

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from cluster.launcher import LocalCluster, local_cluster, node_status, wait_until
+from tests.background import Background
 
 
 @pytest.fixture
@@ -27,11 +28,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 BEFORE_PAUSE = 400  # messages published before the followers are paused; the rest after
+DEPOSE_S_MAX = 150.0  # `_depose` waits 30 s at most for each of its steps, then resumes the nodes
 
 
-def _depose(
-    cluster: LocalCluster, leader: str, publisher: object, paused: threading.Event
-) -> None:
+def _depose(cluster: LocalCluster, leader: str, publisher: object, paused: threading.Event) -> None:
     """Once some messages are confirmed, pause both followers until `leader` steps down (it
     lost its majority); resume them, and wait until the cluster has a leader again. `paused`
     is set once both are stopped: the rest of the messages go out only then, so the publisher
@@ -77,17 +77,19 @@ def test_a_leader_change_ridden_out_by_a_publisher_is_one_info_record(
     # the client must not give the node up as silent meanwhile
     with cluster.client(leader, reconnect_timeout_s=30.0, silence_timeout_s=30.0) as client:
         client.declare_queue("changes")
-        with client.publisher("changes", window=200) as publisher:
+        with (
+            client.publisher("changes", window=200) as publisher,
+            Background("leader-change", join_timeout_s=DEPOSE_S_MAX) as deposing,
+        ):
             paused = threading.Event()
-            pauser = threading.Thread(target=_depose, args=(cluster, leader, publisher, paused))
-            pauser.start()
+            deposing.start(lambda: _depose(cluster, leader, publisher, paused), "depose")
             first = [b"m%d" % i for i in range(BEFORE_PAUSE)]
             publisher.publish_many(first, timeout_s=60.0)
             assert paused.wait(60.0), "the followers were never paused"
             rest = (b"m%d" % i for i in range(BEFORE_PAUSE, total))
             publisher.publish_many(rest, timeout_s=60.0)
             publisher.wait_for_confirms(timeout_s=60.0)
-            pauser.join()
+        assert not deposing.errors, deposing.errors
         assert publisher.confirmed == total
         assert client.reconnects == 0, "the leader kept serving: no reconnect expected"
     assert capfd.readouterr().out == ""

@@ -9,12 +9,12 @@ application's logging configuration decides). Both shells (threaded and asyncio)
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from cluster.launcher import LocalCluster, local_cluster
+from tests.cluster.kill_midway import kill_when_confirmed
 from tests.cluster.shells import Shells
 
 
@@ -36,18 +36,13 @@ def test_a_leader_change_under_a_publisher_is_one_warning_record_and_nothing_on_
     total = 1500
     with shells.client(cluster, leader, reconnect_timeout_s=20.0) as client:
         client.declare_queue("logged")
-        with client.publisher("logged", window=100) as publisher:
-
-            def kill_when_a_third_is_confirmed() -> None:
-                while publisher.confirmed < total // 3:
-                    threading.Event().wait(0.005)
-                cluster.kill(leader)
-
-            killer = threading.Thread(target=kill_when_a_third_is_confirmed)
-            killer.start()
+        with (
+            client.publisher("logged", window=100) as publisher,
+            kill_when_confirmed(cluster, leader, publisher, total // 3) as killed,
+        ):
             publisher.publish_many((b"m%d" % i for i in range(total)), timeout_s=30.0)
             publisher.wait_for_confirms(timeout_s=30.0)
-            killer.join()
+            assert killed.wait(10.0)
         assert publisher.confirmed == total
         assert client.reconnects >= 1
     out = capfd.readouterr().out

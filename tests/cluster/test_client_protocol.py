@@ -37,7 +37,9 @@ class StubNode:
         self.writers: list[asyncio.StreamWriter] = []
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, args=(started,), name=f"stub-node-{node_id}", daemon=True
+        )
         self.thread.start()
         started.wait(5)
 

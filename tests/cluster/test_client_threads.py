@@ -105,8 +105,6 @@ def test_close_from_another_thread_ends_a_caller_that_is_reading(
 ) -> None:
     """A publisher waiting for room (it reads the socket meanwhile) gets ClientClosed at once."""
     client = shared_cluster3.client()
-    client.declare_queue("threads-close", QueueConfig(max_length=1, overflow="reject_publish"))
-    publisher = client.publisher("threads-close", window=1)
     outcome: list[BaseException] = []
     waiting = threading.Event()
 
@@ -118,14 +116,21 @@ def test_close_from_another_thread_ends_a_caller_that_is_reading(
         except BaseException as err:
             outcome.append(err)
 
-    caller = threading.Thread(target=publish_blocked)
-    caller.start()
-    waiting.wait(10.0)
-    deadline = time.monotonic() + 10.0
-    while not publisher.blocked and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert publisher.blocked
-    client.close()
-    caller.join(10.0)
-    assert not caller.is_alive()
-    assert len(outcome) == 1 and isinstance(outcome[0], ClientClosed)
+    caller = threading.Thread(target=publish_blocked, name="publish-blocked")
+    try:
+        client.declare_queue("threads-close", QueueConfig(max_length=1, overflow="reject_publish"))
+        publisher = client.publisher("threads-close", window=1)
+        caller.start()
+        waiting.wait(10.0)
+        deadline = time.monotonic() + 10.0
+        while not publisher.blocked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert publisher.blocked
+        client.close()
+        caller.join(10.0)
+        assert not caller.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], ClientClosed)
+    finally:  # a failed assertion must not leave the caller blocked for 10 x 60 s
+        client.close()
+        if caller.ident is not None:
+            caller.join(10.0)

@@ -70,24 +70,24 @@ def test_rolling_upgrade_2_to_3_under_traffic_then_groups(cluster: LocalCluster)
     code, output = invoke("--data-dir", data_dir, "queue", "groups", QUEUE)
     assert code == 65 and "runs version 2" in output, output
 
-    traffic = Traffic(cluster)
-    traffic.start()
-    time.sleep(1.0)
-    for position, node_id in enumerate(nodes):
-        commit_before = max(row.get("commit_index") or 0 for row in cluster.status())
-        cluster.restart(node_id, max_machine_version=3)
-        wait_until(lambda n=node_id: machine(cluster, n)["supported"].get(n) == 3, 20, "hello v3")
-        if position < len(nodes) - 1:
-            time.sleep(1.0)  # the leader's timers had every chance to upgrade too early
-            status = machine(cluster, node_id)
-            assert status["effective_version"] == 2, f"switched before the last restart: {status}"
-    wait_until(lambda: all(machine(cluster, n)["effective_version"] == 3 for n in nodes), 20,
-               "v3")  # fmt: skip
-    switches = machine(cluster, "n1")["switches"]
-    assert [s["version"] for s in switches][-1] == 3
-    assert switches[-1]["index"] > commit_before, "the switch predates the last restart"
-    time.sleep(1.5)  # traffic runs on v3 for a while
-    traffic.finish()
+    with Traffic(cluster) as traffic:
+        time.sleep(1.0)
+        for position, node_id in enumerate(nodes):
+            commit_before = max(row.get("commit_index") or 0 for row in cluster.status())
+            cluster.restart(node_id, max_machine_version=3)
+            wait_until(
+                lambda n=node_id: machine(cluster, n)["supported"].get(n) == 3, 20, "hello v3"
+            )
+            if position < len(nodes) - 1:
+                time.sleep(1.0)  # the leader's timers had every chance to upgrade too early
+                status = machine(cluster, node_id)
+                assert status["effective_version"] == 2, f"switched too early: {status}"
+        wait_until(lambda: all(machine(cluster, n)["effective_version"] == 3 for n in nodes), 20,
+                   "v3")  # fmt: skip
+        switches = machine(cluster, "n1")["switches"]
+        assert [s["version"] for s in switches][-1] == 3
+        assert switches[-1]["index"] > commit_before, "the switch predates the last restart"
+        time.sleep(1.5)  # traffic runs on v3 for a while
     assert not traffic.errors, traffic.errors
     check_delivery(traffic)
     rows = replicas_agree(cluster)

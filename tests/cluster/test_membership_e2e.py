@@ -16,6 +16,7 @@ from cluster.cli.main import cli
 from cluster.client.errors import ClusterError
 from cluster.launcher import LocalCluster, free_ports, node_status, start_cluster, wait_until
 from raft import membership
+from tests.background import Background
 
 pytestmark = pytest.mark.cluster
 
@@ -34,29 +35,21 @@ def quorumq(data_dir: Path, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-class Traffic:
-    """A publisher with confirms (to the leader) and a consumer (on `consume_on` first)."""
+class Traffic(Background):
+    """A publisher with confirms (to the leader) and a consumer (on `consume_on` first), on
+    threads that stop when the `with` block ends, however the test ends."""
 
     def __init__(self, cluster: LocalCluster, consume_on: str) -> None:
+        super().__init__("membership-traffic")
         self.cluster = cluster
         self.consume_on = consume_on
-        self.stop = threading.Event()
         self.confirmed: list[bytes] = []
         self.consumed: set[bytes] = set()
-        self.errors: list[str] = []
-        self.threads = [
-            threading.Thread(target=self._publish, daemon=True),
-            threading.Thread(target=self._consume, daemon=True),
-        ]
 
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
+    def __enter__(self) -> Traffic:
+        self.start(self._publish, "publish")
+        self.start(self._consume, "consume")
+        return self
 
     def _publish(self) -> None:
         with self.cluster.client(request_timeout_s=10.0) as client:
@@ -69,7 +62,7 @@ class Traffic:
                     publisher.publish(body, timeout_s=10.0)
                     publisher.wait_for_confirms(10.0)
                 except ClusterError as err:  # outcome unknown: not counted as confirmed
-                    self.errors.append(f"publish {body!r}: {err}")
+                    self.failed(f"publish {body!r}: {err}")
                     continue
                 self.confirmed.append(body)
                 self.stop.wait(0.01)
@@ -80,11 +73,17 @@ class Traffic:
             while not self.stop.is_set():
                 try:
                     message = consumer.get(timeout_s=0.2)
-                    if message is not None:
-                        self.consumed.add(message.body)
-                        message.ack()
                 except ClusterError as err:
-                    self.errors.append(f"consume: {err}")
+                    self.failed(f"consume: {err}")
+                    continue
+                if message is None:  # none yet, or none ever again (the client gave up)
+                    self.stop.wait(0.05)
+                    continue
+                self.consumed.add(message.body)
+                try:
+                    message.ack()
+                except ClusterError as err:
+                    self.failed(f"ack {message.body!r}: {err}")
 
 
 def drain(cluster: LocalCluster) -> set[bytes]:
@@ -113,6 +112,34 @@ def applied(cluster: LocalCluster, node_id: str) -> int:
     return int(status.get("raft_last_applied") or 0)
 
 
+def _replace_under_traffic(
+    cluster: LocalCluster, traffic: Traffic, leader: str, victim: str
+) -> None:
+    """With traffic flowing: add n4 (from the leader's snapshot, then the log), then remove
+    and stop `victim`; traffic goes on after each step."""
+    wait_until(lambda: len(traffic.confirmed) >= 50, 60, "traffic before the change")
+    raw = cluster.raw_client(leader)
+    raw.admin("snapshot")  # the new node must be rebuilt from a snapshot, then the log
+    raw.close()
+    code, out, _raft, _client = add_n4(cluster)
+    assert code == 0, out
+    cluster.reload()
+    cluster.start_node("n4")
+    target = applied(cluster, leader)
+    wait_until(lambda: applied(cluster, "n4") >= target, 60, "n4 catching up")
+    n4_log = (cluster.config.node("n4").data_dir / "node.log").read_text()
+    assert '"snapshot_loaded"' in n4_log  # rebuilt from the leader's snapshot, then the log
+    settled = len(traffic.confirmed)
+    wait_until(lambda: len(traffic.confirmed) >= settled + 30, 60, "traffic with n4")
+    code, out = quorumq(cluster.data_dir, "member", "remove", victim)
+    assert code == 0, out
+    cluster.terminate(victim)
+    cluster.reload()
+    assert sorted(cluster.config.node_ids()) == sorted({"n1", "n2", "n3", "n4"} - {victim})
+    settled = len(traffic.confirmed)
+    wait_until(lambda: len(traffic.confirmed) >= settled + 30, 60, "traffic after the removal")
+
+
 def test_replacing_n3_by_n4_under_traffic_loses_nothing_and_ends_with_equal_digests(
     cluster3: LocalCluster,
 ) -> None:
@@ -124,30 +151,8 @@ def test_replacing_n3_by_n4_under_traffic_loses_nothing_and_ends_with_equal_dige
     victim = next(n for n in ("n3", "n2", "n1") if n != leader)
     with cluster3.client() as client:
         client.declare_queue(QUEUE)
-    traffic = Traffic(cluster3, consume_on=victim)
-    traffic.start()
-    wait_until(lambda: len(traffic.confirmed) >= 50, 60, "traffic before the change")
-    raw = cluster3.raw_client(leader)
-    raw.admin("snapshot")  # the new node must be rebuilt from a snapshot, then the log
-    raw.close()
-    code, out, _raft, _client = add_n4(cluster3)
-    assert code == 0, out
-    cluster3.reload()
-    cluster3.start_node("n4")
-    target = applied(cluster3, leader)
-    wait_until(lambda: applied(cluster3, "n4") >= target, 60, "n4 catching up")
-    n4_log = (cluster3.config.node("n4").data_dir / "node.log").read_text()
-    assert '"snapshot_loaded"' in n4_log  # rebuilt from the leader's snapshot, then the log
-    settled = len(traffic.confirmed)
-    wait_until(lambda: len(traffic.confirmed) >= settled + 30, 60, "traffic with n4")
-    code, out = quorumq(cluster3.data_dir, "member", "remove", victim)
-    assert code == 0, out
-    cluster3.terminate(victim)
-    cluster3.reload()
-    assert sorted(cluster3.config.node_ids()) == sorted({"n1", "n2", "n3", "n4"} - {victim})
-    settled = len(traffic.confirmed)
-    wait_until(lambda: len(traffic.confirmed) >= settled + 30, 60, "traffic after the removal")
-    traffic.finish()
+    with Traffic(cluster3, consume_on=victim) as traffic:
+        _replace_under_traffic(cluster3, traffic, leader, victim)
     left = drain(cluster3)
     lost = set(traffic.confirmed) - traffic.consumed - left
     assert not lost, f"{len(lost)} confirmed messages lost, e.g. {sorted(lost)[:5]}"

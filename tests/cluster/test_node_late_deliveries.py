@@ -22,6 +22,7 @@ from cluster.client.errors import CommandRefused
 from cluster.client.groups import declare_partitioned_queue, join_group, partition_of
 from cluster.launcher import LocalCluster, start_cluster, wait_until
 from fifo.commands import QueueConfig, Settle
+from tests.background import Background
 from tests.cluster.proxied import cluster_behind_proxies
 
 pytestmark = pytest.mark.cluster
@@ -42,7 +43,8 @@ class Acker:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> None:
-        threading.Thread(target=self._run, daemon=True).start()
+        """Ack on a thread until the consumer's client is closed (`get` then answers None)."""
+        threading.Thread(target=self._run, name="late-deliveries-acker", daemon=True).start()
 
     def _run(self) -> None:
         while (message := self.consumer.get(timeout_s=None)) is not None:
@@ -290,23 +292,21 @@ def test_a_group_member_on_a_paused_node_gets_nothing_of_a_partition_it_lost(
         second = join_group(current, "g", "orders", member="current", prefetch=MESSAGES)
         acked: set[str] = set()
         redelivered: set[str] = set()
-        stop = threading.Event()
-        threading.Thread(
-            target=_ack_all, args=(second, acked, redelivered, stop), daemon=True
-        ).start()
-        wait_until(lambda: first.get(timeout_s=0.1) is None and len(first._assigned) == 1,
-                   WAIT_S, "one partition each")  # fmt: skip
-        kept = first._assigned[0]
-        key = next(f"k{i}" for i in range(100) if f"orders.{partition_of(f'k{i}', 2)}" == kept)
-        values = [f"m{i}" for i in range(MESSAGES)]
-        before = _delivered(first)
-        cluster.kill(follower, signal.SIGSTOP)
-        publish_all(current, "orders", values, group=key)  # all to the lagging member's share
-        wait_until(lambda: set(values) <= acked, WAIT_S, "every message acked by the other")
-        assert_held_by_the_lagging_consumer(set(redelivered), set(values))
-        cluster.kill(follower, signal.SIGCONT)
-        assert_nothing_late(lagging, current, lambda: _delivered(first), before, set(values))
-        stop.set()
+        with Background("group-acker") as acking:
+            acking.start(lambda: _ack_all(second, acked, redelivered, acking.stop), "ack")
+            wait_until(lambda: first.get(timeout_s=0.1) is None and len(first._assigned) == 1,
+                       WAIT_S, "one partition each")  # fmt: skip
+            kept = first._assigned[0]
+            key = next(f"k{i}" for i in range(100) if f"orders.{partition_of(f'k{i}', 2)}" == kept)
+            values = [f"m{i}" for i in range(MESSAGES)]
+            before = _delivered(first)
+            cluster.kill(follower, signal.SIGSTOP)
+            publish_all(current, "orders", values, group=key)  # all to the lagging member's share
+            wait_until(lambda: set(values) <= acked, WAIT_S, "every message acked by the other")
+            assert_held_by_the_lagging_consumer(set(redelivered), set(values))
+            cluster.kill(follower, signal.SIGCONT)
+            assert_nothing_late(lagging, current, lambda: _delivered(first), before, set(values))
+        assert not acking.errors, acking.errors
 
 
 def _delivered(member: object) -> int:
@@ -315,14 +315,19 @@ def _delivered(member: object) -> int:
 
 
 def _ack_all(member: object, acked: set[str], redelivered: set[str], stop: threading.Event) -> None:
+    """Ack what `member` gets until `stop`, or until it is closed (`get` then answers None at
+    once: polling it would spin)."""
     while not stop.is_set():
         message = member.get(timeout_s=0.2)  # type: ignore[attr-defined]
-        if message is not None:
-            message.ack()
-            message.consumer.flush_acks()
-            if taken_back(message):
-                redelivered.add(message.body.decode())
-            acked.add(message.body.decode())
+        if message is None:
+            if member.closed:  # type: ignore[attr-defined]
+                return
+            continue
+        message.ack()
+        message.consumer.flush_acks()
+        if taken_back(message):
+            redelivered.add(message.body.decode())
+        acked.add(message.body.decode())
 
 
 def test_a_settle_of_a_message_taken_back_and_acked_elsewhere_is_not_answered_ok(

@@ -317,7 +317,8 @@ def test_garbage_and_stalled_handshakes_do_not_stop_the_node(tls_cluster: LocalC
 
 
 class _RecordingProxy:
-    """A TCP proxy on 127.0.0.1 to one node that keeps every byte it forwards, both ways."""
+    """A TCP proxy on 127.0.0.1 to one node that keeps every byte it forwards, both ways;
+    `close` ends its threads."""
 
     def __init__(self, target: str) -> None:
         host, port = target.rsplit(":", 1)
@@ -326,15 +327,24 @@ class _RecordingProxy:
         self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.seen = bytearray()
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._sockets: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, name="proxy-accept", daemon=True)]
+        self._threads[0].start()
 
     def _accept(self) -> None:
         with contextlib.suppress(OSError):
             while True:
                 client, _ = self.listener.accept()
                 upstream = socket.create_connection(self.target)
+                with self._lock:
+                    self._sockets += [client, upstream]
                 for src, dst in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+                    pump = threading.Thread(
+                        target=self._pump, args=(src, dst), name="proxy-pump", daemon=True
+                    )
+                    with self._lock:
+                        self._threads.append(pump)
+                    pump.start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -346,7 +356,18 @@ class _RecordingProxy:
             dst.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
-        self.listener.close()
+        """Stop accepting, end every forwarded connection and join the threads (a shutdown
+        wakes a thread blocked in accept or recv; a close alone does not, on Linux)."""
+        with self._lock:
+            sockets = [self.listener, *self._sockets]
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(5)
 
 
 @pytest.mark.parametrize("kind", ["tls", "plaintext"])

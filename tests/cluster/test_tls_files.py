@@ -174,12 +174,14 @@ def _handshake(
     """One TLS handshake over a real loopback connection: (client's TLS version, the
     client's error, the server's error)."""
     listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)  # the serving thread ends even if the client never dials
     port = listener.getsockname()[1]
     server_error: list[BaseException] = []
 
     def serve() -> None:
-        conn, _ = listener.accept()
         try:
+            conn, _ = listener.accept()
+            conn.settimeout(10)
             with server_ctx.wrap_socket(conn, server_side=True) as tls_conn:
                 tls_conn.sendall(b"ok")
                 tls_conn.recv(1)

@@ -8,7 +8,6 @@ flagged redelivered, and every replica ends with the same digest at the same ind
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 from cluster.client import Client
 from cluster.client.errors import ClusterError
 from cluster.launcher import LocalCluster, local_cluster
+from tests.background import Background
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 QUEUE = "rolling"
@@ -45,29 +45,23 @@ def wait_until(predicate: Any, timeout_s: float, what: str) -> Any:
         time.sleep(0.1)
 
 
-class Traffic:
-    """A producer (confirmed publishes) and a consumer (acks) on their own clients and threads."""
+class Traffic(Background):
+    """A producer (confirmed publishes) and a consumer (acks) on their own clients and threads,
+    from the start of the `with` block; `finish` (or the end of the block, however the test
+    ends) stops the producer and lets the consumer drain until the queue stays quiet. An
+    exception that ends either loop is in `errors`."""
 
     def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__("upgrade-traffic")
         self.cluster = cluster
-        self.stop = threading.Event()
         self.confirmed: list[bytes] = []
         self.delivered: list[tuple[bytes, bool]] = []
         self.ids: list[tuple[int, int]] = []  # each delivery's (msg_id, connection number)
-        self.errors: list[BaseException] = []
-        self.threads = [
-            threading.Thread(target=self._guard(self._produce), daemon=True),
-            threading.Thread(target=self._guard(self._consume), daemon=True),
-        ]
 
-    def _guard(self, body: Any) -> Any:
-        def run() -> None:
-            try:
-                body()
-            except BaseException as err:  # reported by the test, not lost in a thread
-                self.errors.append(err)
-
-        return run
+    def __enter__(self) -> Traffic:
+        self.start(self._produce, "produce")
+        self.start(self._consume, "consume")
+        return self
 
     def _client(self, node_id: str) -> Client:
         return self.cluster.client(node_id, reconnect_timeout_s=30.0, request_timeout_s=30.0)
@@ -95,22 +89,13 @@ class Traffic:
                     message.ack()
                     quiet_since = None
                     continue
+                time.sleep(0.05)  # `get` answers None at once when the client gave up
                 if not self.stop.is_set():
                     continue
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since > 3.0:
                     break
             consumer.wait_settled()
-
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
-        assert not any(t.is_alive() for t in self.threads), "traffic did not stop"
 
 
 @pytest.fixture
@@ -125,28 +110,28 @@ def test_rolling_upgrade_under_traffic_switches_after_the_last_restart_and_loses
     assert machine(cluster, "n1")["effective_version"] == 1
     with cluster.client("n1") as client:
         client.declare_queue(QUEUE)
-    traffic = Traffic(cluster)
-    traffic.start()
-    time.sleep(1.0)
-    nodes = cluster.config.node_ids()
-    for position, node_id in enumerate(nodes):
-        commit_before = max(row.get("commit_index") or 0 for row in cluster.status())
-        cluster.restart(node_id, max_machine_version=2)
-        wait_until(lambda n=node_id: machine(cluster, n)["supported"].get(n) == 2, 20, "hello v2")
-        if position < len(nodes) - 1:
-            time.sleep(1.0)  # the leader's timers had every chance to upgrade too early
-            status = machine(cluster, node_id)
-            assert status["effective_version"] == 1, f"switched before the last restart: {status}"
-            assert status["switches"] == []
-    switched = wait_until(
-        lambda: all(machine(cluster, n)["effective_version"] == 2 for n in nodes), 20, "v2"
-    )
-    assert switched
-    switches = machine(cluster, "n1")["switches"]
-    assert len(switches) == 1 and switches[0]["version"] == 2
-    assert switches[0]["index"] > commit_before, "the switch predates the last restart"
-    time.sleep(1.5)  # traffic runs on v2 for a while
-    traffic.finish()
+    with Traffic(cluster) as traffic:
+        time.sleep(1.0)
+        nodes = cluster.config.node_ids()
+        for position, node_id in enumerate(nodes):
+            commit_before = max(row.get("commit_index") or 0 for row in cluster.status())
+            cluster.restart(node_id, max_machine_version=2)
+            wait_until(
+                lambda n=node_id: machine(cluster, n)["supported"].get(n) == 2, 20, "hello v2"
+            )
+            if position < len(nodes) - 1:
+                time.sleep(1.0)  # the leader's timers had every chance to upgrade too early
+                status = machine(cluster, node_id)
+                assert status["effective_version"] == 1, f"switched too early: {status}"
+                assert status["switches"] == []
+        switched = wait_until(
+            lambda: all(machine(cluster, n)["effective_version"] == 2 for n in nodes), 20, "v2"
+        )
+        assert switched
+        switches = machine(cluster, "n1")["switches"]
+        assert len(switches) == 1 and switches[0]["version"] == 2
+        assert switches[0]["index"] > commit_before, "the switch predates the last restart"
+        time.sleep(1.5)  # traffic runs on v2 for a while
     assert not traffic.errors, traffic.errors
     check_delivery(traffic)
     check_replicas(cluster)

@@ -57,28 +57,29 @@ def test_rolling_upgrade_3_to_4_under_traffic_keeps_held_and_waiting_messages(
         code, output = invoke("--data-dir", str(cluster.data_dir), "machine", "upgrade", "--to",
                               "4")  # fmt: skip
         assert code == 65 and "upgrade refused" in output, output
-        traffic = Traffic(cluster)
-        traffic.start()
-        time.sleep(1.0)
-        restart_lifting_the_cap(cluster, nodes[:2])
-        assert machine(cluster, nodes[0])["effective_version"] == 3
-        # a consumer on an already restarted node takes messages at v3 and holds them
-        with cluster.client(nodes[0], only=True) as holder:
-            consumer = holder.consume(HELD, prefetch=HELD_COUNT)
-            held = [consumer.get(timeout_s=10) for _ in range(HELD_COUNT)]
-            assert all(message is not None for message in held)
-            restart_lifting_the_cap(cluster, nodes[2:])
-            wait_until(lambda: all(machine(cluster, n)["effective_version"] == 4 for n in nodes),
-                       20, "v4")  # fmt: skip
-            for message in held:
-                assert message is not None
-                message.ack()
-            consumer.cancel()
-            consumer.wait_settled()
-            wait_until(lambda: getattr(holder.overview(HELD), "total", None) == 0, 10,
-                       "the held messages acked")  # fmt: skip
-        time.sleep(1.0)  # traffic runs on v4 for a while
-        traffic.finish()
+        with Traffic(cluster) as traffic:
+            time.sleep(1.0)
+            restart_lifting_the_cap(cluster, nodes[:2])
+            assert machine(cluster, nodes[0])["effective_version"] == 3
+            # a consumer on an already restarted node takes messages at v3 and holds them
+            with cluster.client(nodes[0], only=True) as holder:
+                consumer = holder.consume(HELD, prefetch=HELD_COUNT)
+                held = [consumer.get(timeout_s=10) for _ in range(HELD_COUNT)]
+                assert all(message is not None for message in held)
+                restart_lifting_the_cap(cluster, nodes[2:])
+                wait_until(
+                    lambda: all(machine(cluster, n)["effective_version"] == 4 for n in nodes),
+                    20,
+                    "v4",
+                )
+                for message in held:
+                    assert message is not None
+                    message.ack()
+                consumer.cancel()
+                consumer.wait_settled()
+                wait_until(lambda: getattr(holder.overview(HELD), "total", None) == 0, 10,
+                           "the held messages acked")  # fmt: skip
+            time.sleep(1.0)  # traffic runs on v4 for a while
         assert not traffic.errors, traffic.errors
         check_delivery(traffic)
         check_v4_works(cluster, waiting)

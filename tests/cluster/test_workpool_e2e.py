@@ -8,6 +8,7 @@ the `key=` callable stands in for the default (the message's group).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import defaultdict
@@ -201,7 +202,8 @@ def test_a_full_key_backlog_stops_deliveries_at_the_prefetch(reused_cluster3: An
         seen.end(message)
 
     sent = [b"hot:%d" % number for number in range(100)]
-    with connect(reused_cluster3) as client:
+    with connect(reused_cluster3) as client, contextlib.ExitStack() as cleanup:
+        cleanup.callback(release.set)  # a failed assertion must not leave the handler blocked
         client.declare_queue("hot")
         publish(client, "hot", sent)
         consumer = client.consume("hot", prefetch=30)

@@ -5,11 +5,12 @@ parallelism across keys, no idle worker while a key has work, back-pressure, err
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -77,6 +78,19 @@ def assert_done_before_next_begins(events: list[tuple[str, Item]]) -> None:
 
 
 # --- the thread pool ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _ended(pool: OrderedWorkPool[Item], release: threading.Event) -> Iterator[None]:
+    """Whatever happens in the block, release the blocked handlers and end the pool's threads
+    (a test that failed half-way left its idle workers behind; the thread guard names any
+    still running)."""
+    try:
+        yield
+    finally:
+        release.set()
+        pool.stop()
+        pool.join(10)
 
 
 def test_threads_keep_per_key_order_and_never_run_a_key_twice_at_once() -> None:
@@ -170,17 +184,18 @@ def test_threads_submit_waits_when_a_keys_backlog_is_full() -> None:
             assert release.wait(10)
 
     pool = OrderedWorkPool(handle, workers=2, key=by_key, backlog=2)
-    assert pool.submit(("a", 0))
-    deadline = time.monotonic() + 5
-    while pool.busy() == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert pool.submit(("a", 1)) and pool.submit(("a", 2))
-    assert pool.submit(("a", 3), timeout_s=0.2) is False  # full: back-pressure
-    assert pool.submit(("b", 0), timeout_s=1.0) is True
-    release.set()
-    assert pool.submit(("a", 3), timeout_s=5.0) is True
-    pool.close()
-    assert pool.join(10) and pool.completed == 5
+    with _ended(pool, release):
+        assert pool.submit(("a", 0))
+        deadline = time.monotonic() + 5
+        while pool.busy() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.submit(("a", 1)) and pool.submit(("a", 2))
+        assert pool.submit(("a", 3), timeout_s=0.2) is False  # full: back-pressure
+        assert pool.submit(("b", 0), timeout_s=1.0) is True
+        release.set()
+        assert pool.submit(("a", 3), timeout_s=5.0) is True
+        pool.close()
+        assert pool.join(10) and pool.completed == 5
 
 
 def test_threads_stop_returns_what_did_not_start_in_submission_order() -> None:
@@ -197,12 +212,13 @@ def test_threads_stop_returns_what_did_not_start_in_submission_order() -> None:
 
     pool = OrderedWorkPool(handle, workers=1, key=by_key)
     submitted = [("a", 0), ("b", 1), ("a", 2), ("c", 3), ("b", 4)]
-    for item in submitted:
-        pool.submit(item)
-    assert started.wait(5)
-    unstarted = pool.stop()
-    release.set()
-    assert pool.join(10)
+    with _ended(pool, release):
+        for item in submitted:
+            pool.submit(item)
+        assert started.wait(5)
+        unstarted = pool.stop()
+        release.set()
+        assert pool.join(10)
     assert ran == [("a", 0)] and unstarted == submitted[1:]
     with pytest.raises(PoolClosed):
         pool.submit(("a", 9))

@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,6 +74,18 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
     process.wait(10)
 
 
+def _close_connections(app: Any) -> None:
+    """Close the broker connections the app opened in this process (its pool, its RPC result
+    consumer's): each is a quorumq client with threads, which would otherwise outlive the test
+    and reconnect to the stopped cluster for the rest of the run (`app.close()` only forgets
+    the pool)."""
+    result_consumer = app.backend.result_consumer
+    if result_consumer._connection is not None:
+        result_consumer.stop()
+    app.amqp.producer_pool.force_close_all()
+    app.pool.force_close_all()
+
+
 def test_celery_worker_killed_mid_run_loses_no_task(
     cluster3: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,6 +102,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
 
     app = celery_app.app
     workers = [_worker(tmp_path, env, "w1")]
+    senders: list[threading.Thread] = []
     try:
         reply_to = app.thread_oid  # results of every sender thread come to this thread
         task_ids: list[str] = [""] * TASKS
@@ -102,7 +116,7 @@ def test_celery_worker_killed_mid_run_loses_no_task(
             except BaseException as err:  # reported by the main thread
                 errors.append(err)
 
-        senders = [threading.Thread(target=send, args=(i,)) for i in range(SENDERS)]
+        senders += [threading.Thread(target=send, args=(i,)) for i in range(SENDERS)]
         for sender in senders:
             sender.start()
         with Client(endpoints.split(","), cluster3.key) as client:
@@ -138,6 +152,9 @@ def test_celery_worker_killed_mid_run_loses_no_task(
     finally:
         for worker in workers:
             _kill_group(worker)
+        for sender in senders:  # a failed test must not leave them publishing (1,000 tasks)
+            sender.join(60)
+        _close_connections(app)
 
     ran = _ran(ran_path)
     numbers = {number for _, number in ran}

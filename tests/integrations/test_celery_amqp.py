@@ -136,6 +136,7 @@ def test_celery_over_amqp_worker_killed_mid_run_with_ping_and_events(
     watcher = EventWatcher(app)
     watcher.start()
     workers = [_worker(tmp_path, env, "w1")]
+    senders: list[threading.Thread] = []
     try:
         task_ids, senders, errors = _send_all(celery_amqp_app.double, app.thread_oid)
         wait_until(lambda: len(_ran(ran_path)) >= KILL_AFTER, 60, f"{KILL_AFTER} task runs")
@@ -155,6 +156,8 @@ def test_celery_over_amqp_worker_killed_mid_run_with_ping_and_events(
     finally:
         for worker in workers:
             _kill_group(worker)
+        for sender in senders:  # a failed test must not leave them publishing (1,000 tasks)
+            sender.join(60)
         watcher.stop()
     numbers = {number for _, number in ran}
     assert numbers == set(range(TASKS)), f"never ran: {sorted(set(range(TASKS)) - numbers)[:20]}"

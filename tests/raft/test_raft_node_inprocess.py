@@ -176,7 +176,8 @@ def test_a_peer_handshake_that_hears_nothing_is_dropped_and_dialed_again(tmp_pat
             while True:
                 accepted.append(listener.accept()[0])  # and never say a word
 
-    threading.Thread(target=accept, daemon=True).start()
+    acceptor = threading.Thread(target=accept, name="silent-peer", daemon=True)
+    acceptor.start()
     settings = RaftSettings(
         node_id="n1",
         address=f"127.0.0.1:{our_port}",
@@ -192,7 +193,10 @@ def test_a_peer_handshake_that_hears_nothing_is_dropped_and_dialed_again(tmp_pat
         wait_until(lambda: len(accepted) >= 2, 10, "a second dial after the silent handshake")
     finally:
         node.destroy_synchronous()
+        with contextlib.suppress(OSError):  # wakes the acceptor: a close alone does not (Linux)
+            listener.shutdown(socket.SHUT_RDWR)
         listener.close()
+        acceptor.join(5)
         for conn in accepted:
             conn.close()
 

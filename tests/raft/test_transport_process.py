@@ -93,8 +93,8 @@ def _attack(address: str, stop: threading.Event, sent: list[int]) -> None:
                 while not stop.is_set():
                     sock.sendall(zeros)
                     sent[0] += len(zeros)
-        except OSError:
-            pass  # refused and closed: dial again
+        except OSError:  # refused and closed: dial again, without spinning on a dead port
+            stop.wait(0.01)
 
 
 @pytest.mark.timeout(120)
@@ -112,7 +112,9 @@ def test_the_issue_attack_at_every_node_neither_stalls_the_leader_nor_changes_th
         assert len(terms) == 3
         stop, sent = threading.Event(), [0]
         attackers = [
-            threading.Thread(target=_attack, args=(node.raft_address, stop, sent))
+            threading.Thread(
+                target=_attack, args=(node.raft_address, stop, sent), name=f"attack-{node.id}"
+            )
             for node in cluster.config.nodes
         ]
         for thread in attackers:

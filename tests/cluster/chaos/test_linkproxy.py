@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -22,7 +23,8 @@ class Server:
         self.address: tuple[str, int] = self.sock.getsockname()[:2]
         self.accepted: list[socket.socket] = []
         self._ready = threading.Condition()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._acceptor = threading.Thread(target=self._accept, name="test-server", daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while True:
@@ -41,7 +43,11 @@ class Server:
             return self.accepted[index]
 
     def close(self) -> None:
+        # shutdown wakes the acceptor blocked in accept(); a close alone does not (Linux)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+        self._acceptor.join(5)
         for conn in self.accepted:
             conn.close()
 
