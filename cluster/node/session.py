@@ -262,7 +262,7 @@ class ClientSession:
             return
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.server.flush_soon(self)
 
     def send_ok(self, request_id: int) -> None:
         """Answer `Ok` to one command: in the next `oks` frame when the client asked for them."""
@@ -276,9 +276,10 @@ class ClientSession:
             self._oks = []
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.server.flush_soon(self)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what is queued (by the server's `flush_soon` and `flush_now`)."""
         self._flush_scheduled = False
         if self._oks:
             self._out.append(protocol.encode_frame(protocol.oks(self._oks)))
@@ -311,7 +312,7 @@ class ClientSession:
     def close(self) -> None:
         """Flush what is queued (error frames before a close), then close (idempotent)."""
         if not self.closed:
-            self._flush()
+            self.flush()
             self.closed = True
             self.writer.close()
 
