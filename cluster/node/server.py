@@ -43,7 +43,7 @@ from cluster.node.logs import setup_logging
 from cluster.node.memory import LoopStalls, MemoryMonitor, total_memory_bytes
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.pacing import Repeating
-from cluster.node.session import ClientSession
+from cluster.node.session import ClientSession, SessionFlusher
 from cluster.node.timers import LeaderTimers
 from cluster.nodelock import NodeDirLocked
 from cluster.tls import PeerContexts, node_client_port_context, node_peer_contexts
@@ -87,6 +87,7 @@ class NodeServer:
     """Everything one node runs, wired together on one asyncio loop."""
 
     _status_written = ""  # status.json's last text: an unchanged one is not rewritten
+    frame_bytes_max = protocol.FRAME_BYTES_MAX_DEFAULT
 
     def __init__(
         self,
@@ -107,7 +108,6 @@ class NodeServer:
         self.node_id = node.id
         self.node_dir = node_dir
         self.client_key = config.client_key(secret)
-        self.frame_bytes_max = protocol.FRAME_BYTES_MAX_DEFAULT
         self.endpoints = cluster.endpoints()
         self.incarnation = incarnation
         self.router = EffectRouter(node.id, incarnation)
@@ -117,8 +117,7 @@ class NodeServer:
         self._down_submitted: dict[int, float] = {}  # connection number -> last submit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: set[ClientSession] = set()
-        self._unflushed: list[ClientSession] = []  # sessions with frames queued (flush_soon)
-        self._flush_handle: asyncio.Handle | None = None
+        self.flusher = SessionFlusher()
         self.open_files = raise_open_files_limit()  # (soft, hard) RLIMIT_NOFILE
         self.refusals = RefusalLog()  # of unauthenticated or over-the-cap clients
         self.connection_caps = ConnectionCaps(
@@ -275,29 +274,7 @@ class NodeServer:
 
     def _on_applied(self, applied: Applied) -> None:
         self.router.dispatch(applied.effects)
-        self.flush_now()
-
-    def flush_soon(self, session: ClientSession) -> None:
-        """Write `session`'s queued frames at the end of this loop iteration (one write per
-        session for every frame queued until then), or sooner: `flush_now`."""
-        self._unflushed.append(session)
-        if self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_soon(self.flush_now)
-
-    def flush_now(self) -> None:
-        """Write every session's queued frames now: after each applied entry's replies and
-        effects were handed over (inside the tick that applied it, issue 29), so that a
-        reply leaves before the rest of the tick and the loop's next iteration run (a second
-        follower's ack, another client's frames): one write per session per entry."""
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        sessions, self._unflushed = self._unflushed, []
-        for session in sessions:
-            try:
-                session.flush()
-            except Exception:  # one session's failure must not leave the others unwritten
-                log.exception("session_flush_failed")
+        self.flusher.now()  # the entry's replies and effects leave inside its tick (issue 29)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
