@@ -175,19 +175,30 @@ class Appends(NodeBase):
 
     def _leader_idle(self) -> bool:
         """Whether this node leads and has nothing for any follower but a heartbeat."""
-        if self.raft_state != _RAFT_STATE.LEADER or self._commit_send_at is not None:
+        return self._commit_send_at is None and self._leader_settled()
+
+    def _leader_settled(self) -> bool:
+        """Whether this node leads, every follower holds every entry, all of it committed and
+        applied here, and no snapshot is being sent: nothing for a tick to commit, apply or send
+        (a held-back commit index aside: its own timer sends it)."""
+        if self.raft_state != _RAFT_STATE.LEADER:
             return False
         last = int(self.current_log_index())
-        if int(self.commit_index) != last or self.serializer_transmissions():
+        if int(self.commit_index) != last or int(self.last_applied) != last:
+            return False
+        if self.serializer_transmissions():
             return False
         matched = self.match_index
         return all(int(matched.get(node, 0)) == last for node in self.other_nodes)
 
     def _idle_reply(self, message: dict[str, Any]) -> bool:
-        """A follower's successful answer (no reset) after which this leader is still idle
-        (`_leader_idle`: every follower holds every entry, all committed, nothing held
-        back or being sent): a tick after it would find nothing to commit, apply or send."""
-        return message.get("success") is True and not message.get("reset") and self._leader_idle()
+        """A follower's successful answer (no reset) after which this leader is settled
+        (`_leader_settled`): a tick after it would find nothing to commit, apply or send. With
+        one command at a time this is the second follower's ack of every entry: the first
+        one's tick committed and applied it (a tick there was a third of the leader's ticks)."""
+        return (
+            message.get("success") is True and not message.get("reset") and self._leader_settled()
+        )
 
     def _event_handled_lightly(self) -> bool:
         """After a peer socket event (the ticker's `light_event`): True when every message it

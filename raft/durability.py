@@ -500,14 +500,17 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
 
         self._write_new_file(batches())
 
-    def prepare_compaction(self, first_index: int) -> None:
+    def prepare_compaction(
+        self, first_index: int, interrupt: threading.Event | None = None
+    ) -> None:
         """Snapshot thread, before pysyncobj compacts the log to `first_index`: write the file
         that compaction leaves (the entries from `first_index` on, as many as the log holds,
         copied in passes while the loop appends), synced, for `deleteEntriesTo` to finish and
         rename. Copied on the loop at a backlog's first snapshot, these were seconds of
         appends: a 0.8 s stall (issue 32). A cut, clear or compaction meanwhile discards it
-        (the loop then rewrites as before); a write error discards it and raises (ENOSPC:
-        DiskFullError, reported as for a journal write)."""
+        (the loop then rewrites as before), and so does a set `interrupt` (the job was
+        cancelled); a write error discards it and raises (ENOSPC: DiskFullError, reported as
+        for a journal write)."""
         self._drop_prepared()
         with self._lock:
             if not len(self._indexes) or not self._indexes[0] <= first_index <= self._indexes[-1]:
@@ -521,7 +524,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             for _ in range(PREPARE_PASSES_MAX):
                 with self._lock:
                     target = len(self._offsets)
-                left = self._copy_into(prepared, target, stamp)
+                left = self._copy_into(prepared, target, stamp, interrupt)
                 if left is None or left < PREPARE_LEFT_BYTES:
                     break
             if left is not None and self.policy != "never":
@@ -538,11 +541,19 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         if prepared is not None:
             prepared.discard()
 
-    def _copy_into(self, prepared: _Prepared, target: int, stamp: tuple[int, int]) -> int | None:
+    def _copy_into(
+        self,
+        prepared: _Prepared,
+        target: int,
+        stamp: tuple[int, int],
+        interrupt: threading.Event | None = None,
+    ) -> int | None:
         """Copy the log's entries up to position `target` into `prepared`, a chunk at a time
         under the lock; the bytes the log then holds past them, or None if its positions
-        changed (`stamp`)."""
+        changed (`stamp`) or `interrupt` was set."""
         while True:
+            if interrupt is not None and interrupt.is_set():
+                return None
             with self._lock:
                 if stamp != (self._epoch, self._dropped):
                     return None
@@ -633,18 +644,27 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self._snapshot_live, self._snapshot_below = live, below
         self._kept_below = -1
 
-    def forget_dead(self, live: Sequence[int], below: int) -> None:
+    def forget_dead(
+        self, live: Sequence[int], below: int, interrupt: threading.Event | None = None
+    ) -> None:
         """The dump naming `live` is durable: drop the retained entries it does not name below
-        `below` (its first entry in the log) and reclaim their segments. Any thread (the
-        snapshot worker): the compaction that follows skips this work."""
+        `below` (its first entry in the log) and reclaim their segments, paced (a set
+        `interrupt` stops that: retention.Interrupted). Any thread (the snapshot worker): the
+        compaction that follows skips this work once it is done."""
         self._snapshot_live, self._snapshot_below = live, below
-        self._keep_only(live, below, paced=True)
+        self._keep_only(live, below, paced=True, interrupt=interrupt)
 
-    def _keep_only(self, live: Sequence[int], below: int, paced: bool = False) -> None:
+    def _keep_only(
+        self,
+        live: Sequence[int],
+        below: int,
+        paced: bool = False,
+        interrupt: threading.Event | None = None,
+    ) -> None:
         """`retained.keep_only`; a full disk while rewriting a segment (reclaiming space) is
         reported as disk_full and leaves that segment as it was: the next snapshot tries again."""
         try:
-            self.retained.keep_only(live, below, paced)
+            self.retained.keep_only(live, below, paced, interrupt)
         except OSError as err:
             if not storage.is_enospc(err):
                 raise

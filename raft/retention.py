@@ -67,6 +67,20 @@ Record = tuple[bytes, int, int]  # (command, raft index, term), as the journal h
 Placed = tuple[int, int, int, int]  # (raft index, place, record length, term)
 
 
+class Interrupted(Exception):
+    """The snapshot worker's reclaiming was stopped by its `interrupt` event (the job was
+    cancelled: a snapshot from the leader, a shutdown). Every entry still has one place: the
+    batches already copied were published, the rest stayed in their segment."""
+
+
+def _pause(seconds: float, interrupt: threading.Event | None) -> None:
+    """Sleep `seconds`, or until `interrupt` is set: then Interrupted."""
+    if interrupt is None:
+        time.sleep(seconds)
+    elif interrupt.wait(seconds):
+        raise Interrupted
+
+
 class RetainedStore:
     """The retained entries of one node, in segment files under `directory`."""
 
@@ -360,18 +374,25 @@ class RetainedStore:
         if self._fault_flag is not None and os.path.exists(self._fault_flag):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
-    def keep_only(self, live: Sequence[int], below: int, paced: bool = False) -> None:
+    def keep_only(
+        self,
+        live: Sequence[int],
+        below: int,
+        paced: bool = False,
+        interrupt: threading.Event | None = None,
+    ) -> None:
         """Keep the entries whose index is in `live` (sorted) and below `below`; drop the rest,
         then delete the segments left empty (the active one too) and rewrite the sealed ones
-        under the live share (`paced`: at most REWRITE_BYTES_PER_S, for the snapshot worker).
-        Call only once the dump naming `live` is durable."""
+        under the live share (`paced`: at most REWRITE_BYTES_PER_S, for the snapshot worker,
+        which a set `interrupt` stops between batches and steps: Interrupted). Call only once
+        the dump naming `live` is durable."""
         wanted = set(live)
         # the one writer is this thread: the arrays are read without the lock, and only the
         # swap to the new ones takes it (readers wait for the swap, not the filtering)
         kept = [at for at, index in enumerate(self._indexes) if index < below and index in wanted]
         if len(kept) != len(self._indexes):
             self._keep_positions(kept)
-        self._reclaim(paced)
+        self._reclaim(paced, interrupt)
 
     def _keep_positions(self, kept: list[int]) -> None:
         indexes = array("Q", (self._indexes[at] for at in kept))
@@ -390,20 +411,22 @@ class RetainedStore:
             )
             self._live = live
 
-    def _reclaim(self, paced: bool) -> None:
+    def _reclaim(self, paced: bool, interrupt: threading.Event | None) -> None:
         """Delete empty sealed segments; rewrite sealed ones whose live share is too low."""
         for segment in sorted(self._sizes):
+            if interrupt is not None and interrupt.is_set():
+                raise Interrupted
             live, size = self._live[segment], self._sizes[segment]
             if live == 0:  # the active one too: a drained queue leaves no segment behind
-                self._delete(segment, paced)
+                self._delete(segment, paced, interrupt)
                 if segment == self._active:
                     self._active = None
             elif segment == self._active:
                 continue
             elif live * 100 < size * LIVE_SHARE_MIN_PERCENT:
-                self._rewrite(segment, paced)
+                self._rewrite(segment, paced, interrupt)
 
-    def _rewrite(self, segment: int, paced: bool) -> None:
+    def _rewrite(self, segment: int, paced: bool, interrupt: threading.Event | None) -> None:
         """Copy a segment's held entries to the active one, a synced batch at a time (`paced`:
         at most REWRITE_BYTES_PER_S), each published as it is written; then delete it."""
         with self._lock:
@@ -419,7 +442,8 @@ class RetainedStore:
                 index, term, length = moving[at]
                 command = self.read(index)
                 if command is None:  # (only this thread drops entries: never)
-                    raise StorageError(f"{self._path(segment)}: index {index} vanished", "", 0)
+                    path = self._path(segment)
+                    raise StorageError(f"{path}: index {index} vanished", str(path), 0)
                 batch.append((command, index, term))
                 batch_bytes += length
                 at += 1
@@ -433,12 +457,16 @@ class RetainedStore:
                     self._live[segment] -= length
             copied += batch_bytes
             if paced:
-                time.sleep(max(0.0, started + copied / REWRITE_BYTES_PER_S - time.monotonic()))
+                wait = started + copied / REWRITE_BYTES_PER_S - time.monotonic()
+                _pause(max(0.0, wait), interrupt)
         log.info("retained_segment_rewritten", segment=segment, entries=len(moving))
-        self._delete(segment, paced)
+        self._delete(segment, paced, interrupt)
 
-    def _delete(self, segment: int, paced: bool = False) -> None:
-        """Remove a segment no entry is placed in (`paced`: a big one shrunk first)."""
+    def _delete(
+        self, segment: int, paced: bool = False, interrupt: threading.Event | None = None
+    ) -> None:
+        """Remove a segment no entry is placed in (`paced`: a big one shrunk first, unless
+        `interrupt` is set: then it goes whole)."""
         with self._lock:
             path = self._path(segment)
             fd = self._fds.pop(segment, None)
@@ -447,7 +475,8 @@ class RetainedStore:
         if fd is not None:
             os.close(fd)
         if paced and not (self._journal is not None and _same_file(path, self._journal)):
-            _shrink_gradually(path)
+            with contextlib.suppress(Interrupted):
+                _shrink_gradually(path, interrupt)
         path.unlink(missing_ok=True)
         if self._sync:
             storage.fsync_dir(self.directory)
@@ -460,7 +489,7 @@ class RetainedStore:
             self._fds.clear()
 
 
-def _shrink_gradually(path: Path) -> None:
+def _shrink_gradually(path: Path, interrupt: threading.Event | None = None) -> None:
     """Truncate a file SHRINK_STEP_BYTES at a time (a pause between steps) before it is
     unlinked. Unlinked whole, an adopted journal's gigabyte was freed (and, mounted with
     `discard`, trimmed) in one filesystem transaction, and the loops' fsyncs waited behind it:
@@ -474,7 +503,7 @@ def _shrink_gradually(path: Path) -> None:
         while size > SHRINK_STEP_BYTES:
             size -= SHRINK_STEP_BYTES
             os.ftruncate(fd, size)
-            time.sleep(SHRINK_PAUSE_S)
+            _pause(SHRINK_PAUSE_S, interrupt)
     finally:
         os.close(fd)
 

@@ -47,6 +47,7 @@ from pysyncobj.config import SERIALIZER_STATE
 
 from raft import storage
 from raft.durability import DurableFileJournal
+from raft.retention import Interrupted
 
 __all__ = ["DumpEncoder", "SnapshotJob", "SnapshotStarted"]
 
@@ -169,9 +170,9 @@ class SnapshotJob:
                 storage.fsync_dir(self.dump_path.parent)
             prepared_ms = 0.0
             if self.journal is not None:
-                self.journal.forget_dead(live, self._below)
+                self.journal.forget_dead(live, self._below, self._cancelled)
                 prepared_at = time.perf_counter()
-                self.journal.prepare_compaction(self._below)
+                self.journal.prepare_compaction(self._below, self._cancelled)
                 prepared_ms = (time.perf_counter() - prepared_at) * 1000
             log.info(
                 "snapshot_written",
@@ -183,6 +184,8 @@ class SnapshotJob:
                 total_ms=round((time.perf_counter() - self._started) * 1000, 1),
             )
             outcome = SERIALIZER_STATE.SUCCESS
+        except Interrupted:  # cancelled (it logs that): its paced work must not hold the loop
+            pass
         except Exception as err:  # pysyncobj keeps the journal and tries again later
             log.error("snapshot_failed", error=repr(err))
         finally:
@@ -190,8 +193,10 @@ class SnapshotJob:
             self._thread = None
 
     def cancel(self) -> None:
-        """Abandon the job (a snapshot from the leader replaces the state): kill the child, wait
-        for the thread; nothing is renamed. pysyncobj hears FAILED once. A job that finished
+        """Abandon the job (a snapshot from the leader replaces the state, a shutdown): kill the
+        child, stop the thread's paced reclaiming between two batches (seconds of it on a
+        backlog's adopted journal: the loop waited for all of it) and wait for it; nothing is
+        renamed after. pysyncobj hears FAILED once. A job that finished
         and was not heard yet is dropped too: its SUCCESS would compact the leader's snapshot's
         log up to this job's index (campaign seed 9464: every entry gone)."""
         if not self.running:

@@ -26,37 +26,21 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cluster import async_drain, drain
+from bench_cluster import async_drain, cpu_by_role, drain
 
 from cluster.client import AsyncClient
 from cluster.launcher import LocalCluster, local_cluster
 
 BODY = b"x" * 100
 Runner = Callable[[LocalCluster, str, str, int, int], int]
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int | str) -> float:
-    """utime + stime of a process (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def snapshot(cluster: LocalCluster, leader: str) -> dict[str, float]:
-    """CPU seconds of the client (this process) and of each node, named by role."""
-    out = {"client": cpu_seconds("self")}
-    for node_id, proc in sorted(cluster.procs.items()):
-        role = "leader" if node_id == leader else f"follower-{node_id}"
-        out[role] = cpu_seconds(proc.pid)
-    return out
 
 
 def measure(cluster: LocalCluster, leader: str, run: Callable[[], int]) -> dict[str, Any]:
     """Run one publish phase; msg/s and CPU seconds (and us per message) per process."""
-    before, started = snapshot(cluster, leader), time.perf_counter()
+    before, started = cpu_by_role(cluster, leader), time.perf_counter()
     confirmed = run()
     seconds = time.perf_counter() - started
-    after = snapshot(cluster, leader)
+    after = cpu_by_role(cluster, leader)
     cpu = {name: round(after[name] - before[name], 2) for name in before}
     return {
         "msg_per_s": round(confirmed / seconds, 1),

@@ -417,6 +417,11 @@ class ClientProtocol:
         """Requests sent (or waiting for a connection) and not yet answered."""
         return len(self._inflight)
 
+    @property
+    def has_consumers(self) -> bool:
+        """Whether a consumer is registered (deliveries may come unasked)."""
+        return bool(self._consumers)
+
     def _submit(self, frame: Frame, kind: int, target: Any, timeout_s: float | None) -> int:
         self.check_usable()
         request_id = next(self._ids)

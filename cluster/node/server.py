@@ -43,7 +43,7 @@ from cluster.node.logs import setup_logging
 from cluster.node.memory import LoopStalls, MemoryMonitor, total_memory_bytes
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.pacing import Repeating
-from cluster.node.session import ClientSession
+from cluster.node.session import ClientSession, SessionFlusher
 from cluster.node.timers import LeaderTimers
 from cluster.nodelock import NodeDirLocked
 from cluster.tls import PeerContexts, node_client_port_context, node_peer_contexts
@@ -87,6 +87,7 @@ class NodeServer:
     """Everything one node runs, wired together on one asyncio loop."""
 
     _status_written = ""  # status.json's last text: an unchanged one is not rewritten
+    frame_bytes_max = protocol.FRAME_BYTES_MAX_DEFAULT
 
     def __init__(
         self,
@@ -107,7 +108,6 @@ class NodeServer:
         self.node_id = node.id
         self.node_dir = node_dir
         self.client_key = config.client_key(secret)
-        self.frame_bytes_max = protocol.FRAME_BYTES_MAX_DEFAULT
         self.endpoints = cluster.endpoints()
         self.incarnation = incarnation
         self.router = EffectRouter(node.id, incarnation)
@@ -117,6 +117,7 @@ class NodeServer:
         self._down_submitted: dict[int, float] = {}  # connection number -> last submit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sessions: set[ClientSession] = set()
+        self.flusher = SessionFlusher()
         self.open_files = raise_open_files_limit()  # (soft, hard) RLIMIT_NOFILE
         self.refusals = RefusalLog()  # of unauthenticated or over-the-cap clients
         self.connection_caps = ConnectionCaps(
@@ -273,6 +274,7 @@ class NodeServer:
 
     def _on_applied(self, applied: Applied) -> None:
         self.router.dispatch(applied.effects)
+        self.flusher.now()  # the entry's replies and effects leave inside its tick (issue 29)
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -218,6 +218,36 @@ SETTLING_COMMANDS = (Settle, Return, Discard, Modify, RenewLocks)  # and their b
 SPLICE_OK = _splice_matches()
 
 
+class SessionFlusher:
+    """Writes the client sessions' queued frames: at the end of the loop iteration in which the
+    first was queued (one write per session for everything queued until then), or sooner,
+    `now`: the node calls it right after an applied entry's replies and effects were handed
+    over, inside the tick that applied it (issue 29), so that a reply leaves before the rest of
+    the tick and the loop's next iteration (a second follower's ack, other clients' frames)."""
+
+    def __init__(self) -> None:
+        self._sessions: list[ClientSession] = []
+        self._handle: asyncio.Handle | None = None
+
+    def soon(self, session: ClientSession) -> None:
+        """`session` queued its first frame since its last write."""
+        self._sessions.append(session)
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_soon(self.now)
+
+    def now(self) -> None:
+        """Write every session's queued frames."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            try:
+                session.flush()
+            except Exception:  # one session's failure must not leave the others unwritten
+                log.exception("session_flush_failed")
+
+
 class ClientSession:
     """Serves one accepted TCP connection until it closes."""
 
@@ -262,7 +292,7 @@ class ClientSession:
             return
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.server.flusher.soon(self)
 
     def send_ok(self, request_id: int) -> None:
         """Answer `Ok` to one command: in the next `oks` frame when the client asked for them."""
@@ -276,9 +306,10 @@ class ClientSession:
             self._oks = []
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self.server.flusher.soon(self)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what is queued (called by the server's SessionFlusher)."""
         self._flush_scheduled = False
         if self._oks:
             self._out.append(protocol.encode_frame(protocol.oks(self._oks)))
@@ -311,7 +342,7 @@ class ClientSession:
     def close(self) -> None:
         """Flush what is queued (error frames before a close), then close (idempotent)."""
         if not self.closed:
-            self._flush()
+            self.flush()
             self.closed = True
             self.writer.close()
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cluster import protocol
-from cluster.node.session import EFFECTS_STALE_S, ClientSession
+from cluster.node.session import EFFECTS_STALE_S, ClientSession, SessionFlusher
 
 
 class FakeWriter:
@@ -30,7 +30,9 @@ class FakeWriter:
 
 def a_session() -> tuple[ClientSession, FakeWriter]:
     writer = FakeWriter()
-    server: Any = SimpleNamespace(frame_bytes_max=protocol.FRAME_BYTES_MAX_DEFAULT)
+    server: Any = SimpleNamespace(
+        frame_bytes_max=protocol.FRAME_BYTES_MAX_DEFAULT, flusher=SessionFlusher()
+    )
     return ClientSession(server, None, writer), writer  # type: ignore[arg-type]
 
 
