@@ -57,14 +57,19 @@ def percentile(ordered: list[float], pct: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def publish_rate(client: Client, queue: str, count: int, window: int) -> dict[str, Any]:
-    """Confirmed publishes with `window` unconfirmed messages in flight."""
+def publish_rate(
+    client: Client, queue: str, count: int, window: int, keep: bool = False
+) -> dict[str, Any]:
+    """Confirmed publishes with `window` unconfirmed messages in flight; the queue is deleted
+    after (unless `keep`), as bench_qq.py does: the next phase runs without its messages."""
     client.declare_queue(queue)
     started = time.perf_counter()
     with client.publisher(queue, window=window) as publisher:
         publisher.publish_many((BODY for _ in range(count)), timeout_s=120.0)
         publisher.wait_for_confirms(timeout_s=120.0)
     seconds = time.perf_counter() - started
+    if not keep:
+        client.delete_queue(queue)
     return {
         "messages": publisher.confirmed,
         "seconds": round(seconds, 3),
@@ -113,9 +118,10 @@ def publish_latency(
             publisher.publish(BODY)
             publisher.wait_for_confirms(timeout_s=30.0)
             samples.append((time.perf_counter() - started) * 1000)
+    after = cpu() if cpu is not None else {}
+    client.delete_queue(queue)  # (as bench_qq.py)
     result = latency_summary(samples)
     if cpu is not None:
-        after = cpu()
         per = {role: (after[role] - before[role]) * 1e6 / count for role in before}
         result["cpu_us_per_publish"] = {role: round(us) for role, us in per.items()}
         result["cpu_us_per_publish_nodes"] = round(
@@ -152,13 +158,14 @@ async def async_drain(consumer: AsyncConsumer, count: int) -> int:
 
 
 def consume_rate(client: Client, queue: str, backlog: int, prefetch: int) -> dict[str, Any]:
-    """Consume and ack a backlog of `backlog` messages with `prefetch`."""
-    publish_rate(client, queue, backlog, 1000)
+    """Consume and ack a backlog of `backlog` messages with `prefetch` (then delete the queue)."""
+    publish_rate(client, queue, backlog, 1000, keep=True)
     started = time.perf_counter()
     consumer = client.consume(queue, prefetch=prefetch)
     received = drain(consumer, backlog)
     seconds = time.perf_counter() - started
     consumer.cancel()
+    client.delete_queue(queue)
     return {
         "messages": received,
         "prefetch": prefetch,
