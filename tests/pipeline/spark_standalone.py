@@ -100,7 +100,11 @@ class StandaloneCluster:
         return self
 
     def _wait_for_worker(self, timeout_s: float) -> None:
+        """Poll the master UI's `/json` until it counts a live worker. An answer that is not
+        JSON is waited through: Spark 4.3's master served an HTML page there in the instant
+        between binding its UI and becoming ALIVE."""
         deadline = time.monotonic() + timeout_s
+        answer = "nothing"
         while time.monotonic() < deadline:
             for process in self.processes:
                 if process.poll() is not None:
@@ -109,13 +113,17 @@ class StandaloneCluster:
                 with urllib.request.urlopen(
                     f"http://127.0.0.1:{self.ui_port}/json", timeout=2
                 ) as r:
-                    state: dict[str, Any] = json.load(r)
+                    answer = r.read().decode(errors="replace")
+                state: dict[str, Any] = json.loads(answer)
                 if int(state.get("aliveworkers", 0)) >= 1:
                     return
-            except OSError:
-                pass
+            except (OSError, ValueError) as e:
+                answer = answer if isinstance(e, ValueError) else repr(e)
             time.sleep(0.5)
-        raise RuntimeError(f"no worker registered within {timeout_s} s: {self.output()}")
+        raise RuntimeError(
+            f"no worker registered within {timeout_s} s; the master UI last answered "
+            f"{answer[:300]!r}: {self.output()}"
+        )
 
     def output(self) -> str:
         """The daemons' last log lines (for failure messages)."""
