@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -129,7 +129,11 @@ class Replica:
         self._waiting: deque[tuple[list[int], Callable[[Lookup], None]]] = deque()
         self._node.pinned_indexes = self._pinned_entries  # snapshots retain what is being read
         self._reading = False
-        self._fresh: dict[int, bytes] = {}  # the last read's bodies (the cache may drop some)
+        self._destroyed = False
+        # the bodies read for the waiting hand-overs, each kept until the last one needing it
+        # is handed over (the cache may drop them: one delivery can need more than it holds)
+        self._needed: Counter[int] = Counter()  # ref -> waiting hand-overs that need it
+        self._fresh: dict[int, bytes] = {}
         self._unreadable: dict[int, str] = {}  # raft index -> why, while hand-overs wait
         self._reader: ThreadPoolExecutor | None = None
 
@@ -205,6 +209,7 @@ class Replica:
         """Flush the journal and stop replication (after `fail_pending`)."""
         self._node.sync_journal()
         self._node.destroy_synchronous()
+        self._destroyed = True  # a read finishing now starts no other
         if self._reader is not None:
             self._reader.shutdown(wait=False, cancel_futures=True)
 
@@ -359,6 +364,7 @@ class Replica:
             hand_over(self._lookup)
             return
         self._waiting.append((refs, hand_over))
+        self._needed.update(refs)
         self._read_next()
 
     def _pinned_entries(self) -> set[int]:
@@ -384,14 +390,28 @@ class Replica:
     def _flush(self) -> None:
         """Hand over, in order, every waiting entry whose bodies are at hand."""
         while self._waiting and self._ready(self._waiting[0][0]):
-            _refs, hand_over = self._waiting.popleft()
-            hand_over(self._lookup)
+            refs, hand_over = self._waiting.popleft()
+            try:
+                hand_over(self._lookup)
+            finally:
+                self._release(refs)
         if not self._waiting:
-            self._fresh, self._unreadable = {}, {}
+            self._unreadable = {}
+
+    def _release(self, refs: list[int]) -> None:
+        """A hand-over that needed `refs` is done: drop the bodies no other one waits for."""
+        needed = self._needed
+        for ref in refs:
+            left = needed[ref] - 1
+            if left:
+                needed[ref] = left
+            else:
+                del needed[ref]
+                self._fresh.pop(ref, None)
 
     def _read_next(self) -> None:
         """Start reading the entries the waiting hand-overs need (the first ones first)."""
-        if self._reading:
+        if self._reading or self._destroyed:
             return
         self._flush()
         wanted: dict[int, None] = {}
@@ -426,7 +446,8 @@ class Replica:
             for refs, _hand_over in self._waiting:
                 self._unreadable.update((entry_index(ref), repr(err)) for ref in refs)
         self.bodies.put_all(bodies)
-        self._fresh = bodies
+        needed = self._needed
+        self._fresh.update((ref, body) for ref, body in bodies.items() if ref in needed)
         self._unreadable.update(unreadable)
         self._flush()
         self._read_next()

@@ -135,6 +135,28 @@ async def _cold_delivery_scenario(data_dir: Path) -> None:
         replica.destroy()
 
 
+async def _delivery_beyond_the_cache_scenario(data_dir: Path) -> None:
+    recorder = Recorder()
+    replica = await _v4_replica(data_dir, recorder)
+    try:
+        await _run(replica, recorder, "declare", DeclareQueue("q"))
+        bodies = [bytes([65 + n]) * (n + 1) for n in range(13)]
+        for n, body in enumerate(bodies):  # one entry each: four reads of four entries
+            assert await _run(replica, recorder, f"publish {n}", Enqueue("q", body)) == Ok()
+        replica.bodies = BodyCache(bodies_max=3)  # a delivery of 13 bodies, a cache of 3
+        reply = await _run(replica, recorder, "checkout", Checkout(
+            "q", ConsumerId("c", MINE), SimplePrefetch(100)))  # fmt: skip
+        assert isinstance(reply, CheckoutOk)
+        assert recorder.delivered() == bodies
+        assert await _run(replica, recorder, "publish last", Enqueue("q", b"last")) == Ok()
+        await _until(lambda: recorder.delivered()[-1:] == [b"last"], "the next delivery")
+        assert replica.handovers_waiting() == 0 and not replica._fresh  # nothing kept after
+        assert replica.bodies_missing == 0
+    finally:
+        replica.fail_pending(SubmitError("shutdown", "test"))
+        replica.destroy()
+
+
 async def _missing_body_scenario(data_dir: Path) -> None:
     recorder = Recorder()
     replica = await _v4_replica(data_dir, recorder)
@@ -166,6 +188,14 @@ def test_a_cold_delivery_is_read_off_the_loop_and_keeps_log_order(tmp_path: Path
     """Bodies not cached are read on a worker thread; the checkout's reply, its deliveries and
     a later publish's reply and delivery come in log order once the read is done."""
     asyncio.run(_cold_delivery_scenario(tmp_path))
+
+
+def test_a_delivery_of_more_bodies_than_the_cache_holds_is_handed_over(tmp_path: Path) -> None:
+    """A checkout whose delivery needs more bodies than the cache keeps (a prefetch of 50,000
+    over a backlog: the cache holds 16,384) is handed over once every body was read: the
+    bodies read for it are kept until then, not evicted by the next read (which left the
+    node reading forever, every later reply and delivery waiting behind it)."""
+    asyncio.run(_delivery_beyond_the_cache_scenario(tmp_path))
 
 
 def test_a_body_the_journal_lost_is_an_error_naming_its_index(tmp_path: Path) -> None:
