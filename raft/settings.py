@@ -97,6 +97,12 @@ class DialedTCPNode(TCPNode):  # type: ignore[misc]
         host, port = dial.rsplit(":", 1)
         self._dial = (host, int(port))
         self._proxied = dial != address
+        self._hash = hash(address)
+
+    def __hash__(self) -> int:
+        """pysyncobj's hashes `self.id` through a property on every dict lookup (36 per idle
+        leader tick): the same value, computed once (the id never changes)."""
+        return self._hash
 
     @property
     def ip(self) -> Any:

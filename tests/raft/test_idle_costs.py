@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pysyncobj.node import TCPNode
 
 from fifo.commands import DeclareQueue
 from raft import storage
 from raft.durability import DurableFileJournal
-from raft.settings import RaftSettings
+from raft.settings import DialedTCPNode, RaftSettings
 from raft.sim.clock import Scheduler
 from raft.sim.cluster import ClusterParams, SimCluster, SimNode
 from raft.sim.network import SimNetwork
@@ -238,3 +239,14 @@ def test_one_command_at_a_time_costs_the_leader_no_tick_for_the_second_ack(tmp_p
         assert leader_of(cluster) is leader
         assert ticker.ticks - ticks <= 2 * commands, (ticker.ticks - ticks) / commands
         assert ticker.light_events - light >= 3 * commands - 2  # both acks of the commit index
+
+
+def test_a_peer_hashes_and_compares_as_pysyncobj_s_node_of_its_address() -> None:
+    """`DialedTCPNode` computes its hash once (pysyncobj's goes through a property on every
+    dict lookup); it stays the hash of pysyncobj's own node for that address, proxied or not,
+    so dicts keyed by either find the other."""
+    for dial in ("127.0.0.1:7001", "127.0.0.1:9999"):  # direct, then through a proxy
+        peer, plain = DialedTCPNode("127.0.0.1:7001", dial), TCPNode("127.0.0.1:7001")
+        assert hash(peer) == hash(plain) and peer == plain
+        assert {plain: "found"}[peer] == "found" and {peer: "found"}[plain] == "found"
+    assert hash(DialedTCPNode("127.0.0.1:7002", "127.0.0.1:7002")) != hash(plain)

@@ -122,6 +122,11 @@ def test_reads_match_a_list_through_every_kind_of_change(tmp_path: Path) -> None
             journal._eager_max = 2
             prepared = (-1, 0)
         assert len(journal) == len(model), step
+        if model:  # [-1] has its own fast path (the tail cache): pysyncobj asks it every tick
+            assert journal[-1] == model[-1], step
+        else:
+            with pytest.raises(IndexError):
+                journal[-1]
         if model:
             for i in {0, 1, len(model) - 1, rng.randrange(len(model))}:
                 if i < len(model):
