@@ -77,6 +77,11 @@ class BodyCache:
             _, dropped = self._bodies.popitem(last=False)
             self._bytes -= len(dropped)
 
+    def clear(self) -> None:
+        """Drop every body (a drained node: nothing left to deliver needs one)."""
+        self._bodies = OrderedDict()
+        self._bytes = 0
+
     def missing_entries(self, refs: Iterable[int]) -> list[int]:
         """The distinct raft indexes (in first-seen order) of the refs not held."""
         out: dict[int, None] = {}

@@ -73,7 +73,9 @@ FAULT_POWER_LOSS_ENV = "QUORUMQ_TEST_POWER_LOSS"
 # back from the file
 TAIL_CACHE_ENTRIES = 4096
 TAIL_CACHE_BYTES = 4 * 1024 * 1024
-# other single entries read back (mostly the log's first two, which pysyncobj reads every tick)
+# other single entries pysyncobj reads back (mostly the log's first two, read every tick); a
+# body read (`read_entry`) does not fill it: the bodies have their own cache (raft.bodies), and
+# whole group-committed entries kept here held a drained leader's memory (up to 64 entries)
 READ_CACHE_ENTRIES = 64
 # a view is read back in chunks of about this many bytes (one pread each)
 READ_CHUNK_BYTES = 1024 * 1024
@@ -293,8 +295,9 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             out.append((command, index, term))
         return out
 
-    def _entry(self, position: int) -> Entry:
-        """The entry at a valid position: from the tail cache, the read cache, or the file."""
+    def _entry(self, position: int, cache: bool = True) -> Entry:
+        """The entry at a valid position: from the tail cache, the read cache, or the file
+        (kept in the read cache if `cache`)."""
         in_tail = position - (len(self._offsets) - len(self._tail))
         if in_tail >= 0:
             return self._tail[in_tail]
@@ -304,6 +307,8 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             self._read_cache.move_to_end(key)
             return entry
         entry = self._read_range(position, position + 1)[0]
+        if not cache:
+            return entry
         self._read_cache[key] = entry
         if len(self._read_cache) > READ_CACHE_ENTRIES:
             self._read_cache.popitem(last=False)
@@ -432,6 +437,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             self._indexes = self._indexes[kept.start :]
             self._terms = self._terms[kept.start :]
             self._dropped += kept.start
+            self._read_cache.clear()  # (entries below the new first one are gone)
             while len(self._tail) > len(self._offsets):
                 self._tail_bytes -= len(self._tail.popleft()[0])
             below = self._indexes[0] if len(self._indexes) else 0
@@ -601,7 +607,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             first = self._indexes[0] if count else None
             position = raft_index - first if first is not None else -1
             if 0 <= position < count:
-                command = self._entry(position)[0]
+                command = self._entry(position, cache=False)[0]
         if command is None:
             command = self.retained.read(raft_index)
         if command is None:

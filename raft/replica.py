@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,6 +55,8 @@ T = TypeVar("T")
 log = structlog.get_logger("raft.replica")
 # entries read back per worker task: their bodies (at most 1024 each) fit the body cache
 READ_ENTRIES_PER_TASK = 4
+# how often a node with cached bodies looks whether its state still holds any message
+BODIES_DRAINED_CHECK_S = 1.0
 Lookup = Callable[[int], bytes]
 
 __all__ = ["Applied", "Replica", "ReplicaView", "Reply", "Sink"]
@@ -84,6 +87,10 @@ class ReplicaView:
     def meta(self) -> Metadata:
         """The cluster metadata (members, versions, connections by node, down nodes)."""
         return self._replicated.meta
+
+    def messages_held(self) -> int:
+        """Messages in every queue (ready, returned, checked out); O(queues)."""
+        return self._replicated.messages_held()
 
     def connections_of(self, node: str) -> list[tuple[int, int]]:
         """The (incarnation, number) of every connection of `node` the state lists."""
@@ -130,6 +137,7 @@ class Replica:
         self._node.pinned_indexes = self._pinned_entries  # snapshots retain what is being read
         self._reading = False
         self._destroyed = False
+        self._bodies_checked_at = -1e9
         # the bodies read for the waiting hand-overs, each kept until the last one needing it
         # is handed over (the cache may drop them: one delivery can need more than it holds)
         self._needed: Counter[int] = Counter()  # ref -> waiting hand-overs that need it
@@ -195,11 +203,28 @@ class Replica:
         """Ask the leader (this node) to hand leadership to the most caught-up peer."""
         self._node.request_leadership_transfer()
 
-    def sweep(self) -> None:
-        """Fail proposals that got no commit within their timeout, and ask for a snapshot if
-        a drained backlog left retained entries (call periodically)."""
+    def sweep(self) -> bool:
+        """Fail proposals that got no commit within their timeout, ask for a snapshot if a
+        drained backlog left retained entries, and drop the cached bodies once the state holds
+        no message (call periodically). True when it dropped bodies (heap to give back)."""
         self._committer.sweep()
         self._node.compact_if_drained()
+        return self._drop_bodies_if_drained()
+
+    def _drop_bodies_if_drained(self) -> bool:
+        """The body cache of a drained node (16,384 bodies: 16 MiB of 1 KiB ones) is of no
+        use, and held the resident set of a drained leader up; checked at most every
+        BODIES_DRAINED_CHECK_S, O(queues)."""
+        if not len(self.bodies) or self._waiting:
+            return False
+        now = time.monotonic()
+        if now - self._bodies_checked_at < BODIES_DRAINED_CHECK_S:
+            return False
+        self._bodies_checked_at = now
+        if self.read(ReplicaView.messages_held):
+            return False
+        self.bodies.clear()
+        return True
 
     def fail_pending(self, reason: SubmitError) -> None:
         """Fail every pending proposal with `reason` (shutting down)."""

@@ -411,7 +411,8 @@ class NodeServer:
         try:
             self._track_leader()
             self.timers.tick()
-            self.replica.sweep()
+            if self.replica.sweep():  # a drained node dropped its cached bodies
+                self.memory.trim()
             self._reconcile_connections()
             self.router.reconcile()
             if time.monotonic() - last_status[0] > STATUS_PERIOD_S:

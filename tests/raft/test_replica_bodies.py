@@ -157,6 +157,32 @@ async def _delivery_beyond_the_cache_scenario(data_dir: Path) -> None:
         replica.destroy()
 
 
+async def _drained_scenario(data_dir: Path) -> None:
+    recorder = Recorder()
+    replica = await _v4_replica(data_dir, recorder)
+    try:
+        await _run(replica, recorder, "declare", DeclareQueue("q"))
+        for n in range(3):
+            assert await _run(replica, recorder, f"publish {n}", Enqueue("q", b"%d" % n)) == Ok()
+        replica.bodies.clear()
+        getter = ConsumerId("g", MINE)
+        for n in range(2):  # dequeued and settled at once: read back, cached, no longer held
+            reply = await _run(replica, recorder, f"get {n}", Checkout("q", getter, Dequeue(True)))
+            assert isinstance(reply, DequeueOk) and reply.message is not None
+        cached = len(replica.bodies)
+        assert cached >= 2
+        assert replica.sweep() is False and len(replica.bodies) == cached  # one still held
+        await _run(replica, recorder, "get 2", Checkout("q", getter, Dequeue(True)))
+        assert replica.sweep() is False  # checked less than BODIES_DRAINED_CHECK_S ago
+        replica._bodies_checked_at = -1e9
+        assert replica.sweep() is True
+        assert len(replica.bodies) == 0 and replica.bodies.bytes_held == 0
+        assert replica.sweep() is False  # nothing cached: nothing to drop
+    finally:
+        replica.fail_pending(SubmitError("shutdown", "test"))
+        replica.destroy()
+
+
 async def _missing_body_scenario(data_dir: Path) -> None:
     recorder = Recorder()
     replica = await _v4_replica(data_dir, recorder)
@@ -196,6 +222,12 @@ def test_a_delivery_of_more_bodies_than_the_cache_holds_is_handed_over(tmp_path:
     bodies read for it are kept until then, not evicted by the next read (which left the
     node reading forever, every later reply and delivery waiting behind it)."""
     asyncio.run(_delivery_beyond_the_cache_scenario(tmp_path))
+
+
+def test_a_drained_node_drops_its_cached_bodies(tmp_path: Path) -> None:
+    """Once the state holds no message, the sweep empties the body cache (it held a drained
+    leader's resident set up by 16 MiB and more); not while a message is held."""
+    asyncio.run(_drained_scenario(tmp_path))
 
 
 def test_a_body_the_journal_lost_is_an_error_naming_its_index(tmp_path: Path) -> None:

@@ -54,6 +54,26 @@ def test_read_entry_returns_the_applied_blob_of_an_entry_in_the_journal(tmp_path
     journal._destroy()
 
 
+def test_body_reads_and_compactions_leave_no_whole_entry_in_the_read_cache(
+    tmp_path: Path,
+) -> None:
+    """`read_entry` (a body read for a delivery) keeps no entry in the journal's read cache
+    (the bodies have their own), and a compaction drops what it held below the new first
+    entry: a drained leader kept up to 64 whole group-committed entries (RSS after a drain)."""
+    journal = _filled(tmp_path / "raft.journal", 40)
+    journal._tail.clear()  # (a small tail: every entry below is read back from the file)
+    journal._tail_bytes = 0
+    for index in range(2, 41):
+        assert journal.read_entry(index) == _blob(index)
+    assert not journal._read_cache
+    for position in range(10):  # pysyncobj's reads by position keep theirs
+        journal[position]
+    assert len(journal._read_cache) == 10
+    journal.deleteEntriesTo(20)
+    assert not journal._read_cache and journal[0][1] == 21
+    journal._destroy()
+
+
 def test_read_entry_of_an_index_not_held_or_not_a_blob_says_so(tmp_path: Path) -> None:
     journal = _filled(tmp_path / "raft.journal", 10)
     with pytest.raises(EntryGoneError, match="index 11"):
