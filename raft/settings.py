@@ -100,8 +100,8 @@ class DialedTCPNode(TCPNode):  # type: ignore[misc]
         self._hash = hash(address)
 
     def __hash__(self) -> int:
-        """pysyncobj's hashes `self.id` through a property on every dict lookup (36 per idle
-        leader tick): the same value, computed once (the id never changes)."""
+        """The hash of the id, computed once (it never changes): pysyncobj's `Node.__hash__`
+        reads the id through a property on every dict lookup, 36 per idle leader tick."""
         return self._hash
 
     @property
