@@ -5,8 +5,9 @@ answer from the virtual clock and the seeded generator instead:
 - `pysyncobj.syncobj.monotonicTime`, `monotonic_time` in `raft.node`, `raft.appends`,
   `raft.elections`, `raft.node_status` and `raft.transport` (Raft's timers) and the `time` module
   as `raft.node`, its parts `raft.node_base` and `raft.node_status`, `raft.batcher` and
-  `raft.durability`, `raft.retention` and `raft.machine_clock` see it (submitter clocks,
-  proposal timeouts, disk probes, the pace of segment rewrites), and as
+  `raft.durability`, `raft.retention`, `raft.replica` and `raft.machine_clock` see it
+  (submitter clocks, proposal timeouts, disk probes, the pace of segment rewrites, the drained
+  body cache's check), and as
   `cluster.node.timers` and `cluster.node.server` see it (the leader timers and the connection
   reconciliation that `raft.sim.session` runs);
 - `raft.batcher._Batch` (its `submitted_s` default was bound to `time.monotonic` at import);
@@ -14,9 +15,10 @@ answer from the virtual clock and the seeded generator instead:
 - `raft.durability.DurableFileJournal.deleteEntriesFrom` is wrapped: a cut of the log at or
   below its node's commit index is recorded in `CUTS_BELOW_COMMIT` (Raft never removes a
   committed entry; pysyncobj's cut after every AppendEntries did, for a moment, before its fix);
-- `pysyncobj.node.Node.__hash__`: pysyncobj iterates sets of nodes (sending, counting votes);
-  with str hashing their order changed with PYTHONHASHSEED, so a seed replayed only in the
-  same process; a CRC of the id makes the order the same in every process;
+- `pysyncobj.node.Node.__hash__` and `raft.settings.DialedTCPNode.__hash__` (a peer's, cached):
+  pysyncobj iterates sets of nodes (sending, counting votes); with str hashing their order
+  changed with PYTHONHASHSEED, so a seed replayed only in the same process; a CRC of the id
+  makes the order the same in every process;
 - `raft.node._LoopQuorumTransport` and `raft.node.transport_name`: the node builds a
   `raft.sim.network.SimTransport` instead of its TCP transport;
 - `raft.durability.DurableFileJournal._note_synced` (the power-loss layer) records the synced
@@ -55,7 +57,9 @@ import raft.machine_clock
 import raft.node
 import raft.node_base
 import raft.node_status
+import raft.replica
 import raft.retention
+import raft.settings
 import raft.snapshot_hooks
 import raft.transport
 from raft.sim.network import SimTransport
@@ -158,11 +162,13 @@ def simulated(clock: Callable[[], float], rng: random.Random) -> Iterator[None]:
         (raft.batcher, "_Batch", _virtual_batch(clock)),
         (raft.durability, "time", clock_time),
         (raft.retention, "time", clock_time),
+        (raft.replica, "time", clock_time),
         (raft.machine_clock, "time", clock_time),
         (cluster.node.timers, "time", clock_time),
         (cluster.node.server, "time", clock_time),
         (raft.durability.DurableFileJournal, "_note_synced", _note_synced),
         (pysyncobj_node.Node, "__hash__", _stable_node_hash),
+        (raft.settings.DialedTCPNode, "__hash__", _stable_node_hash),
         (raft.durability.DurableFileJournal, "deleteEntriesFrom", _checked_delete_entries_from),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in replacements]
