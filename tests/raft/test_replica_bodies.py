@@ -6,8 +6,9 @@ the journal no longer holds is an error naming its index, never an empty message
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -93,10 +94,20 @@ async def _v4_replica(data_dir: Path, recorder: Recorder) -> Replica:
     return replica
 
 
-async def _cold_delivery_scenario(data_dir: Path) -> None:
+@contextlib.asynccontextmanager
+async def _v4_session(data_dir: Path) -> AsyncIterator[tuple[Replica, Recorder]]:
+    """A leading single-node replica upgraded to v4, and what it hands over; shut down after."""
     recorder = Recorder()
     replica = await _v4_replica(data_dir, recorder)
     try:
+        yield replica, recorder
+    finally:
+        replica.fail_pending(SubmitError("shutdown", "test"))
+        replica.destroy()
+
+
+async def _cold_delivery_scenario(data_dir: Path) -> None:
+    async with _v4_session(data_dir) as (replica, recorder):
         await _run(replica, recorder, "declare", DeclareQueue("q"))
         for body in (b"a" * 100, b"b" * 200, b"c" * 300):
             reply = await _run(replica, recorder, f"publish {body[:1]!r}", Enqueue("q", body))
@@ -130,15 +141,10 @@ async def _cold_delivery_scenario(data_dir: Path) -> None:
         assert isinstance(dict(recorder.events)["checkout"], CheckoutOk)
         assert readers and all(name.startswith("quorumq-bodies") for name in readers)
         assert replica.bodies_missing == 0
-    finally:
-        replica.fail_pending(SubmitError("shutdown", "test"))
-        replica.destroy()
 
 
 async def _delivery_beyond_the_cache_scenario(data_dir: Path) -> None:
-    recorder = Recorder()
-    replica = await _v4_replica(data_dir, recorder)
-    try:
+    async with _v4_session(data_dir) as (replica, recorder):
         await _run(replica, recorder, "declare", DeclareQueue("q"))
         bodies = [bytes([65 + n]) * (n + 1) for n in range(13)]
         for n, body in enumerate(bodies):  # one entry each: four reads of four entries
@@ -152,15 +158,10 @@ async def _delivery_beyond_the_cache_scenario(data_dir: Path) -> None:
         await _until(lambda: recorder.delivered()[-1:] == [b"last"], "the next delivery")
         assert replica.handovers_waiting() == 0 and not replica._fresh  # nothing kept after
         assert replica.bodies_missing == 0
-    finally:
-        replica.fail_pending(SubmitError("shutdown", "test"))
-        replica.destroy()
 
 
 async def _drained_scenario(data_dir: Path) -> None:
-    recorder = Recorder()
-    replica = await _v4_replica(data_dir, recorder)
-    try:
+    async with _v4_session(data_dir) as (replica, recorder):
         await _run(replica, recorder, "declare", DeclareQueue("q"))
         for n in range(3):
             assert await _run(replica, recorder, f"publish {n}", Enqueue("q", b"%d" % n)) == Ok()
@@ -178,15 +179,10 @@ async def _drained_scenario(data_dir: Path) -> None:
         assert replica.sweep() is True
         assert len(replica.bodies) == 0 and replica.bodies.bytes_held == 0
         assert replica.sweep() is False  # nothing cached: nothing to drop
-    finally:
-        replica.fail_pending(SubmitError("shutdown", "test"))
-        replica.destroy()
 
 
 async def _missing_body_scenario(data_dir: Path) -> None:
-    recorder = Recorder()
-    replica = await _v4_replica(data_dir, recorder)
-    try:
+    async with _v4_session(data_dir) as (replica, recorder):
         await _run(replica, recorder, "declare", DeclareQueue("q"))
         await _run(replica, recorder, "publish", Enqueue("q", b"gone"))
 
@@ -205,9 +201,6 @@ async def _missing_body_scenario(data_dir: Path) -> None:
                                                                Dequeue(True)))  # fmt: skip
         assert isinstance(reply, DequeueOk) and reply.message is not None
         assert reply.message.body == b"here"
-    finally:
-        replica.fail_pending(SubmitError("shutdown", "test"))
-        replica.destroy()
 
 
 def test_a_cold_delivery_is_read_off_the_loop_and_keeps_log_order(tmp_path: Path) -> None:
