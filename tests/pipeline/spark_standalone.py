@@ -117,8 +117,10 @@ class StandaloneCluster:
                 state: dict[str, Any] = json.loads(answer)
                 if int(state.get("aliveworkers", 0)) >= 1:
                     return
-            except (OSError, ValueError) as e:
-                answer = answer if isinstance(e, ValueError) else repr(e)
+            except OSError as e:  # not listening yet
+                answer = repr(e)
+            except ValueError:  # not JSON yet: `answer` holds it
+                pass
             time.sleep(0.5)
         raise RuntimeError(
             f"no worker registered within {timeout_s} s; the master UI last answered "
