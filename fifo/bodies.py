@@ -17,7 +17,7 @@ from fifo.commands import Enqueue, PublishToExchange
 from fifo.effects import Deliver, Delivery, Effect, RefDeliver, RefDelivery
 from fifo.errors import FifoError
 from fifo.replies import DequeuedMessage, DequeueOk, RefDequeueOk, Reply
-from fifo.state import Message, RefMessage, State
+from fifo.state import Message, RefMessage, State, inflate
 
 BodyLookup = Callable[[int], bytes]  # meta index of an enqueuing command -> its body
 
@@ -64,8 +64,8 @@ def body_of_command(command: object) -> bytes | None:
 def _messages(state: State) -> Iterator[Message]:
     """Every message the state holds: waiting, returned, grouped, checked out."""
     for queue in state.queues.values():
-        yield from queue.ready
-        yield from queue.returns
+        yield from map(inflate, queue.ready)
+        yield from map(inflate, queue.returns)
         if queue.grouping is not None:
             for group in queue.grouping.groups.values():
                 yield from group.returns

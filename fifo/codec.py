@@ -39,6 +39,9 @@ from fifo.state import (
     RefMessage,
     Routing,
     State,
+    Waiting,
+    compact,
+    inflate,
 )
 
 TAG_BASE = 71_000
@@ -466,8 +469,10 @@ def _record(v: Any, kind: str) -> list[Any]:
     return v + list(defaults[len(v) - shortest :])
 
 
-def _msg_out(m: Message) -> list[Any]:
-    # v4: a body kept in the log is written as [ref, size] in the body's place
+def _msg_out(item: Waiting) -> list[Any]:
+    # v4: a body kept in the log is written as [ref, size] in the body's place; a plain message
+    # kept as its packed int exactly as the RefMessage it stands for
+    m = inflate(item)
     body: Any = [m.ref, m.size] if type(m) is RefMessage else m.body
     if m.pos:
         return [body, m.expiry, m.delivery_count, m.acquired_count, list(m.annotations), m.lock,
@@ -554,8 +559,8 @@ def _queue_out(q: Queue) -> list[Any]:
 def _queue_in(v: Any) -> Queue:
     v = _record(v, "queue")
     q = Queue(v[0], v[1], v[12])
-    q.ready = deque(_msg_in(m) for m in v[2])
-    q.returns = deque(_msg_in(m) for m in v[3])
+    q.ready = deque(compact(_msg_in(m)) for m in v[2])  # (v1-v3: Messages, kept as they are)
+    q.returns = deque(compact(_msg_in(m)) for m in v[3])
     q.messages_total, q.bytes_ready, q.bytes_checkout = v[4:7]
     q.enqueuers = {x.name: x for x in (_enqueuer_in(e) for e in v[7])}
     q.blocked_count = v[8]

@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fifo.commands import ConnectionId, ConsumerKey, GroupConfig, QueueConfig
-from fifo.state import Consumer, ConsumerGroup, GroupId, Message, Queue, RefMessage, State
+from fifo.state import (
+    Consumer,
+    ConsumerGroup,
+    GroupId,
+    Message,
+    Queue,
+    RefMessage,
+    State,
+    inflate,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +171,10 @@ def messages(state: State, queue: str, limit: int = 100) -> list[MessageInfo]:
             out.append(_message_info(len(out), m, returned))
         return out
     for returned, src in ((False, q.ready), (True, q.returns)):
-        for m in src:
+        for item in src:
             if len(out) >= limit:
                 return out
-            out.append(_message_info(len(out), m, returned))
+            out.append(_message_info(len(out), inflate(item), returned))
     return out
 
 

@@ -67,7 +67,7 @@ from fifo.effects import (
 from fifo.fuzz import probe
 from fifo.meta import Meta
 from fifo.replies import DeclareOk, DequeueOk, Error, RefDequeueOk
-from fifo.state import Consumer, Message, Queue, State
+from fifo.state import Consumer, Message, Queue, RefMessage, State, Waiting, expiry_of, inflate
 
 GLOBAL_COMMANDS = (ConnectionDown, NodeDown, NodeUp)
 NAMED_COMMANDS = (Settle, Return, Discard, Modify, RenewLocks)
@@ -97,9 +97,11 @@ def consumer_name(tag: str, connection: Any) -> str:
 
 @dataclass(slots=True)
 class MessageRow:
-    """What is known of one message; `m` is the machine's object while the message lives."""
+    """What is known of one message; `m` is the machine's object while the message lives (a
+    plain waiting v4 message: its packed int, the very item of the deque, until it is checked
+    out as a new RefMessage: `_unpacked_row`)."""
 
-    m: Message | None
+    m: Waiting | None
     queue: str
     seq: int
     enqueue_index: int | None
@@ -445,9 +447,8 @@ class GroupReplay:
                     held = c.checked_out.get(d.msg_id) if c is not None else None
                     if held is None:
                         continue
-                    row = track.alive.get(id(held)) or self._new_row(
-                        name, track, held, cmd, index, own, rate
-                    )
+                    row = (track.alive.get(id(held)) or self._unpacked_row(track, popped, held)
+                           or self._new_row(name, track, held, cmd, index, own, rate))  # fmt: skip
                     self._delivered(track, row, (effect.consumer_key, d.msg_id), who, index, rate)
                     delivered[id(row)] = row
         auto_acked: MessageRow | None = None
@@ -458,9 +459,8 @@ class GroupReplay:
                 c = q.consumers.get(reply.consumer_key)
                 got = c.checked_out.get(0) if c is not None else None
                 if got is not None and c is not None:
-                    row = track.alive.get(id(got)) or self._new_row(
-                        name, track, got, cmd, index, own, rate
-                    )
+                    row = (track.alive.get(id(got)) or self._unpacked_row(track, popped, got)
+                           or self._new_row(name, track, got, cmd, index, own, rate))  # fmt: skip
                     self._delivered(track, row, (c.key, 0), who, index, rate)
                     delivered[id(row)] = row
             else:
@@ -527,7 +527,8 @@ class GroupReplay:
             if own and isinstance(cmd, Purge):
                 self._finish(track, row, "dropped", "purged", None, index, rate)
                 continue
-            expired = row.m is not None and row.m.expiry is not None and row.m.expiry <= self.now
+            expiry = None if row.m is None else expiry_of(row.m)
+            expired = expiry is not None and expiry <= self.now
             self._dead(track, row, "expired" if expired else "maxlen", budget, index, rate)
         for reason, (count, target) in budget.items():  # created and gone within this command
             for _ in range(count):
@@ -587,12 +588,12 @@ class GroupReplay:
     @staticmethod
     def _diff_waiting(
         track: QueueTrack, q: Queue
-    ) -> tuple[list[MessageRow], list[Message], list[Message]]:
+    ) -> tuple[list[MessageRow], list[Waiting], list[Waiting]]:
         """A grouped queue (machine v3) keeps its waiting messages in per-group deques, so the
         mirror is a set: rows no longer waiting are popped; messages newly waiting are returned
         (already tracked, e.g. back from a consumer) or fresh. Costs O(waiting) per command on
         grouped queues only."""
-        waiting = list(probe.waiting(q))
+        waiting: list[Waiting] = list(probe.waiting(q))
         present = {id(m) for m in waiting}
         kept: deque[MessageRow] = deque()
         popped: list[MessageRow] = []
@@ -606,7 +607,7 @@ class GroupReplay:
         return popped, returned, fresh
 
     @staticmethod
-    def _pop_mirror(mirror: deque[MessageRow], actual: deque[Message]) -> list[MessageRow]:
+    def _pop_mirror(mirror: deque[MessageRow], actual: deque[Waiting]) -> list[MessageRow]:
         popped: list[MessageRow] = []
         head = actual[0] if actual else None
         while mirror and mirror[0].m is not head:
@@ -614,7 +615,7 @@ class GroupReplay:
         return popped
 
     @staticmethod
-    def _appended(mirror: deque[MessageRow], actual: deque[Message]) -> list[Message]:
+    def _appended(mirror: deque[MessageRow], actual: deque[Waiting]) -> list[Waiting]:
         extra = len(actual) - len(mirror)
         if extra <= 0:
             return []
@@ -622,16 +623,33 @@ class GroupReplay:
         tail.reverse()
         return tail
 
+    @staticmethod
+    def _unpacked_row(
+        track: QueueTrack, popped: list[MessageRow], held: Message
+    ) -> MessageRow | None:
+        """The row of a plain v4 message popped from a deque as its packed int and now held as
+        a new RefMessage (same packed int): it follows the new object from here on."""
+        if type(held) is not RefMessage:
+            return None
+        for row in popped:
+            if type(row.m) is int and row.m == held.packed and track.alive.get(id(row.m)) is row:
+                del track.alive[id(row.m)]
+                row.m = held
+                track.alive[id(held)] = row
+                return row
+        return None
+
     def _new_row(
         self,
         name: str,
         track: QueueTrack,
-        m: Message,
+        item: Waiting,
         cmd: Any,
         index: int,
         own: bool,
         rate: RateRow,
     ) -> MessageRow:
+        m = inflate(item)
         death = dict(m.annotations).get("x-death-queue") if m.annotations else None
         if own and isinstance(cmd, Enqueue):
             source, origin = "publish", None
@@ -641,9 +659,9 @@ class GroupReplay:
             source, origin = "dead_letter", str(death)
         else:
             source, origin = "unknown", None
-        row = MessageRow(m, name, track.seq, index, self.now, source, origin, m.size)
+        row = MessageRow(item, name, track.seq, index, self.now, source, origin, m.size)
         track.seq += 1
-        track.alive[id(m)] = row
+        track.alive[id(item)] = row
         return row
 
     def _delivered(
@@ -717,11 +735,11 @@ class GroupReplay:
             self.stats["resyncs"] += 1
         seen: dict[int, MessageRow] = {}
 
-        def row_for(m: Message) -> MessageRow:
+        def row_for(m: Waiting) -> MessageRow:
             row = track.alive.get(id(m))
             if row is None:
                 source = "snapshot" if index is None else "unknown"
-                row = MessageRow(m, name, track.seq, index, None, source, None, m.size)
+                row = MessageRow(m, name, track.seq, index, None, source, None, inflate(m).size)
                 track.seq += 1
             seen[id(m)] = row
             return row
@@ -752,7 +770,7 @@ class GroupReplay:
         track = self.tracks.get(name)
         if track is None:
             return
-        pairs: list[tuple[Message, Message]] = [*zip(old.ready, new.ready, strict=True)]
+        pairs: list[tuple[Waiting, Waiting]] = [*zip(old.ready, new.ready, strict=True)]
         pairs += zip(old.returns, new.returns, strict=True)
         new_consumers = {c.key: c for c in (*new.consumers.values(), *new.waiting)}
         for c in (*old.consumers.values(), *old.waiting):

@@ -29,7 +29,7 @@ LONG_TODAY = {
     "cluster/node/server.py:__init__": 77,
     "pipeline/analyze.py:run_analysis": 104,
     "pipeline/logscan.py:scan_log": 68,
-    "pipeline/replay.py:_sync": 96,
+    "pipeline/replay.py:_sync": 94,
 }
 
 

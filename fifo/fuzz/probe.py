@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fifo.commands import ConsumerId
-from fifo.state import Consumer, ConsumerGroup, Group, Message, Queue, State
+from fifo.state import Consumer, ConsumerGroup, Group, Message, Queue, State, inflate
 
 __all__ = ["Consumer", "ConsumerGroup", "Group", "Message", "Queue", "State"]
 
@@ -72,8 +72,8 @@ def ready_count(queue_: Queue) -> int:
 
 def waiting(queue_: Queue) -> Iterator[Message]:
     """Every message waiting for a consumer: ready and returned ones (v3: in their groups)."""
-    yield from queue_.ready
-    yield from queue_.returns
+    yield from map(inflate, queue_.ready)
+    yield from map(inflate, queue_.returns)
     grouping = queue_.grouping
     if grouping is not None:
         for group in grouping.groups.values():

@@ -136,7 +136,7 @@ class QueueCore:
         src = q.returns if q.returns else q.ready
         if not src:
             return None
-        m = src.popleft()
+        m: Message = src.popleft()  # type: ignore[assignment]  # v1-v3: never a v4 packed int
         q.bytes_ready -= len(m.body)
         return m
 
@@ -177,9 +177,9 @@ class QueueCore:
         """Shallow expiry: drop the expired prefix of returns and of ready."""
         now = ctx.now
         expired: list[Message] = []
-        for src in (q.returns, q.ready):
-            while src and src[0].expiry is not None and src[0].expiry <= now:
-                m = src.popleft()
+        for src in (q.returns, q.ready):  # (v1-v3 deques hold Messages, never v4 packed ints)
+            while src and src[0].expiry is not None and src[0].expiry <= now:  # type: ignore[union-attr]
+                m: Message = src.popleft()  # type: ignore[assignment]
                 q.bytes_ready -= len(m.body)
                 expired.append(m)
         self.dead_letter(ctx, q, expired, "expired")
@@ -189,13 +189,13 @@ class QueueCore:
         src = q.returns if q.returns else q.ready
         if not src:
             return None
-        exp = src[0].expiry
+        exp = src[0].expiry  # type: ignore[union-attr]  # v1-v3: never a v4 packed int
         if exp is not None and exp <= ctx.now:
             self.expire_head(ctx, q)
             src = q.returns if q.returns else q.ready
             if not src:
                 return None
-        m = src.popleft()
+        m: Message = src.popleft()  # type: ignore[assignment]  # v1-v3: never a v4 packed int
         q.bytes_ready -= len(m.body)
         return m
 

@@ -9,9 +9,9 @@ from fifo.state import Queue, State
 def head_expiry(q: Queue) -> int | None:
     """The earliest expiry among the heads of the returns and ready queues."""
     best: int | None = None
-    for src in (q.returns, q.ready):
-        if src and src[0].expiry is not None:
-            exp = src[0].expiry
+    for src in (q.returns, q.ready):  # (v1-v3 deques hold Messages, never v4 packed ints)
+        if src and src[0].expiry is not None:  # type: ignore[union-attr]
+            exp = src[0].expiry  # type: ignore[union-attr]
             best = exp if best is None else min(best, exp)
     return best
 

@@ -15,7 +15,7 @@ from fifo import validate as v
 from fifo.commands import ConsumerId, ConsumerKey
 from fifo.replies import Error
 from fifo.shared import Ctx, invalid, key_text, unknown_consumer
-from fifo.state import Consumer, Group, GroupId, Grouping, Message, Queue
+from fifo.state import Consumer, Group, GroupId, Grouping, Message, Queue, compact, inflate
 from fifo.v4 import groups as group_index
 
 
@@ -189,7 +189,7 @@ class QueueBasics:
         room is left)."""
         grouping = queue.grouping
         if grouping is None:
-            queue.ready.append(message)
+            queue.ready.append(compact(message))
             queue.messages_total += 1
             queue.bytes_ready += message.size
             return
@@ -227,7 +227,7 @@ class QueueBasics:
         source = queue.returns if queue.returns else queue.ready
         if not source:
             return None
-        message = source.popleft()
+        message = inflate(source.popleft())
         queue.bytes_ready -= message.size
         return message
 

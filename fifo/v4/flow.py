@@ -12,7 +12,7 @@ from fifo import limits
 from fifo.effects import DeadLettered, Delivery, QueueStatus, RefDelivery
 from fifo.fastbuild import ref_deliver
 from fifo.shared import DEATH_KEYS, SERIAL, Annotations, Ctx, merge_annotations
-from fifo.state import Consumer, Group, Grouping, Message, Queue
+from fifo.state import Consumer, Group, Grouping, Message, Queue, compact, expiry_of, inflate
 from fifo.v4 import deadlines, exchanges, routing
 from fifo.v4 import groups as group_index
 from fifo.v4.basics import QueueBasics
@@ -164,8 +164,8 @@ class MessageFlow(QueueBasics):
                 expired.append(self.take_from(queue, grouping, group))
         else:
             for source in (queue.returns, queue.ready):
-                while source and source[0].expiry is not None and source[0].expiry <= now:
-                    message = source.popleft()
+                while source and (expiry := expiry_of(source[0])) is not None and expiry <= now:
+                    message = inflate(source.popleft())
                     queue.bytes_ready -= message.size
                     expired.append(message)
         self.dead_letter(ctx, queue, expired, "expired")
@@ -175,13 +175,13 @@ class MessageFlow(QueueBasics):
         source = queue.returns if queue.returns else queue.ready
         if not source:
             return None
-        expiry = source[0].expiry
+        expiry = expiry_of(source[0])
         if expiry is not None and expiry <= ctx.now:
             self.expire_head(ctx, queue)
             source = queue.returns if queue.returns else queue.ready
             if not source:
                 return None
-        message = source.popleft()
+        message = inflate(source.popleft())
         queue.bytes_ready -= message.size
         return message
 
@@ -341,7 +341,7 @@ class MessageFlow(QueueBasics):
             if self.over_delivery_limit(queue, message):
                 over.append(message)
             elif grouping is None:
-                queue.returns.append(message)
+                queue.returns.append(compact(message))
                 queue.bytes_ready += size
             else:
                 group_index.add_returned(grouping, grouping.groups[message.group], message)

@@ -33,7 +33,17 @@ from fifo.fastbuild import delivery as fast_delivery
 from fifo.fastbuild import fresh_delivery, ref_deliver
 from fifo.replies import Error, NotEnqueued, PurgeOk, RejectPublish, Reply
 from fifo.shared import OK, SERIAL, Annotations, Ctx, invalid, unknown_consumer
-from fifo.state import Consumer, Enqueuer, Group, GroupId, Grouping, Message, Queue, RefMessage
+from fifo.state import (
+    Consumer,
+    Enqueuer,
+    Group,
+    GroupId,
+    Grouping,
+    Message,
+    Queue,
+    RefMessage,
+    compact,
+)
 from fifo.v4 import deadlines
 from fifo.v4 import groups as group_index
 from fifo.v4.consumers import ConsumerLife
@@ -99,7 +109,7 @@ class MessageHandlers(ConsumerLife):
                 if queue.blocked_count or limited:
                     self.evaluate_limit(ctx, queue)
                 return OK
-        queue.ready.append(message)
+        queue.ready.append(compact(message))
         queue.bytes_ready += len(cmd.body)
         if queue.service:
             self.deliver(ctx, queue)
@@ -172,7 +182,7 @@ class MessageHandlers(ConsumerLife):
             message.expiry = self.expiry(ctx, queue, cmd.ttl_ms)
         limited = config.max_length is not None or config.max_bytes is not None
         if grouping is None:
-            queue.ready.append(message)
+            queue.ready.append(compact(message))
             queue.messages_total += 1
             queue.bytes_ready += len(cmd.body)
         elif queue.service and self.hand_over(ctx, queue, grouping, message, group_id,

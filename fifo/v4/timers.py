@@ -14,7 +14,7 @@ from fifo.commands import (
     EvalConsumerTimeouts,
     Expire,
 )
-from fifo.state import Queue, State
+from fifo.state import Queue, State, expiry_of
 from fifo.v4 import deadlines
 from fifo.v4 import groups as group_index
 
@@ -28,8 +28,8 @@ def head_expiry(queue: Queue) -> int | None:
         return None if message is None else message.expiry
     best: int | None = None
     for source in (queue.returns, queue.ready):
-        if source and source[0].expiry is not None:
-            expiry = source[0].expiry
+        expiry = expiry_of(source[0]) if source else None
+        if expiry is not None:
             best = expiry if best is None else min(best, expiry)
     return best
 

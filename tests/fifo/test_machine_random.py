@@ -15,7 +15,7 @@ import pytest
 import fifo
 from fifo import commands as c
 from fifo.replies import CheckoutOk, DequeueOk, Error, Ok
-from fifo.state import Queue, State
+from fifo.state import Queue, State, inflate
 
 CONNS = [c.ConnectionId(n, 1, i) for n in ("n1", "n2") for i in range(2)]
 CIDS = [c.ConsumerId(t, cn) for t in ("a", "b") for cn in CONNS]
@@ -26,7 +26,7 @@ def check_queue(q: Queue) -> None:
     """Counters match contents; SAC has one active; the service ring is consistent."""
     holders = (*q.consumers.values(), *q.waiting)
     held = [m for x in holders for m in x.checked_out.values()]
-    waiting_msgs = [*q.ready, *q.returns]
+    waiting_msgs = [*map(inflate, q.ready), *map(inflate, q.returns)]
     assert q.messages_total == len(waiting_msgs) + len(held)
     assert q.bytes_ready == sum(len(m.body) for m in waiting_msgs)
     assert q.bytes_checkout == sum(len(m.body) for m in held)

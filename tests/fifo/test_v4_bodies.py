@@ -23,7 +23,7 @@ from fifo.bodies import (
 )
 from fifo.effects import Deliver, Delivery, RefDeliver, RefDelivery
 from fifo.replies import DequeueOk, Error, RefDequeueOk
-from fifo.state import BodyNotHeldError, Message, RefMessage, State
+from fifo.state import BodyNotHeldError, Message, RefMessage, State, compact, inflate
 from raft.entry import SUB_INDEX_SPAN
 
 CONN = c.ConnectionId("n1", 1, 1)
@@ -78,7 +78,9 @@ def test_a_v4_publish_keeps_a_reference_and_no_body() -> None:
     declare(log)
     log.apply(c.Enqueue("q", b"x" * 1000))
     log.apply(c.AnnotatedEnqueue("q", b"yy", annotations=(("k", "v"),)))
-    messages = list(log.state.queues["q"].ready)
+    stored = list(log.state.queues["q"].ready)
+    assert [type(m) for m in stored] == [int, RefMessage]  # a plain one kept as its packed int
+    messages = [inflate(m) for m in stored]
     assert [type(m) for m in messages] == [RefMessage, RefMessage]
     assert [(m.ref, m.size) for m in messages] == [(2 * SPAN, 1000), (3 * SPAN, 2)]
     with pytest.raises(BodyNotHeldError, match=f"meta index {2 * SPAN}"):
@@ -97,8 +99,8 @@ def test_a_snapshot_restores_the_references_to_the_same_digest() -> None:
         log.apply(c.Enqueue("q", b"m%d" % n))
     restored = fifo.restore(fifo.snapshot(log.state))
     assert fifo.digest(restored) == fifo.digest(log.state)
-    refs = [m.ref for m in log.state.queues["q"].ready]
-    assert [m.ref for m in restored.queues["q"].ready] == refs
+    refs = [inflate(m).ref for m in log.state.queues["q"].ready]
+    assert [inflate(m).ref for m in restored.queues["q"].ready] == refs
 
 
 def test_the_digest_is_the_same_in_processes_with_other_hash_seeds() -> None:
@@ -318,12 +320,12 @@ def test_the_fuzzer_reports_a_reference_to_no_publish() -> None:
 
 
 def test_a_ready_message_is_two_slots_until_a_field_leaves_its_default() -> None:
-    """The memory the issue asks for: an untouched ready message has no fields object (48 bytes
-    with its GC header); a checkout (its lock) gives it one, defaults written change nothing."""
+    """The memory the issue asks for: an untouched message has no fields object (48 bytes with
+    its GC header); a checkout (its lock) gives it one, defaults written change nothing."""
     log = Log()
     declare(log)
     log.apply(c.Enqueue("q", b"x" * 1024))
-    message = log.state.queues["q"].ready[0]
+    message = inflate(log.state.queues["q"].ready[0])
     assert type(message) is RefMessage and message.fields is None
     assert sys.getsizeof(message) <= 48
     message.delivery_count = 0
@@ -331,5 +333,27 @@ def test_a_ready_message_is_two_slots_until_a_field_leaves_its_default() -> None
     assert message.fields is None and message.expiry is None and message.lock == 0
     checkout(log)
     held = next(iter(log.state.queues["q"].consumers.values())).checked_out[0]
-    assert held is message and held.lock > 0
+    assert type(held) is RefMessage and held.packed == message.packed and held.lock > 0
     assert getattr(held, "fields", None) is not None
+
+
+def test_a_plain_waiting_message_is_kept_as_its_packed_int() -> None:
+    """A ready message without fields is its bare packed int in the deque (40 bytes with its
+    slot, not the object's 88), also after a restore; one with a TTL, annotations or a return
+    stays an object; both encode as the same record."""
+    log = Log()
+    declare(log)
+    log.apply(c.Enqueue("q", b"x" * 1024))
+    log.apply(c.Enqueue("q", b"y" * 10, ttl_ms=60_000))
+    log.apply(c.AnnotatedEnqueue("q", b"z", annotations=(("k", "v"),)))
+    ready = log.state.queues["q"].ready
+    assert [type(item) for item in ready] == [int, RefMessage, RefMessage]
+    assert sys.getsizeof(ready[0]) <= 32
+    assert ready[0] == RefMessage(2 * SPAN, 1024, None).packed
+    assert compact(inflate(ready[0])) == ready[0] and compact(inflate(ready[1])) is ready[1]
+    restored = fifo.restore(fifo.snapshot(log.state))
+    assert [type(item) for item in restored.queues["q"].ready] == [int, RefMessage, RefMessage]
+    assert fifo.snapshot(restored) == fifo.snapshot(log.state)
+    key = checkout(log)
+    log.apply(c.Return("q", key, (0, 1, 2)))
+    assert all(type(item) is RefMessage for item in log.state.queues["q"].returns)

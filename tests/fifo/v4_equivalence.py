@@ -26,7 +26,7 @@ import tests.fifo.replay_corpus as rc
 from fifo.bodies import BodyMissingError, body_of_command, resolve_effects, resolve_reply
 from fifo.codec import restore, snapshot
 from fifo.replies import Error
-from fifo.state import Message, RefMessage, State
+from fifo.state import Message, RefMessage, State, inflate
 
 UNKNOWN_COMMAND_V4 = "of machine version 4"
 
@@ -81,8 +81,8 @@ def inline_bodies(state: State, body_of: LogBodies) -> State:
     """A copy of `state` with every body reference replaced by the body the log holds."""
     copy = restore(snapshot(state))
     for queue in copy.queues.values():
-        queue.ready = type(queue.ready)(_inline(m, body_of) for m in queue.ready)
-        queue.returns = type(queue.returns)(_inline(m, body_of) for m in queue.returns)
+        queue.ready = type(queue.ready)(_inline(inflate(m), body_of) for m in queue.ready)
+        queue.returns = type(queue.returns)(_inline(inflate(m), body_of) for m in queue.returns)
         for group in queue.grouping.groups.values() if queue.grouping is not None else ():
             group.ready = type(group.ready)(_inline(m, body_of) for m in group.ready)
             group.returns = [_inline(m, body_of) for m in group.returns]

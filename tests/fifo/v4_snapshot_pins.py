@@ -189,12 +189,13 @@ def pin(entries: list[Any], restart_every: int = 0) -> dict[str, Any]:
     return {"log": log_hash[:32], "checkpoints": count, "chain": chain.hexdigest()[:32]}
 
 
-def generate() -> None:
+def generate() -> int:
     """Write the pins of every log (run this with main's code on PYTHONPATH)."""
     pins = {name: pin(entries) for name, entries in all_logs()}
     PINS.write_text(json.dumps(pins, indent=0, sort_keys=True) + "\n")
     total = sum(p["checkpoints"] for p in pins.values())
     print(f"{len(pins)} logs, {total} checkpoints -> {PINS}")
+    return 0
 
 
 def check() -> int:
