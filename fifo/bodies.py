@@ -17,7 +17,7 @@ from fifo.commands import Enqueue, PublishToExchange
 from fifo.effects import Deliver, Delivery, Effect, RefDeliver, RefDelivery
 from fifo.errors import FifoError
 from fifo.replies import DequeuedMessage, DequeueOk, RefDequeueOk, Reply
-from fifo.state import Message, RefMessage, State, inflate
+from fifo.state import BODY_SIZE_BITS, BODY_SIZE_MASK, RefMessage, State, Waiting
 
 BodyLookup = Callable[[int], bytes]  # meta index of an enqueuing command -> its body
 
@@ -61,11 +61,12 @@ def body_of_command(command: object) -> bytes | None:
     return None
 
 
-def _messages(state: State) -> Iterator[Message]:
-    """Every message the state holds: waiting, returned, grouped, checked out."""
+def _items(state: State) -> Iterator[Waiting]:
+    """Every message the state holds (waiting, returned, grouped, checked out), a plain waiting
+    v4 message as its packed int."""
     for queue in state.queues.values():
-        yield from map(inflate, queue.ready)
-        yield from map(inflate, queue.returns)
+        yield from queue.ready
+        yield from queue.returns
         if queue.grouping is not None:
             for group in queue.grouping.groups.values():
                 yield from group.returns
@@ -74,24 +75,31 @@ def _messages(state: State) -> Iterator[Message]:
             yield from consumer.checked_out.values()
 
 
-def references(state: State) -> Iterator[RefMessage]:
-    """The messages whose body stays in the log (none before machine v4)."""
-    return (message for message in _messages(state) if type(message) is RefMessage)
+def references(state: State) -> Iterator[int]:
+    """The packed reference (`ref << BODY_SIZE_BITS | size`) of every message whose body stays
+    in the log (none before machine v4): a plain waiting message is one already, no object is
+    made for it."""
+    for item in _items(state):
+        if type(item) is int:
+            yield item
+        elif type(item) is RefMessage:
+            yield item.packed
 
 
 def live_entry_indexes(state: State) -> list[int]:
     """The sorted distinct Raft indexes of the entries holding a body the state still refers
     to (ready, checked out, returned, dead-lettered into another queue); [] for v1-v3 states,
     whose bodies are inline. O(messages): called when a snapshot is taken."""
-    return sorted({message.ref // limits.commands_per_entry_max for message in references(state)})
+    shift, span = BODY_SIZE_BITS, limits.commands_per_entry_max
+    return sorted({(packed >> shift) // span for packed in references(state)})
 
 
 def referenced_bodies(state: State) -> tuple[int, int]:
     """(messages, bytes) of the bodies the state refers to in the log (for metrics)."""
     count = size = 0
-    for message in references(state):
+    for packed in references(state):
         count += 1
-        size += message.size
+        size += packed & BODY_SIZE_MASK
     return count, size
 
 

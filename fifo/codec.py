@@ -27,6 +27,8 @@ from fifo import replies as r
 from fifo.errors import CodecError
 from fifo.meta import Meta
 from fifo.state import (
+    BODY_SIZE_BITS,
+    BODY_SIZE_MASK,
     Consumer,
     ConsumerGroup,
     Enqueuer,
@@ -41,7 +43,6 @@ from fifo.state import (
     State,
     Waiting,
     compact,
-    inflate,
 )
 
 TAG_BASE = 71_000
@@ -471,8 +472,10 @@ def _record(v: Any, kind: str) -> list[Any]:
 
 def _msg_out(item: Waiting) -> list[Any]:
     # v4: a body kept in the log is written as [ref, size] in the body's place; a plain message
-    # kept as its packed int exactly as the RefMessage it stands for
-    m = inflate(item)
+    # kept as its packed int exactly as the RefMessage it stands for (every field its default)
+    if isinstance(item, int):
+        return [[item >> BODY_SIZE_BITS, item & BODY_SIZE_MASK], None, 0, 0, [], 0]
+    m = item
     body: Any = [m.ref, m.size] if type(m) is RefMessage else m.body
     if m.pos:
         return [body, m.expiry, m.delivery_count, m.acquired_count, list(m.annotations), m.lock,

@@ -68,7 +68,7 @@ class Message:
 # of two: 32 bytes less per queued message, measured by scripts/bench_message_memory.py)
 BODY_SIZE_BITS = 25
 assert limits.body_bytes_max < 1 << BODY_SIZE_BITS
-_BODY_SIZE_MASK = (1 << BODY_SIZE_BITS) - 1
+BODY_SIZE_MASK = (1 << BODY_SIZE_BITS) - 1
 
 
 class BodyNotHeldError(AttributeError):
@@ -163,7 +163,7 @@ class RefMessage(_MessageShape):
     @property
     def size(self) -> int:
         """The body's size in bytes."""
-        return self.packed & _BODY_SIZE_MASK
+        return self.packed & BODY_SIZE_MASK
 
     @property
     def ref(self) -> int:
