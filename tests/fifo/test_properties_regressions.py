@@ -132,13 +132,18 @@ def test_waiting_order_follows_credit_after_a_settle() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="not diagnosed yet: at step 2449 of fuzz seed 125 on v4, EvalConsumerTimeouts on "
-    "partition parts.0 answers with deliveries on parts.2 and parts.3 to m666, no consumer there",
+    reason="v4: a consumer timeout delivers, within the same command, to the member it then "
+    "revokes from every partition (fuzz seed 125, step 2449)",
 )
 def test_fuzz_seed_125_v4_partition_timeout_delivers_to_no_consumer() -> None:
     """Found by `quorumq pipeline fuzz --seeds 200 --steps 5000 --machine-version 4` (one seed of
-    200 failing, 2026-11-29; the same on 7207543, before v4's compact messages). `--shrink` kept
-    2,234 of its 2,450 entries: reproduce with `quorumq fuzz --seed 125 --steps 2450
-    --machine-version 4 --shrink -o json`."""
+    200 failing, 2026-11-29; the same on 7207543, before v4's compact messages). At step 2449,
+    `EvalConsumerTimeouts(queue='parts.0', consumer_keys=(2321,))`: member m666 of group gb, the
+    only consumer of partitions parts.0-3, times out on parts.0; its messages there are returned,
+    which puts parts.0 over its max length; the overflow is dead-lettered into parts.2 and
+    parts.3, which deliver it at once to m666 (still their consumer); then the same command
+    revokes m666 from every partition. The deliveries name a consumer the resulting state no
+    longer has (the messages themselves are back in those queues). `--shrink` kept 2,234 of the
+    2,450 entries: `quorumq fuzz --seed 125 --steps 2450 --machine-version 4 --shrink -o json`."""
     result = fifo.fuzz.run(125, 2450, 4)
     assert result.violations == [], [(v.step, v.invariant, v.detail) for v in result.violations]
