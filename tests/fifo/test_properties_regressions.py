@@ -130,12 +130,7 @@ def test_waiting_order_follows_credit_after_a_settle() -> None:
     assert [w.tag for w in queue.waiting] == ["low", "c"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="v4: a consumer timeout delivers, within the same command, to the member it then "
-    "revokes from every partition (fuzz seed 125, step 2449)",
-)
-def test_fuzz_seed_125_v4_partition_timeout_delivers_to_no_consumer() -> None:
+def test_fuzz_seed_125_v4_a_timeout_never_delivers_to_a_member_it_ends() -> None:
     """Found by `quorumq pipeline fuzz --seeds 200 --steps 5000 --machine-version 4` (one seed of
     200 failing, 2026-11-29; the same on 7207543, before v4's compact messages). At step 2449,
     `EvalConsumerTimeouts(queue='parts.0', consumer_keys=(2321,))`: member m666 of group gb, the
@@ -144,6 +139,7 @@ def test_fuzz_seed_125_v4_partition_timeout_delivers_to_no_consumer() -> None:
     parts.3, which deliver it at once to m666 (still their consumer); then the same command
     revokes m666 from every partition. The deliveries name a consumer the resulting state no
     longer has (the messages themselves are back in those queues). `--shrink` kept 2,234 of the
-    2,450 entries: `quorumq fuzz --seed 125 --steps 2450 --machine-version 4 --shrink -o json`."""
+    2,450 entries: `quorumq fuzz --seed 125 --steps 2450 --machine-version 4 --shrink -o json`.
+    Fixed: such deliveries are dropped from the command's effects (fifo/v4/registry.py)."""
     result = fifo.fuzz.run(125, 2450, 4)
     assert result.violations == [], [(v.step, v.invariant, v.detail) for v in result.violations]
