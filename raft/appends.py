@@ -203,7 +203,7 @@ class Appends(NodeBase):
     def _event_handled_lightly(self) -> bool:
         """After a peer socket event (the ticker's `light_event`): True when every message it
         brought was an idle reply (`_idle_reply`), so no tick is needed: the leader's timers
-        (its next heartbeat, the others at least every TICK_PERIOD_S) tick when due anyway.
+        (its next heartbeat, the others at least every `tick_period_ms`) tick when due anyway.
         An event that brought no message (a write drained, a connection's handshake), or left
         something to send, ticks."""
         quiet, self._event_quiet = self._event_quiet, None
@@ -308,7 +308,7 @@ class Appends(NodeBase):
         if peer is None:
             return
         now = monotonic_time()
-        contact = self._follower_contacts.setdefault(peer, Contact())
+        contact = self._follower_contacts.setdefault(peer, Contact(self.settings.silence_s))
         contact.heard(peer, now)
         first = int(self.noop_index or 0)
         if (

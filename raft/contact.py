@@ -13,16 +13,16 @@ current when:
   this node's consumers' to get.
 
 "Steadily" is what makes buffered or delayed bytes harmless: a peer counts only after it was
-heard at least every LEADER_SILENCE_S_MAX for STEADY_S. After a pause (SIGSTOP) or a blackholed
-link, what arrives first is a burst of old frames after a silence: the clock of the contact
-restarts there, and within STEADY_S the burst is over and, if the peer had given up on this
-connection (it closes one that stays silent for its connection timeout, and only then can the
-leader commit this node's NodeDown), the close has arrived behind it.
+heard at least every `silence_s` (the shortest election timeout) for STEADY_S. After a pause
+(SIGSTOP) or a blackholed link, what arrives first is a burst of old frames after a silence:
+the clock of the contact restarts there, and within STEADY_S the burst is over and, if the peer
+had given up on this connection (it closes one that stays silent for its connection timeout,
+and only then can the leader commit this node's NodeDown), the close has arrived behind it.
 
 A new leader need not wait STEADY_S (the read-index check of Raft's section 6.4): a follower
 that acknowledged the first entry of this leadership (the no-op a leader appends when elected)
 had accepted this node as leader after the election, so that acknowledgement is no old frame.
-Such a follower counts at once if the acknowledgement came within LEADER_SILENCE_S_MAX of the
+Such a follower counts at once if the acknowledgement came within `silence_s` of the
 election (no pause of this node in between) and it has been heard without a long silence since
 (no pause after). A silence later restarts its contact as before: the exemption is only for the
 stretch that began with the election.
@@ -32,18 +32,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# a silence longer than this restarts the contact: the shortest election timeout (a follower
-# that hears nothing for that long starts asking for votes)
-LEADER_SILENCE_S_MAX = 0.4
 # how long a peer must have been heard without such a silence before the contact counts
 STEADY_S = 1.0
 
 
 @dataclass(slots=True)
 class Contact:
-    """Since when one peer has been heard from without a silence over LEADER_SILENCE_S_MAX, and
-    when it first acknowledged an entry of this node's latest leadership."""
+    """Since when one peer has been heard from without a silence over `silence_s`, and when it
+    first acknowledged an entry of this node's latest leadership.
 
+    `silence_s` is the shortest election timeout (`RaftSettings.silence_s`): a follower that hears
+    nothing from its leader for that long may start asking for votes, so a leader not heard by
+    a majority for that long may have been replaced; and a peer silent for that long may have
+    been paused or cut off, with old frames still to come."""
+
+    silence_s: float
     peer: str | None = None
     since: float = 0.0
     last: float | None = None
@@ -51,7 +54,7 @@ class Contact:
 
     def heard(self, peer: str | None, now: float) -> None:
         """A frame from `peer` was handled at `now` (monotonic seconds)."""
-        if peer != self.peer or self.last is None or now - self.last > LEADER_SILENCE_S_MAX:
+        if peer != self.peer or self.last is None or now - self.last > self.silence_s:
             self.peer, self.since = peer, now
         self.last = now
 
@@ -66,13 +69,13 @@ class Contact:
         return self._heard_now(peer, now) and now - self.since >= STEADY_S
 
     def fresh(self, peer: str | None, now: float, elected_at: float) -> bool:
-        """Whether `peer` acknowledged the leadership won at `elected_at` within
-        LEADER_SILENCE_S_MAX of it and has been heard without a long silence since."""
+        """Whether `peer` acknowledged the leadership won at `elected_at` within `silence_s`
+        of it and has been heard without a long silence since."""
         acked = self.acked_at
         return (
             self._heard_now(peer, now)
             and acked is not None
-            and elected_at <= acked <= elected_at + LEADER_SILENCE_S_MAX
+            and elected_at <= acked <= elected_at + self.silence_s
             and self.since <= acked
         )
 
@@ -81,7 +84,7 @@ class Contact:
             peer is not None
             and peer == self.peer
             and self.last is not None
-            and now - self.last <= LEADER_SILENCE_S_MAX
+            and now - self.last <= self.silence_s
         )
 
 

@@ -72,7 +72,6 @@ from raft.roles import RoleChanges
 from raft.settings import (
     APPEND_ENTRIES_BYTES_MAX,
     SNAPSHOT_CHUNK_BYTES,
-    TICK_PERIOD_S,
     TRANSPORT_ENV,
     TRANSPORTS,
     DialedTCPNode,
@@ -92,7 +91,7 @@ from raft.transport import PeerConnection
 # the names cluster/, scripts and tests import from here (some defined in the parts' modules)
 __all__ = ["APPEND_ENTRIES_BYTES_MAX", "COMMIT_SEND_DELAY_S", "DIGEST_MESSAGES_MAX",
            "PRE_VOTE_PARK_S", "ROLES", "SNAPSHOT_CHUNK_BYTES", "SNAPSHOT_INLINE_ENV",
-           "TEST_LIVE_ENTRIES_ENV", "TICK_PERIOD_S", "TRANSPORTS", "TRANSPORT_ENV",
+           "TEST_LIVE_ENTRIES_ENV", "TRANSPORTS", "TRANSPORT_ENV",
            "DialedTCPNode", "MembershipCallback", "OutcomeListener", "RaftNode", "RaftSettings",
            "SnapshotListener", "transport_name"]  # fmt: skip
 
@@ -197,7 +196,7 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         self._on_snapshot_loaded = on_snapshot_loaded
         # issue 24: how steadily the leader (as a follower) or each follower (as the leader) is
         # heard, for `applied_state_current` (raft/contact.py)
-        self._leader_contact = Contact()
+        self._leader_contact = Contact(settings.silence_s)
         self._follower_contacts = {}
         self._elected_at = None  # when this node last became leader (monotonic)
         self._applied_through = 0  # the last entry applied through apply_entry (raft.contact)
@@ -218,7 +217,9 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         after socket events, after proposals and on a timer (raft/ticker.py)."""
         self._loop_thread = LoopThread(f"raft-{settings.node_id}") if loop is None else None
         self.loop = loop if loop is not None else self._loop_thread.loop  # type: ignore[union-attr]
-        self._ticker = LoopTicker(self.loop, self._tick, TICK_PERIOD_S, self._next_timer_due)
+        self._ticker = LoopTicker(
+            self.loop, self._tick, settings.tick_period_s, self._next_timer_due
+        )
         self._loop_poller = LoopPoller(self.loop, self._ticker.tick_now)
         self._loop_poller.on_tick_end = self._end_of_tick
         self._loop_poller.on_failure = self._ticker.on_failure = self._stop_if_damaged
@@ -293,7 +294,7 @@ class RaftNode(Appends, Elections, MemberChanges, SnapshotHooks, NodeStatus, Nod
         """The end of every pysyncobj tick: the AppendEntries collected during the tick (one
         message per follower carrying the new entries and the commit index, then one fsync),
         and the next wake-up if the held-back commit index falls due before the timer."""
-        wait = self._commit_send_due(TICK_PERIOD_S)
+        wait = self._commit_send_due(self.settings.tick_period_s)
         self._flush_sends()
         self._flush_acks()
         self._ticker.wake_within(wait)

@@ -45,7 +45,7 @@ class NodeStatus(NodeBase):
         """leader | follower | candidate | stopped (stopped applying)."""
         if self.stopped_reason is not None:
             return "stopped"
-        # the state alone, not pysyncobj's whole status map (the node's timers ask every 100 ms)
+        # the state alone, not pysyncobj's whole status map (the node's timers ask every 200 ms)
         return ROLES.get(int(self.raft_state), "follower")
 
     def bound(self) -> bool:

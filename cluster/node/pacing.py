@@ -2,7 +2,7 @@
 
 The node server's periodic pass (memory sample, storage damage, leader timers, sweeps, status)
 runs about every `period`. The raft ticker wakes the loop on its own timer (an idle leader: its
-heartbeat, every 100 ms; a follower: its tick period). Two timers 100 ms apart each but out of
+heartbeat, every 200 ms; a follower: its tick period). Two timers 200 ms apart each but out of
 phase cost two loop wake-ups (two context switches, two passes through the selector) where
 one would do: `next_pass_at` moves the pass onto the ticker's timer when that falls within
 [period - EARLY_S, period + LATE_S] of now, to just after its instant (asyncio runs every timer

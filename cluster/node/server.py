@@ -66,7 +66,9 @@ EX_UNAVAILABLE = 69
 EX_DATAERR = 65  # a damaged journal, meta or snapshot: `quorumq node recover` rebuilds it
 EX_SOFTWARE = 70
 EX_CONFIG = 78
-TIMER_PERIOD_S = 0.1
+# the periodic pass (memory, leader timers, sweeps, status): on an idle leader's heartbeat tick
+# (raft's `tick_period_ms`, 200 ms), so that an idle node wakes once a round, not twice
+TIMER_PERIOD_S = 0.2
 STATUS_PERIOD_S = 2.0
 RAFT_BIND_TIMEOUT_S = 10.0
 GIL_SWITCH_INTERVAL_S = 0.001

@@ -38,9 +38,11 @@ class ClusterParams:
     compaction_min_entries: int = 60  # small: snapshots and snapshot transfers happen often
     election_timeout_ms: tuple[int, int] = (400, 800)
     heartbeat_ms: int = 50
-    # 50: no longer heartbeat when idle, as when the planted-bug seeds of tests/raft/sim were
-    # found (production idles at 100 ms: RaftSettings, tests/raft/test_idle_costs.py)
+    # 50: no longer heartbeat when idle, and ticks at least every 100 ms, as when the planted-bug
+    # seeds of tests/raft/sim were found (production's election timeouts are (800, 1600), its
+    # idle heartbeat and tick period 200 ms: RaftSettings, tests/raft/test_idle_costs.py)
     idle_heartbeat_ms: int = 50
+    tick_period_ms: int = 100
     fsync: str = "batch"
 
 
@@ -104,6 +106,7 @@ class SimCluster:
             election_timeout_ms=params.election_timeout_ms,
             heartbeat_ms=params.heartbeat_ms,
             idle_heartbeat_ms=params.idle_heartbeat_ms,
+            tick_period_ms=params.tick_period_ms,
             compaction_min_entries=params.compaction_min_entries,
         )
 

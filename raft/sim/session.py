@@ -5,7 +5,9 @@
 (NodeDown / NodeUp for lost and returned members, the leader bringing itself up, the machine's
 timeouts), and `NodeServer._reconcile_connections` (ConnectionDown through the log, retried,
 for every connection of this incarnation that the state lists and no session serves), called
-on this shell as the node server's periodic task calls it on itself, every TIMER_PERIOD_S.
+on this shell as the node server's periodic task calls it on itself, every PERIOD_S (the
+server's TIMER_PERIOD_S when the planted-bug seeds of tests/raft/sim were found; it is 200 ms
+now, with production's longer idle heartbeat: raft.sim.cluster.ClusterParams keeps that one too).
 A client session that closes submits its ConnectionDown once, as `ClientSession._closed` does;
 a new incarnation records itself with a hello retried until it commits, as `NodeServer._hello`.
 """
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cluster.node.effects import EffectRouter
-from cluster.node.server import TIMER_PERIOD_S, NodeServer
+from cluster.node.server import NodeServer
 from cluster.node.timers import LeaderTimers
 from fifo.commands import ConnectionDown, ConnectionId
 from raft.errors import SubmitError
@@ -24,6 +26,7 @@ from raft.replica import Replica
 from raft.sim.clock import VirtualLoop
 
 HELLO_RETRY_S = 0.5  # as NodeServer._hello after a failed submit
+PERIOD_S = 0.1
 
 
 def _reconcile_connections(shell: SimSessions) -> None:
@@ -48,7 +51,7 @@ class SimSessions:
         self.stopping = False
         self._down_submitted: dict[int, float] = {}
         self._leaderless_since: float | None = loop.time()  # NodeServer's read gate state
-        self.loop.call_later(TIMER_PERIOD_S, self._periodic)
+        self.loop.call_later(PERIOD_S, self._periodic)
 
     def say_hello(self) -> None:
         """Record this incarnation through the log (its apply closes the old incarnation's
@@ -62,7 +65,7 @@ class SimSessions:
 
     def _periodic(self) -> None:
         """The node server's periodic task (less its status file and disk checks)."""
-        self.loop.call_later(TIMER_PERIOD_S, self._periodic)
+        self.loop.call_later(PERIOD_S, self._periodic)
         if self.replica.storage_damage() is not None:
             return  # the real node exits (65); a crash fault brings it back
         _server_method("_track_leader")(self)

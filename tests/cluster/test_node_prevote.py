@@ -22,7 +22,7 @@ from tests.cluster.proxied import cluster_behind_proxies
 
 pytestmark = pytest.mark.cluster
 
-CUT_S = 3.0  # several election timeouts (400-800 ms)
+CUT_S = 5.0  # several election timeouts (800-1600 ms)
 
 
 def _roles_and_terms(cluster: LocalCluster) -> dict[str, tuple[Any, Any]]:
