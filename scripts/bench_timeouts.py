@@ -11,7 +11,9 @@ asks its deadline index) and each consumer count, 100,000 messages are checked o
   leader holds the same load through real clients; the leader's and one follower's CPU (utime +
   stime from /proc/PID/stat, every thread) over the same --window seconds of idleness, divided
   by the window, after --settle seconds (the followers finish applying what was published; a
-  snapshot may be taken). `empty` is the same cluster with nothing held (its floor: heartbeats,
+  snapshot may be taken): the median of --windows consecutive windows, each listed under
+  `windows` with the snapshots the leader wrote during it (`leader_snapshots`: a snapshot is
+  work, not idleness). `empty` is the same cluster with nothing held (its floor: heartbeats,
   timers, status). `load` is the load average when each window ended.
 
 With `--baseline-tree DIR` (a checkout of other code, e.g. `git archive main | tar -x -C DIR`)
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -100,6 +103,30 @@ def idle_cores(pids: dict[str, int], window_s: float) -> dict[str, float]:
     return {**cores, "load": round(os.getloadavg()[0], 2)}
 
 
+def snapshots_written(node_dir: Path) -> int:
+    """How many `snapshot_written` lines the node's logs hold."""
+    return sum(
+        line.count('"snapshot_written"')
+        for log_file in node_dir.glob("node.log*")
+        for line in log_file.open(encoding="utf-8", errors="replace")
+    )
+
+
+def idle_windows(
+    pids: dict[str, int], window_s: float, windows: int, leader_dir: Path
+) -> dict[str, Any]:
+    """`idle_cores` over `windows` consecutive windows: the median of each figure, every
+    window's, and the snapshots the leader wrote during each (a snapshot is work, not
+    idleness: it shows which window it fell in)."""
+    each = []
+    for _ in range(windows):
+        written = snapshots_written(leader_dir)
+        figures = idle_cores(pids, window_s)
+        each.append({**figures, "leader_snapshots": snapshots_written(leader_dir) - written})
+    median = {key: statistics.median(w[key] for w in each) for key in each[0]}
+    return {**median, "windows": each}
+
+
 def node_pids(cluster: LocalCluster, leader: str) -> dict[str, int]:
     """The leader's pid and one follower's (if the cluster has one)."""
     pids = {"leader": cluster.procs[leader].pid}
@@ -144,12 +171,13 @@ def run_version(
             wait_until(lambda: probe.status().get("effective_machine_version") == version, 60,
                        f"machine v{version}")  # fmt: skip
         pids = node_pids(cluster, leader)
-        out["empty"] = idle_cores(pids, args.window)
+        leader_dir = cluster.data_dir / leader
+        out["empty"] = idle_windows(pids, args.window, args.windows, leader_dir)
         for consumers in consumer_counts:
             client = hold(cluster, leader, f"hold{consumers}", consumers, args.messages)
             try:
                 time.sleep(args.settle)
-                out[str(consumers)] = idle_cores(pids, args.window)
+                out[str(consumers)] = idle_windows(pids, args.window, args.windows, leader_dir)
             finally:
                 client.close()
             with cluster.client(leader) as admin:  # the held messages came back: drop them
@@ -186,6 +214,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=MESSAGES)
     parser.add_argument("--ticks", type=int, default=20, help="Timer ticks timed per case.")
     parser.add_argument("--window", type=float, default=10.0, help="Idle seconds measured.")
+    parser.add_argument(
+        "--windows", type=int, default=3, help="Windows per case (figures: their median)."
+    )
     parser.add_argument("--nodes", type=int, default=3, help="Cluster size.")
     parser.add_argument("--settle", type=float, default=5.0, help="Seconds before a window.")
     parser.add_argument("--baseline-tree", type=Path, help="Also run the nodes on this code.")
@@ -198,8 +229,8 @@ def main() -> None:
     if args.baseline_tree is not None:  # a tree from before v4's release has it unreleased
         os.environ[UNRELEASED_FLAG] = "1"
     result: dict[str, Any] = {"messages": args.messages, "nodes": args.nodes,
-                              "window_s": args.window, "load_before": os.getloadavg(),
-                              "versions": {}}  # fmt: skip
+                              "window_s": args.window, "windows": args.windows,
+                              "load_before": os.getloadavg(), "versions": {}}  # fmt: skip
     for version in versions:
         ticks = {str(n): round(tick_ms(version, n, args.messages, args.ticks), 3) for n in counts}
         entry: dict[str, Any] = {"tick_ms": ticks}
