@@ -7,6 +7,7 @@ Waiters wait on a future that the next event resolves, then re-check their condi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,7 +18,6 @@ from cluster.client._requests import Dialing, core_for, no_answer, status_probe
 from cluster.client._wire import AnyFrame, Handshake, Welcome
 from cluster.client.errors import ClientClosed, ClusterError
 from cluster.client.sansio import (
-    TICK_S,
     Answered,
     ClientProtocol,
     CloseConnection,
@@ -102,6 +102,7 @@ class AsyncShell(ShellView):
         self._waiting: list[asyncio.Future[None]] = []  # woken by the next event
         self._write_paused: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._tick_wake = asyncio.Event()  # cut the ticker's wait short (a retry to send)
         self._connected = False
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -234,6 +235,8 @@ class AsyncShell(ShellView):
             link.close()
             self.on_lost(link, err)
             return
+        if self.core.retrying:  # the ticker may be in its idle wait
+            self._tick_wake.set()
         self.flush()
         self._handle(events)
 
@@ -247,7 +250,9 @@ class AsyncShell(ShellView):
     async def _tick_loop(self) -> None:
         core = self.core
         while not core.closed and core.failure is None:
-            await asyncio.sleep(TICK_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._tick_wake.wait(), core.tick_wait_s())
+            self._tick_wake.clear()
             events = core.tick(time.monotonic())
             self.flush()
             self._handle(events)

@@ -37,7 +37,7 @@ from cluster.client._options import Settings, ShellView
 from cluster.client._requests import Dialing, core_for, no_answer, status_probe
 from cluster.client._wire import AnyFrame, Frame, Handshake, Welcome
 from cluster.client.errors import ClientClosed, ClusterError
-from cluster.client.sansio import TICK_S, Answered, CloseConnection, Event, ReconnectNeeded
+from cluster.client.sansio import Answered, CloseConnection, Event, ReconnectNeeded
 from cluster.client.tls import client_context, handshake_failed, server_hostname
 
 log = get_logger("quorumq.client")
@@ -149,6 +149,7 @@ class ThreadedShell(ShellView):
         except BaseException:
             self._close_wake()
             raise
+        self._tick_wake = threading.Event()  # cut the ticker's wait short (a retry to send)
         self._ticker = threading.Thread(target=self._tick_loop, name="qq-ticker", daemon=True)
         self._ticker.start()
 
@@ -388,6 +389,8 @@ class ThreadedShell(ShellView):
                         events = self.core.receive_data(chunk)
                     except Exception as err:  # a broken stream cannot be resynchronised
                         error = err
+                    if self.core.retrying:  # the ticker may be in its idle wait
+                        self._tick_wake.set()
             if error is not None:
                 events += self._lost(sock, error)
         self.flush()
@@ -422,7 +425,8 @@ class ThreadedShell(ShellView):
 
     def _tick_loop(self) -> None:
         while not self.core.closed and self.core.failure is None:
-            time.sleep(TICK_S)
+            self._tick_wake.wait(self.core.tick_wait_s())
+            self._tick_wake.clear()
             with self.lock:
                 events = self.core.tick(time.monotonic())
             self.flush()

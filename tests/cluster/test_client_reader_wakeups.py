@@ -5,10 +5,12 @@ consumer is attached); confirms are read by the callers that wait for them."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
+from cluster.client.sansio import SCAN_S
 from cluster.launcher import LocalCluster
 
 pytestmark = pytest.mark.cluster
@@ -58,3 +60,23 @@ def test_the_reader_thread_is_woken_for_a_consumer_once_its_caller_stops_reading
             message.ack()
             got += 1
         assert got == 20
+
+
+def test_an_idle_client_s_ticker_wakes_twice_a_second(
+    shared_cluster3: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer attached and nothing to do: the ticker's work (deadlines, the silence check)
+    waits SCAN_S, not TICK_S (it woke 20 times a second, 0.002 cores per idle client)."""
+    with shared_cluster3.client() as client:
+        client.declare_queue("ticker-idle")
+        client.consume("ticker-idle", prefetch=10)
+        ticks = [0]
+        tick = client.core.tick
+
+        def counted(now: float) -> Any:
+            ticks[0] += 1
+            return tick(now)
+
+        monkeypatch.setattr(client.core, "tick", counted)
+        time.sleep(2.0)
+        assert 2 <= ticks[0] <= 2.0 / SCAN_S + 2, ticks[0]

@@ -16,6 +16,7 @@ from cluster.client.errors import AuthError, CommandRefused
 from cluster.client.sansio import (
     RETRY_DELAY_S,
     SCAN_S,
+    TICK_S,
     UNCERTAIN,
     Answered,
     CloseConnection,
@@ -153,6 +154,21 @@ def test_retryable_errors_are_resent_as_is_after_a_delay() -> None:
     assert core.data_to_send() == b""
     core.tick(100.0 + RETRY_DELAY_S)
     assert sent(core) == [first]
+
+
+def test_the_owner_ticks_often_only_while_a_retry_waits() -> None:
+    """Idle, or waiting for answers, a tick has only the deadlines and the silence check to do
+    (every SCAN_S); a refusal to retry asks for ticks every TICK_S until it is resent."""
+    core = connected(now=100.0)
+    assert core.tick_wait_s() == SCAN_S and not core.retrying
+    request_id = core.submit(protocol.query(0, "status"))
+    assert core.tick_wait_s() == SCAN_S
+    sent(core)
+    busy = protocol.error(protocol.NOT_LEADER_TIMEOUT, "electing", request_id)
+    core.receive_data(answer(busy))
+    assert core.retrying and core.tick_wait_s() == TICK_S < RETRY_DELAY_S
+    core.tick(100.0 + RETRY_DELAY_S)
+    assert sent(core) and not core.retrying and core.tick_wait_s() == SCAN_S
 
 
 def test_a_request_past_its_deadline_fails_with_request_timeout() -> None:
