@@ -160,15 +160,20 @@ def test_the_owner_ticks_often_only_while_a_retry_waits() -> None:
     """Idle, or waiting for answers, a tick has only the deadlines and the silence check to do
     (every SCAN_S); a refusal to retry asks for ticks every TICK_S until it is resent."""
     core = connected(now=100.0)
-    assert core.tick_wait_s() == SCAN_S and not core.retrying
+    retrying: list[bool] = []
+    assert core.tick_wait_s() == SCAN_S
+    retrying.append(core.retrying)
     request_id = core.submit(protocol.query(0, "status"))
     assert core.tick_wait_s() == SCAN_S
     sent(core)
     busy = protocol.error(protocol.NOT_LEADER_TIMEOUT, "electing", request_id)
     core.receive_data(answer(busy))
-    assert core.retrying and core.tick_wait_s() == TICK_S < RETRY_DELAY_S
+    assert core.tick_wait_s() == TICK_S < RETRY_DELAY_S
+    retrying.append(core.retrying)
     core.tick(100.0 + RETRY_DELAY_S)
-    assert sent(core) and not core.retrying and core.tick_wait_s() == SCAN_S
+    assert sent(core) and core.tick_wait_s() == SCAN_S
+    retrying.append(core.retrying)
+    assert retrying == [False, True, False]
 
 
 def test_a_request_past_its_deadline_fails_with_request_timeout() -> None:
