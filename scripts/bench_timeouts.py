@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_backlog import snapshots_written  # a sibling script: the same log reader
+
 import fifo
 from cluster.launcher import LocalCluster, local_cluster, wait_until
 from cluster.node.server import UNRELEASED_FLAG
@@ -103,15 +105,6 @@ def idle_cores(pids: dict[str, int], window_s: float) -> dict[str, float]:
     return {**cores, "load": round(os.getloadavg()[0], 2)}
 
 
-def snapshots_written(node_dir: Path) -> int:
-    """How many `snapshot_written` lines the node's logs hold."""
-    return sum(
-        line.count('"snapshot_written"')
-        for log_file in node_dir.glob("node.log*")
-        for line in log_file.open(encoding="utf-8", errors="replace")
-    )
-
-
 def idle_windows(
     pids: dict[str, int], window_s: float, windows: int, leader_dir: Path
 ) -> dict[str, Any]:
@@ -120,9 +113,9 @@ def idle_windows(
     idleness: it shows which window it fell in)."""
     each = []
     for _ in range(windows):
-        written = snapshots_written(leader_dir)
+        written = len(snapshots_written(leader_dir))
         figures = idle_cores(pids, window_s)
-        each.append({**figures, "leader_snapshots": snapshots_written(leader_dir) - written})
+        each.append({**figures, "leader_snapshots": len(snapshots_written(leader_dir)) - written})
     median = {key: statistics.median(w[key] for w in each) for key in each[0]}
     return {**median, "windows": each}
 
