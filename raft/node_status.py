@@ -38,8 +38,13 @@ class NodeStatus(NodeBase):
         connected = leader is not None and self.peer_connected(leader)
         leader_commit = self.leader_commit_index
         commit = None if leader_commit is None else int(leader_commit)
-        applied = max(self._applied_through, int(self.raftLastApplied))
-        return follower_current(self._leader_contact, leader, connected, now, applied, commit)
+        return follower_current(
+            self._leader_contact, leader, connected, now, self.applied_index(), commit
+        )
+
+    def applied_index(self) -> int:
+        """The last log index applied to the machine (or to the membership)."""
+        return max(self._applied_through, int(self.raftLastApplied))
 
     def role(self) -> str:
         """leader | follower | candidate | stopped (stopped applying)."""

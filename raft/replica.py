@@ -264,6 +264,10 @@ class Replica:
         """leader | follower | candidate | stopped."""
         return self._node.role()
 
+    def applied_index(self) -> int:
+        """The last log index applied here: the replicated state changes only when it moves."""
+        return self._node.applied_index()
+
     def applied_state_current(self) -> bool:
         """Whether this node's applied state is current: deliveries may go out (raft.contact)."""
         return self._node.applied_state_current()

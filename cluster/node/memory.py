@@ -41,7 +41,7 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 SAMPLE_PERIOD_S = 0.2
 RESUME_SHARE = 0.9  # the alarm clears below this share of the watermark
 TRIM_PERIOD_S = 5.0
-BLOCKS_PERIOD_S = 1.0  # the heap's objects are counted at most this often
+BLOCKS_PERIOD_S = 2.5  # the heap's objects are counted at most this often
 STALL_WINDOW_S = 10.0
 STALL_WINDOW_SLOTS_MAX = 1000  # samples kept for the recent maximum
 STALL_LOG_S = 0.1
@@ -92,15 +92,21 @@ def total_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     return int(os.sysconf("SC_PHYS_PAGES")) * PAGE_BYTES
 
 
-def _test_or_real_resident_bytes() -> int:
-    """The resident set, or the test hook's value while its file exists."""
+def _resident_reader() -> Callable[[], int]:
+    """The resident set's reader: /proc, or the test hook's value while its file exists (the
+    hook's variable is read once, when the node starts, not at every sample)."""
     hook = os.environ.get(TEST_RSS_ENV)
-    if hook:
+    if not hook:
+        return _STATM.resident_bytes
+    path = Path(hook)
+
+    def test_or_real() -> int:
         try:
-            return int(Path(hook).read_text(encoding="ascii").strip())
+            return int(path.read_text(encoding="ascii").strip())
         except (OSError, ValueError):
-            pass
-    return _STATM.resident_bytes()
+            return _STATM.resident_bytes()
+
+    return test_or_real
 
 
 def _malloc_trim() -> Callable[[], None]:
@@ -125,7 +131,7 @@ class MemoryMonitor:
 
     node_id: str
     watermark_bytes: int
-    read_resident: Callable[[], int] = _test_or_real_resident_bytes
+    read_resident: Callable[[], int] = field(default_factory=_resident_reader)
     clock: Callable[[], float] = time.monotonic
     trim: Callable[[], None] = field(default_factory=_malloc_trim)
     count_blocks: Callable[[], int] = sys.getallocatedblocks

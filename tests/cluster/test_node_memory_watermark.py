@@ -197,7 +197,7 @@ def test_a_heap_that_lost_half_its_objects_is_trimmed_without_the_alarm() -> Non
 
 def test_the_heap_s_objects_are_counted_at_most_every_blocks_period() -> None:
     """Counting them walks every pool of the heap (about 170 us on an idle node holding
-    100,000 messages): once a second, not at every sample."""
+    100,000 messages): every BLOCKS_PERIOD_S, not at every sample."""
     clock, counted = _Clock(), list[float]()
 
     def count() -> int:
