@@ -559,11 +559,11 @@ def _queue_out(q: Queue) -> list[Any]:
     ]  # fmt: skip
 
 
-def _queue_in(v: Any) -> Queue:
+def _queue_in(v: Any, lined: bool) -> Queue:
     v = _record(v, "queue")
-    q = Queue(v[0], v[1], v[12])
-    q.ready = deque(compact(_msg_in(m)) for m in v[2])  # (v1-v3: Messages, kept as they are)
-    q.returns = deque(compact(_msg_in(m)) for m in v[3])
+    q = Queue.lined(v[0], v[1], v[12]) if lined else Queue(v[0], v[1], v[12])
+    q.ready.extend(compact(_msg_in(m)) for m in v[2])  # (v1-v3: Messages, kept as they are)
+    q.returns.extend(compact(_msg_in(m)) for m in v[3])
     q.messages_total, q.bytes_ready, q.bytes_checkout = v[4:7]
     q.enqueuers = {x.name: x for x in (_enqueuer_in(e) for e in v[7])}
     q.blocked_count = v[8]
@@ -659,7 +659,8 @@ def restore(data: bytes) -> State:
             raise CodecError("not a fifo snapshot")
         state = State(v[1])
         state.last_time = v[2]
-        state.queues = {q.name: q for q in (_queue_in(x) for x in v[3])}
+        lined = state.version >= 4
+        state.queues = {q.name: q for q in (_queue_in(x, lined) for x in v[3])}
         if len(v) > 4:
             state.partitioned = {name: count for name, count in v[4][0]}
             state.consumer_groups = {g.name: g for g in map(_consumer_group_in, v[4][1])}

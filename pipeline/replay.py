@@ -67,7 +67,17 @@ from fifo.effects import (
 from fifo.fuzz import probe
 from fifo.meta import Meta
 from fifo.replies import DeclareOk, DequeueOk, Error, RefDequeueOk
-from fifo.state import Consumer, Message, Queue, RefMessage, State, Waiting, expiry_of, inflate
+from fifo.state import (
+    Consumer,
+    Message,
+    Queue,
+    RefMessage,
+    State,
+    Waiting,
+    WaitingLine,
+    expiry_of,
+    inflate,
+)
 
 GLOBAL_COMMANDS = (ConnectionDown, NodeDown, NodeUp)
 NAMED_COMMANDS = (Settle, Return, Discard, Modify, RenewLocks)
@@ -88,6 +98,13 @@ SECOND_MS = 1000
 DELIVER_EFFECTS = (Deliver, RefDeliver)  # v4 delivers by reference: the same msg ids
 DEQUEUE_REPLIES = (DequeueOk, RefDequeueOk)  # v4 dequeues by reference
 STATE_BYTES_MAX = 64 * 1024 * 1024  # a larger final state is not sent back for the check
+
+
+def _key(m: Waiting | None) -> int:
+    """A message's key among a queue's tracked rows: an object's id; a plain v4 message (a packed
+    int, which machine v4's WaitingLine hands out as a new int object at each read) its value,
+    negated to keep clear of ids (a queue never holds two of one publish's packed int)."""
+    return ~m if type(m) is int else id(m)
 
 
 def consumer_name(tag: str, connection: Any) -> str:
@@ -431,7 +448,7 @@ class GroupReplay:
             row.loc = "ready"
             track.ready.append(row)
         for m in returned:
-            row = track.alive.get(id(m)) or self._new_row(name, track, m, cmd, index, own, rate)
+            row = track.alive.get(_key(m)) or self._new_row(name, track, m, cmd, index, own, rate)
             row.loc = "returns"
             track.returns.append(row)
             moved[id(row)] = row
@@ -447,7 +464,7 @@ class GroupReplay:
                     held = c.checked_out.get(d.msg_id) if c is not None else None
                     if held is None:
                         continue
-                    row = (track.alive.get(id(held)) or self._unpacked_row(track, popped, held)
+                    row = (track.alive.get(_key(held)) or self._unpacked_row(track, popped, held)
                            or self._new_row(name, track, held, cmd, index, own, rate))  # fmt: skip
                     self._delivered(track, row, (effect.consumer_key, d.msg_id), who, index, rate)
                     delivered[id(row)] = row
@@ -459,7 +476,7 @@ class GroupReplay:
                 c = q.consumers.get(reply.consumer_key)
                 got = c.checked_out.get(0) if c is not None else None
                 if got is not None and c is not None:
-                    row = (track.alive.get(id(got)) or self._unpacked_row(track, popped, got)
+                    row = (track.alive.get(_key(got)) or self._unpacked_row(track, popped, got)
                            or self._new_row(name, track, got, cmd, index, own, rate))  # fmt: skip
                     self._delivered(track, row, (c.key, 0), who, index, rate)
                     delivered[id(row)] = row
@@ -576,7 +593,7 @@ class GroupReplay:
                 if crow is not None and self._in_window(self.now):
                     crow.acks += 1
         if row.m is not None:
-            track.alive.pop(id(row.m), None)
+            track.alive.pop(_key(row.m), None)
             row.m = None
         self._emit_message(row)
 
@@ -594,28 +611,30 @@ class GroupReplay:
         (already tracked, e.g. back from a consumer) or fresh. Costs O(waiting) per command on
         grouped queues only."""
         waiting: list[Waiting] = list(probe.waiting(q))
-        present = {id(m) for m in waiting}
+        present = {_key(m) for m in waiting}
         kept: deque[MessageRow] = deque()
         popped: list[MessageRow] = []
         for row in (*track.ready, *track.returns):
-            (kept if id(row.m) in present else popped).append(row)
-        known = {id(row.m) for row in kept}
-        added = [m for m in waiting if id(m) not in known]
+            (kept if _key(row.m) in present else popped).append(row)
+        known = {_key(row.m) for row in kept}
+        added = [m for m in waiting if _key(m) not in known]
         track.ready, track.returns = kept, deque()
-        returned = [m for m in added if id(m) in track.alive]
-        fresh = [m for m in added if id(m) not in track.alive]
+        returned = [m for m in added if _key(m) in track.alive]
+        fresh = [m for m in added if _key(m) not in track.alive]
         return popped, returned, fresh
 
     @staticmethod
-    def _pop_mirror(mirror: deque[MessageRow], actual: deque[Waiting]) -> list[MessageRow]:
+    def _pop_mirror(
+        mirror: deque[MessageRow], actual: deque[Waiting] | WaitingLine
+    ) -> list[MessageRow]:
         popped: list[MessageRow] = []
-        head = actual[0] if actual else None
-        while mirror and mirror[0].m is not head:
+        head = _key(actual[0]) if actual else None
+        while mirror and _key(mirror[0].m) != head:
             popped.append(mirror.popleft())
         return popped
 
     @staticmethod
-    def _appended(mirror: deque[MessageRow], actual: deque[Waiting]) -> list[Waiting]:
+    def _appended(mirror: deque[MessageRow], actual: deque[Waiting] | WaitingLine) -> list[Waiting]:
         extra = len(actual) - len(mirror)
         if extra <= 0:
             return []
@@ -632,10 +651,10 @@ class GroupReplay:
         if type(held) is not RefMessage:
             return None
         for row in popped:
-            if type(row.m) is int and row.m == held.packed and track.alive.get(id(row.m)) is row:
-                del track.alive[id(row.m)]
+            if type(row.m) is int and row.m == held.packed and track.alive.get(_key(row.m)) is row:
+                del track.alive[_key(row.m)]
                 row.m = held
-                track.alive[id(held)] = row
+                track.alive[_key(held)] = row
                 return row
         return None
 
@@ -661,7 +680,7 @@ class GroupReplay:
             source, origin = "unknown", None
         row = MessageRow(item, name, track.seq, index, self.now, source, origin, m.size)
         track.seq += 1
-        track.alive[id(item)] = row
+        track.alive[_key(item)] = row
         return row
 
     def _delivered(
@@ -736,12 +755,12 @@ class GroupReplay:
         seen: dict[int, MessageRow] = {}
 
         def row_for(m: Waiting) -> MessageRow:
-            row = track.alive.get(id(m))
+            row = track.alive.get(_key(m))
             if row is None:
                 source = "snapshot" if index is None else "unknown"
                 row = MessageRow(m, name, track.seq, index, None, source, None, inflate(m).size)
                 track.seq += 1
-            seen[id(m)] = row
+            seen[_key(m)] = row
             return row
 
         grouped = q.grouping is not None  # v3: waiting messages live in their groups
@@ -778,10 +797,10 @@ class GroupReplay:
             pairs += [(m, nc.checked_out[mid]) for mid, m in c.checked_out.items()]
         alive: dict[int, MessageRow] = {}
         for m_old, m_new in pairs:
-            row = track.alive.get(id(m_old))
+            row = track.alive.get(_key(m_old))
             if row is not None:
                 row.m = m_new
-                alive[id(m_new)] = row
+                alive[_key(m_new)] = row
         track.alive = alive
 
     # --- rows ------------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """Conversion into machine v4 from a v3 state: the state's shape is the same, only its rules
-move to `fifo/v4` (no message, consumer or group changes)."""
+move to `fifo/v4` (no message, consumer or group changes); each queue's ready and returns become
+WaitingLines, holding the same items."""
 
 from __future__ import annotations
 
 from fifo.codec import restore, snapshot
 from fifo.errors import UnsupportedVersionError
 from fifo.meta import Meta
-from fifo.state import State
+from fifo.state import State, WaitingLine
 
 
 def convert_v3_to_v4(state: State, meta: Meta) -> State:
@@ -18,5 +19,7 @@ def convert_v3_to_v4(state: State, meta: Meta) -> State:
         raise UnsupportedVersionError(f"convert_v3_to_v4 got a v{state.version} state")
     new = restore(snapshot(state))
     new.version = 4
+    for queue in new.queues.values():
+        queue.ready, queue.returns = WaitingLine(queue.ready), WaitingLine(queue.returns)
     new.last_time = max(new.last_time, meta.system_time_ms)
     return new

@@ -94,7 +94,7 @@ class ConsumerGroups:
         if len(state.queues) + cmd.partitions > limits.queues_max:
             return Error("unsupported", "queues_max reached")
         for name in names:
-            state.queues[name] = Queue(name, cmd.config, ctx.now)
+            state.queues[name] = Queue.lined(name, cmd.config, ctx.now)
         state.partitioned[cmd.queue] = cmd.partitions
         state.routing[cmd.queue] = Routing()
         return DeclareOk(True)

@@ -221,7 +221,7 @@ class MachineV4:
             return Error("queue_exists", f"queue {cmd.queue!r} exists with another config")
         if len(ctx.state.queues) >= limits.queues_max:
             return Error("unsupported", "queues_max reached")
-        queue = Queue(cmd.queue, cmd.config, ctx.now)
+        queue = Queue.lined(cmd.queue, cmd.config, ctx.now)
         if groups is not None:
             queue.grouping = Grouping(groups)
         ctx.state.queues[cmd.queue] = queue

@@ -346,8 +346,8 @@ def test_a_ready_message_is_two_slots_until_a_field_leaves_its_default() -> None
 
 
 def test_a_plain_waiting_message_is_kept_as_its_packed_int() -> None:
-    """A ready message without fields is its bare packed int in the deque (40 bytes with its
-    slot, not the object's 88), also after a restore; one with a TTL, annotations or a return
+    """A ready message without fields is its bare packed int in the line (a 64-bit word, not
+    the object's 88 bytes), also after a restore; one with a TTL, annotations or a return
     stays an object; both encode as the same record."""
     log = Log()
     declare(log)
