@@ -9,11 +9,14 @@ consumes and queries go on, so consumers drain the backlog. The alarm clears onc
 set falls below `RESUME_SHARE` of the mark (hysteresis: no flapping at the mark). While the
 alarm is set the node hands freed heap back to the kernel (glibc `malloc_trim`, at most every
 `TRIM_PERIOD_S`): without it the resident set of a drained node rarely falls. It does so too,
-alarm or not, once the heap holds fewer than half the objects it held at its peak since the last
-trim (`sys.getallocatedblocks`, counted at most every `BLOCKS_PERIOD_S`: it walks every pool of
-the heap, about 170 us on an idle node holding 100,000 messages, most of its periodic pass): a
-drained backlog. After 2,000,000 x 1 KiB messages drained a
-node's resident set stayed at 3-4.7x a fresh node's.
+alarm or not, when the C allocator holds `TRIM_BYTES` free (glibc `mallinfo2`, asked every
+`TRIM_PERIOD_S`: it walks every free chunk, up to 1 ms on a fragmented heap): a drained backlog,
+the transient buffers of a snapshot. A trim that gave back less than `TRIM_RELEASED_MIN` (the
+free pages were given back already) doubles the wait before the next, up to
+`TRIM_BACKOFF_MAX_S`; one that gave back more resets it. (Until machine v4 kept waiting messages
+as words in arrays this watched the count of Python's objects, which no longer falls when a
+backlog drains.) After 2,000,000 x 1 KiB messages drained a node's resident set stayed at
+3-4.7x a fresh node's without any trim.
 
 `LoopStalls` measures the event loop's lateness on the same periodic task: the longest stall
 since the node started and in the last `STALL_WINDOW_S`; a stall over `STALL_LOG_S` is logged
@@ -26,12 +29,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -41,7 +44,9 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 SAMPLE_PERIOD_S = 0.2
 RESUME_SHARE = 0.9  # the alarm clears below this share of the watermark
 TRIM_PERIOD_S = 5.0
-BLOCKS_PERIOD_S = 2.5  # the heap's objects are counted at most this often
+TRIM_BYTES = 8 * 1024 * 1024  # free in the C heap: worth a trim
+TRIM_RELEASED_MIN = 1024 * 1024  # a trim that gave back less backs off
+TRIM_BACKOFF_MAX_S = 320.0
 STALL_WINDOW_S = 10.0
 STALL_WINDOW_SLOTS_MAX = 1000  # samples kept for the recent maximum
 STALL_LOG_S = 0.1
@@ -109,13 +114,18 @@ def _resident_reader() -> Callable[[], int]:
     return test_or_real
 
 
-def _malloc_trim() -> Callable[[], None]:
-    """glibc's malloc_trim(0), or a no-op where the C library has none."""
+def _libc(function: str) -> Any:
+    """The C library's `function` (ctypes), or None where it has none."""
     name = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        return getattr(ctypes.CDLL(name), function) if name else None
     except (OSError, AttributeError):
-        trim = None
+        return None
+
+
+def _malloc_trim() -> Callable[[], None]:
+    """glibc's malloc_trim(0), or a no-op where the C library has none."""
+    trim = _libc("malloc_trim")
     if trim is None:
         return lambda: None
 
@@ -123,6 +133,43 @@ def _malloc_trim() -> Callable[[], None]:
         trim(0)
 
     return trim_now
+
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
+def one_malloc_arena() -> bool:
+    """glibc: every thread of this process allocates from the main arena (call before any
+    thread starts); False where the C library has no mallopt. A thread's own arena keeps its
+    top chunk whatever `malloc_trim` does: after 1,000,000 x 1 KiB drained, every node still
+    held a fully resident 6 MiB arena of its snapshot or body-reader thread. Python threads
+    allocate holding the GIL: one arena costs them no contention."""
+    mallopt = _libc("mallopt")
+    return mallopt is not None and bool(mallopt(M_ARENA_MAX, 1))
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def _malloc_free() -> Callable[[], int]:
+    """The free bytes glibc's allocator holds in its arenas (`mallinfo2`'s fordblks: freed
+    chunks, resident until trimmed, and the top), or a constant 0 where there is no mallinfo2."""
+    info = _libc("mallinfo2")
+    if info is None:
+        return lambda: 0
+    info.restype = _MallInfo2
+
+    def free() -> int:
+        return int(info().fordblks)
+
+    return free
 
 
 @dataclass
@@ -134,16 +181,15 @@ class MemoryMonitor:
     read_resident: Callable[[], int] = field(default_factory=_resident_reader)
     clock: Callable[[], float] = time.monotonic
     trim: Callable[[], None] = field(default_factory=_malloc_trim)
-    count_blocks: Callable[[], int] = sys.getallocatedblocks
+    malloc_free: Callable[[], int] = field(default_factory=_malloc_free)
     resident: int = 0
     alarm: bool = False
     alarms: int = 0  # alarm episodes since the node started
     _sampled_at: float = -1e9
-    _trimmed_at: float = -1e9
     _since: float = 0.0
-    _blocks: int = 0  # the heap's objects at the last count
-    _blocks_peak: int = 0  # the most heap objects counted since the last trim
-    _counted_at: float = -1e9
+    _trim_due: float = -1e9  # when the heap's free bytes are looked at next
+    _trim_wait_s: float = TRIM_PERIOD_S  # after a trim, doubled while trims give nothing back
+    _trimmed_from: int | None = None  # the resident set before a trim, until the next sample
 
     def sample(self) -> None:
         """Read the resident set if `SAMPLE_PERIOD_S` passed; set or clear the alarm."""
@@ -151,16 +197,22 @@ class MemoryMonitor:
         if now - self._sampled_at < SAMPLE_PERIOD_S:
             return
         self._sampled_at = now
-        if now - self._counted_at >= BLOCKS_PERIOD_S:
-            self._counted_at, self._blocks = now, self.count_blocks()
-            self._blocks_peak = max(self._blocks_peak, self._blocks)
-        drained = self._blocks * 2 < self._blocks_peak
-        if (self.alarm or drained) and now - self._trimmed_at >= TRIM_PERIOD_S:
-            self._trimmed_at, self._blocks_peak = now, self._blocks
-            self.trim()
+        if now >= self._trim_due:
+            self._trim_due = now + TRIM_PERIOD_S
+            if self.alarm or self.malloc_free() >= TRIM_BYTES:
+                self.give_back()
+                self._trimmed_from = self.resident
         self.resident = self.read_resident()
+        if self._trimmed_from is not None:  # what the trim gave back sets the wait for the next
+            released, self._trimmed_from = self._trimmed_from - self.resident, None
+            if self.alarm or released >= TRIM_RELEASED_MIN:
+                self._trim_wait_s = TRIM_PERIOD_S
+            else:
+                self._trim_wait_s = min(2 * self._trim_wait_s, TRIM_BACKOFF_MAX_S)
+            self._trim_due = now + self._trim_wait_s
         if not self.alarm and self.resident >= self.watermark_bytes:
             self.alarm, self._since = True, now
+            self._trim_due = now  # trimmed at the next sample
             self.alarms += 1
             log.warning(
                 "memory_alarm_set",
@@ -174,6 +226,10 @@ class MemoryMonitor:
                 resident_bytes=self.resident,
                 after_s=round(now - self._since, 1),
             )
+
+    def give_back(self) -> None:
+        """Hand the heap's free pages back to the kernel now (`malloc_trim`)."""
+        self.trim()
 
     def refusal(self) -> str | None:
         """Why a publish is refused now (the alarm is set), or None."""

@@ -40,7 +40,7 @@ from cluster.node.limits import (
 )
 from cluster.node.listening import log_sockets, log_when_listening
 from cluster.node.logs import setup_logging
-from cluster.node.memory import LoopStalls, MemoryMonitor, total_memory_bytes
+from cluster.node.memory import LoopStalls, MemoryMonitor, one_malloc_arena, total_memory_bytes
 from cluster.node.metrics import MetricsUnavailable, NodeMetrics, NoMetrics
 from cluster.node.pacing import Repeating
 from cluster.node.session import ClientSession, SessionFlusher
@@ -414,7 +414,7 @@ class NodeServer:
             self._track_leader()
             self.timers.tick()
             if self.replica.sweep():  # a drained node dropped its cached bodies
-                self.memory.trim()
+                self.memory.give_back()
             self._reconcile_connections()
             self.router.reconcile()
             if time.monotonic() - last_status[0] > STATUS_PERIOD_S:
@@ -570,6 +570,7 @@ def run_node(
     # raft ticks on the loop thread; the metrics thread (if any) must not hold the GIL 5 ms
     # (the default switch interval) while the loop returns from an fsync or a poll
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    one_malloc_arena()  # before any thread starts (cluster.node.memory)
     incarnation = next_incarnation(node_dir)
     pid_file = _write_pid_file(node_dir)
     try:
