@@ -292,7 +292,7 @@ class WaitingLine:
                 continue
             for place in range(start, len(words)):
                 word = words[place]
-                if word == _OBJECT and objects is not None:
+                if word == _OBJECT:
                     item = objects[place]
                     assert item is not None
                     yield item
