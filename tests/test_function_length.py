@@ -25,7 +25,7 @@ LONG_TODAY = {
     "cluster/launcher.py:init_cluster": 61,
     "cluster/launcher.py:start_cluster": 61,
     "cluster/node/metrics.py:__init__": 84,
-    "cluster/node/server.py:run_node": 65,
+    "cluster/node/server.py:run_node": 63,
     "cluster/node/server.py:__init__": 77,
     "pipeline/analyze.py:run_analysis": 104,
     "pipeline/logscan.py:scan_log": 68,

@@ -200,7 +200,7 @@ class MemoryMonitor:
         if now >= self._trim_due:
             self._trim_due = now + TRIM_PERIOD_S
             if self.alarm or self.malloc_free() >= TRIM_BYTES:
-                self.give_back()
+                self.trim()
                 self._trimmed_from = self.resident
         self.resident = self.read_resident()
         if self._trimmed_from is not None:  # what the trim gave back sets the wait for the next
@@ -226,10 +226,6 @@ class MemoryMonitor:
                 resident_bytes=self.resident,
                 after_s=round(now - self._since, 1),
             )
-
-    def give_back(self) -> None:
-        """Hand the heap's free pages back to the kernel now (`malloc_trim`)."""
-        self.trim()
 
     def refusal(self) -> str | None:
         """Why a publish is refused now (the alarm is set), or None."""

@@ -414,7 +414,7 @@ class NodeServer:
             self._track_leader()
             self.timers.tick()
             if self.replica.sweep():  # a drained node dropped its cached bodies
-                self.memory.give_back()
+                self.memory.trim()
             self._reconcile_connections()
             self.router.reconcile()
             if time.monotonic() - last_status[0] > STATUS_PERIOD_S:
@@ -567,10 +567,7 @@ def run_node(
     setup_logging(
         node_dir / "node.log", node_id, cluster.log_file_bytes_max, cluster.log_files_kept
     )
-    # raft ticks on the loop thread; the metrics thread (if any) must not hold the GIL 5 ms
-    # (the default switch interval) while the loop returns from an fsync or a poll
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    one_malloc_arena()  # before any thread starts (cluster.node.memory)
+    tune_threads()
     incarnation = next_incarnation(node_dir)
     pid_file = _write_pid_file(node_dir)
     try:
@@ -651,6 +648,14 @@ def _management(server: NodeServer, data_dir: Path) -> ManagementServer:
             f"http_port needs aiohttp: pip install 'quorumq[management]' ({err})"
         ) from err
     return ManagementServer(server, data_dir)
+
+
+def tune_threads() -> None:
+    """Before any thread starts: raft ticks on the loop thread, and the metrics thread (if any)
+    must not hold the GIL 5 ms (the default switch interval) while the loop returns from an
+    fsync or a poll; every thread allocates from one malloc arena (cluster.node.memory)."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    one_malloc_arena()
 
 
 def tune_gc() -> None:
