@@ -37,6 +37,11 @@ log = structlog.get_logger("raft")
 # follower's next index in each round, whatever the socket takes
 APPEND_BUFFERED_MAX = 4 * 1024 * 1024
 
+# one AppendEntries packs the entries starting within this many bytes (`entries_to_send`);
+# pysyncobj's own batch size (raft.settings, 64 MiB) stays above any single entry, which it
+# would otherwise pickle and send in pieces
+APPEND_MESSAGE_BYTES = 1024 * 1024
+
 
 class FollowerBackedUp(TransferFailed):
     """The connection to `node` holds more than APPEND_BUFFERED_MAX: the send round goes on
@@ -87,6 +92,22 @@ class Appends(NodeBase):
         """pysyncobj (unbatched) sends after every appended entry, after every apply and on
         each heartbeat: collect them and send once, before the tick ends in `_end_of_tick`."""
         self._send_pending = True
+
+    def entries_to_send(self, start: int, batch_bytes: int) -> Any:
+        """One AppendEntries carries the entries starting within APPEND_MESSAGE_BYTES of the
+        first's start (at least one), counted from the journal's offsets: pysyncobj read every
+        entry to the log's end and packed up to its 64 MiB. A follower that fell behind (a
+        pause, its fsyncs) was sent its whole gap in one message, read back, encoded, buffered
+        and, on the follower, decoded and written at once: with 16 KiB bodies 130-190 MiB of
+        buffers on a node and its loop stalled up to 400 ms (`scripts/bench_backlog.py --body
+        16384`). Smaller messages let `guard_send_buffers` stop the round near its bound."""
+        log = self.raft_log
+        first = int(log[0][1])
+        if start < first or start > first + len(log) - 1:
+            return []
+        position = start - first
+        count = log.entries_within(position, min(batch_bytes, APPEND_MESSAGE_BYTES))
+        return self.get_entries(start, count)
 
     def guard_send_buffers(self) -> None:
         """Flow control on the leader's sends: an AppendEntries with entries for a follower

@@ -77,6 +77,9 @@ TAIL_CACHE_BYTES = 4 * 1024 * 1024
 # body read (`read_entry`) does not fill it: the bodies have their own cache (raft.bodies), and
 # whole group-committed entries kept here held a drained leader's memory (up to 64 entries)
 READ_CACHE_ENTRIES = 64
+READ_CACHE_BYTES = 1024 * 1024  # and at most this many command bytes (64 group-committed
+# entries of 16 KiB publishes held 16 MiB: pysyncobj reads the entry before each AppendEntries
+# for its term, on both sides, and a follower behind the tail cache is sent from the file)
 # a view is read back in chunks of about this many bytes (one pread each)
 READ_CHUNK_BYTES = 1024 * 1024
 # slices of at most this many entries are returned as lists; longer ones as lazy views
@@ -94,6 +97,12 @@ _original_create_journal = pysyncobj_journal.createJournal
 
 class DurableFileJournal(Journal):  # type: ignore[misc]
     """A format-2 journal file (see `raft.storage`) with an fsync policy and `sync()`."""
+
+    # entries read back, by absolute position (_dropped + position), their command bytes, and
+    # the log's first entry apart (`_entry`)
+    _read_cache: OrderedDict[int, Entry]
+    _read_cache_bytes: int
+    _first: Entry | None
 
     def __init__(self, journal_file: str, policy: str, node_id: str | None = None) -> None:
         self.path = Path(journal_file)
@@ -114,9 +123,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         storage.private_dir(self._dir)
         self._lock = threading.RLock()  # pysyncobj's status calls read from other threads
         # per entry, by position in the log: where its record starts, its index and term
-        self._offsets = array("Q")
-        self._indexes = array("Q")
-        self._terms = array("Q")
+        self._offsets, self._indexes, self._terms = array("Q"), array("Q"), array("Q")
         self._end = storage.JOURNAL_HEADER_BYTES
         # the last len(_tail) entries of the log; _tail_bytes: their command bytes
         self._tail: deque[Entry] = deque()
@@ -124,8 +131,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self._tail_max_entries = TAIL_CACHE_ENTRIES
         self._tail_max_bytes = TAIL_CACHE_BYTES
         self._eager_max = EAGER_SLICE_MAX
-        # entries read back, by absolute position (_dropped + position)
-        self._read_cache: OrderedDict[int, Entry] = OrderedDict()
+        self._clear_read_cache()
         self._dropped = 0  # entries compacted away from the front since the journal was opened
         # entries kept below the log's start because a snapshot names them live
         retained_dir = Path(journal_file + ".retained")
@@ -204,7 +210,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         self._terms = array("Q", (term for _cmd, _index, term in entries))
         self._tail.clear()
         self._tail_bytes = 0
-        self._read_cache.clear()
+        self._clear_read_cache()
         self._epoch += 1
         self._drop_prepared()
 
@@ -295,13 +301,22 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             out.append((command, index, term))
         return out
 
+    def _clear_read_cache(self) -> None:
+        self._read_cache = OrderedDict()
+        self._read_cache_bytes = 0
+        self._first = None
+
     def _entry(self, position: int, cache: bool = True) -> Entry:
         """The entry at a valid position: from the tail cache, the read cache, or the file
-        (kept in the read cache if `cache`)."""
+        (kept in the read cache if `cache`). The log's first entry is kept apart: pysyncobj
+        reads it (for its index) before each AppendEntries it sends, and other entries read
+        back would push it out of the read cache."""
         in_tail = position - (len(self._offsets) - len(self._tail))
         if in_tail >= 0:
             return self._tail[in_tail]
         key = self._dropped + position
+        if position == 0 and self._first is not None:
+            return self._first
         entry = self._read_cache.get(key)
         if entry is not None:
             self._read_cache.move_to_end(key)
@@ -309,16 +324,29 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
         entry = self._read_range(position, position + 1)[0]
         if not cache:
             return entry
-        self._read_cache[key] = entry
-        if len(self._read_cache) > READ_CACHE_ENTRIES:
-            self._read_cache.popitem(last=False)
+        if position == 0:
+            self._first = entry
+            return entry
+        cached = self._read_cache
+        cached[key] = entry
+        self._read_cache_bytes += len(entry[0])
+        while cached and (
+            len(cached) > READ_CACHE_ENTRIES or self._read_cache_bytes > READ_CACHE_BYTES
+        ):
+            self._read_cache_bytes -= len(cached.popitem(last=False)[1][0])
         return entry
 
-    def _chunk_end(self, lo: int, hi: int) -> int:
+    def _chunk_end(self, lo: int, hi: int, chunk_bytes: int = READ_CHUNK_BYTES) -> int:
         """Where a chunk read from position lo (of a range ending at hi) stops: the entries
-        starting within READ_CHUNK_BYTES of lo's, at least one."""
-        stop = bisect.bisect_left(self._offsets, self._offsets[lo] + READ_CHUNK_BYTES, lo + 1, hi)
+        starting within `chunk_bytes` of lo's, at least one."""
+        stop = bisect.bisect_left(self._offsets, self._offsets[lo] + chunk_bytes, lo + 1, hi)
         return max(stop, lo + 1)
+
+    def entries_within(self, position: int, chunk_bytes: int) -> int:
+        """How many entries from `position` (valid) start within `chunk_bytes` of its start, at
+        least one: from the offsets kept in memory, nothing read."""
+        with self._lock:
+            return self._chunk_end(position, len(self._offsets), chunk_bytes) - position
 
     def _fetch(self, lo: int, hi: int) -> list[Entry]:
         """Entries at positions lo..hi-1: the cached tail from memory, the rest in one read."""
@@ -393,7 +421,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             self._end = storage.JOURNAL_HEADER_BYTES
             self._tail.clear()
             self._tail_bytes = 0
-            self._read_cache.clear()
+            self._clear_read_cache()
             self._epoch += 1
             self._drop_prepared()
         self.dirty = True
@@ -411,7 +439,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             del self._terms[entryFrom:]
             for _ in range(min(count - len(self._offsets), len(self._tail))):
                 self._tail_bytes -= len(self._tail.pop()[0])
-            self._read_cache.clear()
+            self._clear_read_cache()
             self._epoch += 1
             self._drop_prepared()
         self.dirty = True
@@ -437,7 +465,7 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             self._indexes = self._indexes[kept.start :]
             self._terms = self._terms[kept.start :]
             self._dropped += kept.start
-            self._read_cache.clear()  # (entries below the new first one are gone)
+            self._clear_read_cache()  # (entries below the new first one are gone)
             while len(self._tail) > len(self._offsets):
                 self._tail_bytes -= len(self._tail.popleft()[0])
             below = self._indexes[0] if len(self._indexes) else 0
@@ -713,9 +741,13 @@ class DurableFileJournal(Journal):  # type: ignore[misc]
             count = len(self._offsets)
             if isinstance(item, slice):
                 positions = range(count)[item]
-                if len(positions) <= self._eager_max:
-                    return [self._entry(p) for p in positions]
-                return _View(self, positions)
+                if not positions:
+                    return []
+                if len(positions) > self._eager_max:
+                    return _View(self, positions)
+                if positions.step == 1:  # one read (the read cache is for single entries)
+                    return self._fetch(positions.start, positions.stop)
+                return [self._entry(p) for p in positions]
             position = item + count if item < 0 else item
             if not 0 <= position < count:
                 raise IndexError(f"journal position {item} out of range ({count} entries)")

@@ -6,7 +6,8 @@ pysyncobj 0.3.17 keeps its Raft state and the steps we change in `SyncObj.__x` n
   `commit_index`, `election_deadline`, `get_entries`, ...);
 - the steps we override, each forwarded to a plain hook whose default is pysyncobj's own step
   (`on_peer_message`, `apply_command`, `apply_log_entries`, `send_ack`, `send_append_entries`,
-  `parse_change_request`, `change_cluster`), with pysyncobj's step callable as `syncobj_*`;
+  `entries_to_send`, `parse_change_request`, `change_cluster`), with pysyncobj's step callable
+  as `syncobj_*`;
 - the other classes' privates (the pipe notifier, a connection's last read, the serializer's
   transmissions).
 `PRIVATE_NAMES` lists every one (tests/raft/test_adapter_boundary.py checks that each still
@@ -320,6 +321,18 @@ class SyncObjAdapter(SyncObj):  # type: ignore[misc]
     def syncobj_send_ack(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """pysyncobj's send of a follower's answer."""
         SyncObj._SyncObj__sendNextNodeIdx(self, *args, **kwargs)
+
+    def _SyncObj__getEntries(
+        self, start: int, count: int | None = None, size_max: int | None = None
+    ) -> Any:
+        if size_max is not None:  # only the send of AppendEntries asks by size
+            return self.entries_to_send(start, size_max)
+        return SyncObj._SyncObj__getEntries(self, start, count)
+
+    def entries_to_send(self, start: int, batch_bytes: int) -> Any:
+        """The entries from `start` one AppendEntries carries: pysyncobj's, every entry to the
+        log's end read and then cut after the one that reaches `batch_bytes`."""
+        return SyncObj._SyncObj__getEntries(self, start, None, batch_bytes)
 
     def _SyncObj__sendAppendEntries(self) -> None:
         self.send_append_entries()

@@ -582,6 +582,50 @@ def test_a_follower_whose_connection_is_backed_up_is_sent_no_entries_until_it_dr
         node.destroy_synchronous()
 
 
+def test_a_follower_behind_is_sent_its_gap_in_messages_of_about_a_mebibyte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj packs a follower's whole gap into one AppendEntries, up to its 64 MiB batch
+    size: with 16 KiB bodies a follower behind by a pause got 64 MiB messages, 130-190 MiB of
+    buffers on both nodes and loop stalls of up to 400 ms. A message now carries entries until
+    they reach APPEND_MESSAGE_BYTES; an entry larger than that still goes whole (not pickled in
+    pieces, as pysyncobj does with an entry over its batch size); the backed-up guard then stops
+    the round near its bound."""
+    monkeypatch.setattr(appends, "send_buffered", lambda _t, _n: 0)
+    node, last, _term = _follower_with_tail(tmp_path, 0)
+    n2, n3 = node._peer_nodes["n2"], node._peer_nodes["n3"]
+    entry_bytes = 200 * 1024
+    sizes = [entry_bytes] * 20 + [3 * appends.APPEND_MESSAGE_BYTES] + [entry_bytes] * 2
+    sent: list[tuple[Any, Any]] = []
+
+    def scenario() -> None:
+        with node.lock:
+            term = node._SyncObj__raftCurrentTerm
+            for offset, size in enumerate(sizes, start=1):
+                blob = bytes([_COMMAND_TYPE.REGULAR]) + b"x" * size
+                node._SyncObj__raftLog.add(blob, last + offset, term)
+        node._SyncObj__raftState = _RAFT_STATE.LEADER
+        node._SyncObj__connectedNodes.update({n2, n3})
+        node._SyncObj__raftNextIndex = {n2: last + 1, n3: len(sizes) + last + 1}
+        node.raft_transport.send = lambda to, message: _record(sent, to, message)
+        _send_round(node)
+
+    try:
+        _on_loop(node, scenario)
+    finally:
+        node.destroy_synchronous()
+    messages = [m["entries"] for to, m in sent if to == n2 and m.get("entries")]
+    assert [e[1] for entries in messages for e in entries] == [
+        last + i for i in range(1, len(sizes) + 1)
+    ]
+    cap = appends.APPEND_MESSAGE_BYTES
+    for entries in messages:
+        size = sum(len(e[0]) for e in entries)
+        assert size - len(entries[-1][0]) < cap, [len(e[0]) for e in entries]
+    assert not any("transmission" in m for _to, m in sent)
+    assert len(messages) >= 5
+
+
 def test_no_follower_is_sent_snapshot_chunks_while_a_snapshot_is_being_taken(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
