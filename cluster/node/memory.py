@@ -12,8 +12,9 @@ alarm is set the node hands freed heap back to the kernel (glibc `malloc_trim`, 
 alarm or not, when the C allocator holds `TRIM_BYTES` free (glibc `mallinfo2`, asked every
 `TRIM_PERIOD_S`: it walks every free chunk, up to 1 ms on a fragmented heap): a drained backlog,
 the transient buffers of a snapshot. A trim that gave back less than `TRIM_RELEASED_MIN` (the
-free pages were given back already) doubles the wait before the next, up to
-`TRIM_BACKOFF_MAX_S`; one that gave back more resets it. (Until machine v4 kept waiting messages
+resident set just before it less just after it: the free pages were given back already)
+doubles the wait before the next, up to `TRIM_BACKOFF_MAX_S`; one that gave back more resets
+it. (Until machine v4 kept waiting messages
 as words in arrays this watched the count of Python's objects, which no longer falls when a
 backlog drains.) After 2,000,000 x 1 KiB messages drained a node's resident set stayed at
 3-4.7x a fresh node's without any trim.
@@ -189,7 +190,6 @@ class MemoryMonitor:
     _since: float = 0.0
     _trim_due: float = -1e9  # when the heap's free bytes are looked at next
     _trim_wait_s: float = TRIM_PERIOD_S  # after a trim, doubled while trims give nothing back
-    _trimmed_from: int | None = None  # the resident set before a trim, until the next sample
 
     def sample(self) -> None:
         """Read the resident set if `SAMPLE_PERIOD_S` passed; set or clear the alarm."""
@@ -197,14 +197,15 @@ class MemoryMonitor:
         if now - self._sampled_at < SAMPLE_PERIOD_S:
             return
         self._sampled_at = now
+        before_trim = None
         if now >= self._trim_due:
             self._trim_due = now + TRIM_PERIOD_S
             if self.alarm or self.malloc_free() >= TRIM_BYTES:
+                before_trim = self.read_resident()
                 self.trim()
-                self._trimmed_from = self.resident
         self.resident = self.read_resident()
-        if self._trimmed_from is not None:  # what the trim gave back sets the wait for the next
-            released, self._trimmed_from = self._trimmed_from - self.resident, None
+        if before_trim is not None:  # what the trim gave back sets the wait for the next
+            released = before_trim - self.resident
             if self.alarm or released >= TRIM_RELEASED_MIN:
                 self._trim_wait_s = TRIM_PERIOD_S
             else:
