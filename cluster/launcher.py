@@ -18,6 +18,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -584,12 +585,36 @@ def stop_cluster(config: ClusterConfig, grace_s: float = STOP_GRACE_S) -> list[s
 
 @contextmanager
 def local_cluster(data_dir: Path, nodes: int = 3, **kwargs: Any) -> Iterator[LocalCluster]:
-    """A started cluster for the duration of a `with` block; every node is stopped after."""
-    cluster = start_cluster(data_dir, nodes, **kwargs)
+    """A started cluster for the duration of a `with` block; every node is stopped after, also
+    when the program is stopped with SIGTERM (`_sigterm_exits`)."""
+    with _sigterm_exits():
+        cluster = start_cluster(data_dir, nodes, **kwargs)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """While it holds, SIGTERM raises SystemExit(143) in the main thread, unless the program
+    handles SIGTERM itself: with the default action a benchmark stopped with `kill` died at once
+    and left its nodes running, holding their ports."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def exit_on_sigterm(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
-        yield cluster
+        yield
     finally:
-        cluster.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def wait_until(predicate: Callable[[], T | None], timeout_s: float = 10.0, what: str = "") -> T:
