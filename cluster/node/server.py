@@ -260,13 +260,15 @@ class NodeServer:
         """Close every client session: what they were sent no longer matches the state (deliveries
         the snapshot skipped were never sent; entries applied again would send duplicates). Each
         close becomes a ConnectionDown, so their checked-out messages come back, and the clients
-        reconnect and attach again: at-least-once, nothing stuck."""
+        reconnect and attach again: at-least-once, nothing stuck. A session still in its
+        handshake was sent nothing yet: it stays (closed, its client took it for an AuthError)."""
         if self.amqp is not None:
             self.amqp.close_all()
-        if not self._sessions:
+        served = [session for session in self._sessions if session.connection is not None]
+        if not served:
             return
-        log.warning("sessions_reset_after_snapshot", index=index, sessions=len(self._sessions))
-        for session in list(self._sessions):
+        log.warning("sessions_reset_after_snapshot", index=index, sessions=len(served))
+        for session in served:
             session.close()
 
     def _observe_outcome(self, outcome: Outcome, mine: bool) -> None:
