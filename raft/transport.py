@@ -51,7 +51,9 @@ import os
 import socket
 import ssl
 import struct
+from collections import deque
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 import structlog
@@ -88,6 +90,7 @@ _FERNET_PREFIX = b"gAAAAA"
 _DIALING, _AWAIT_CHALLENGE, _AWAIT_HELLO, _AWAIT_PROOF, _OPEN, _TLS = range(6)
 # the poller does not see bytes TLS has already decrypted (SSLSocket.pending): these say so
 _TLS_WAIT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
+SEND_PARTS_MAX = 64  # buffers handed to one sendmsg
 
 
 def cluster_key(secret: str | bytes) -> bytes:
@@ -188,7 +191,10 @@ class PeerConnection:
 
     def _reset_buffers(self) -> None:
         self._rbuf = bytearray()
-        self._wbuf = bytearray()
+        # unsent bytes: the messages' own buffers, in order (no copy into one growing buffer:
+        # a backed-up follower's 4 MiB of them were copied again at each partial send)
+        self._wbuf: deque[memoryview] = deque()
+        self._wbuf_bytes = 0
         self._nonce = b""
         self._peer_nonce = b""
         self._send_mac: FrameMac | None = None
@@ -235,7 +241,7 @@ class PeerConnection:
 
     def getSendBufferSize(self) -> int:
         """Bytes waiting to be sent."""
-        return len(self._wbuf)
+        return self._wbuf_bytes
 
     def connect(self, host: str | None, port: int) -> bool:
         """Dial `host:port` (non-blocking); the handshake starts once the socket is writable."""
@@ -276,7 +282,7 @@ class PeerConnection:
         self._send_seq += 1
         if self._waiting_since is None:
             self._waiting_since = monotonic_time()
-        self._write(b"".join((LENGTH.pack(len(body)), body, tag)))
+        self._write(LENGTH.pack(len(body)), body, tag)
 
     def disconnect(self) -> None:
         """Close; calls the disconnected callback if the connection was not already closed."""
@@ -390,29 +396,48 @@ class PeerConnection:
                 return
         self._subscribe()
 
-    def _write(self, data: bytes) -> None:
-        if self._wbuf:
-            self._wbuf += data
+    def _write(self, *parts: bytes) -> None:
+        """Send `parts` in order after what is buffered; buffer what the socket does not take."""
+        if self._sock is None:
             return
-        sock = self._sock
-        if sock is None:
+        if self._wbuf:
+            self._buffer(parts, 0)
             return
         try:
-            sent = sock.send(data)
+            if isinstance(self._sock, ssl.SSLSocket):  # no sendmsg: one record
+                parts = (b"".join(parts),) if len(parts) > 1 else parts
+                sent = self._sock.send(parts[0])
+            else:
+                sent = self._sock.sendmsg(parts)
         except (BlockingIOError, *_TLS_WAIT):  # TLS: retried with the same bytes first
             sent = 0
         except OSError:
             self.disconnect()
             return
-        if sent < len(data):
-            self._wbuf += memoryview(data)[sent:]
+        if sent < sum(len(part) for part in parts):
+            self._buffer(parts, sent)
             self._subscribe()
+
+    def _buffer(self, parts: tuple[bytes, ...], skip: int) -> None:
+        """Queue `parts` but their first `skip` bytes (sent already)."""
+        for part in parts:
+            if skip >= len(part):
+                skip -= len(part)
+                continue
+            view = memoryview(part)[skip:] if skip else memoryview(part)
+            skip = 0
+            self._wbuf.append(view)
+            self._wbuf_bytes += len(view)
 
     def _flush(self) -> None:
         sock = self._sock
-        while self._wbuf and sock is not None:
+        wbuf = self._wbuf
+        while wbuf and sock is not None:
             try:
-                sent = sock.send(self._wbuf)
+                if isinstance(sock, ssl.SSLSocket):  # the same head buffer again after a wait
+                    sent = sock.send(wbuf[0])
+                else:
+                    sent = sock.sendmsg(list(islice(wbuf, SEND_PARTS_MAX)))
             except (BlockingIOError, *_TLS_WAIT):
                 return
             except OSError:
@@ -420,7 +445,14 @@ class PeerConnection:
                 return
             if sent <= 0:
                 return
-            del self._wbuf[:sent]
+            self._wbuf_bytes -= sent
+            while sent:
+                head = wbuf[0]
+                if len(head) > sent:
+                    wbuf[0] = head[sent:]
+                    break
+                wbuf.popleft()
+                sent -= len(head)
 
     def _wanted(self) -> int:
         """How many bytes the current phase may read (exact sizes before authentication)."""
