@@ -10,11 +10,19 @@ the sweep fails it. Each
 command keeps its own reply sink; the sinks are resolved when the submitting node applies the
 entry (`resolve`, in log order), or failed with a SubmitError when pysyncobj reports a failure
 or the batch times out.
+
+Admission: the commands taken and not yet answered (buffered, or in entries in flight) are
+counted in bytes; at `admit_bytes_max` and over, `room()` holds the node's readers (a client
+session waits on it before reading more) until answers bring the count below it again, or its
+entries grow older than `stuck_s`. Without it a node read whatever its clients sent: a
+publisher's whole window (1,000 x 16 KiB) sat in the leader as commands, their decoded copies
+and their entries, for tens of MiB of transient heap (issue 32).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -42,6 +50,10 @@ COUNT_MAX_DEFAULT = SUB_INDEX_SPAN
 BYTES_MAX_DEFAULT = 256 * 1024
 TIMEOUT_S_DEFAULT = 10.0
 INFLIGHT_MAX_DEFAULT = 3
+ADMIT_BYTES_MAX_DEFAULT = 4 * 1024 * 1024  # commands taken and unanswered before readers wait
+# a command this long is decoded again when applied rather than kept decoded until then: the
+# decode saved is per command, the copy kept is per byte (a 16 KiB body held twice in flight)
+DECODED_KEPT_BYTES_MAX = 4 * 1024
 STUCK_S_DEFAULT = 0.5  # an entry unanswered this long no longer holds new commands back
 
 _FAILURES = {
@@ -63,6 +75,7 @@ DISK_FULL_MESSAGE = (
 @dataclass
 class _Batch:
     sinks: list[Sink]
+    nbytes: int = 0
     submitted_s: float = field(default_factory=time.monotonic)
 
 
@@ -80,6 +93,7 @@ class GroupCommitter:
         inflight_max: int = INFLIGHT_MAX_DEFAULT,
         clock: MachineClock | None = None,
         stuck_s: float | None = None,
+        admit_bytes_max: int = ADMIT_BYTES_MAX_DEFAULT,
     ) -> None:
         self.node = node
         self.clock = clock if clock is not None else MachineClock()  # stamps entries (issue 31)
@@ -90,6 +104,9 @@ class GroupCommitter:
         self.timeout_s = timeout_s
         self.inflight_max = inflight_max
         self.stuck_s = STUCK_S_DEFAULT if stuck_s is None else stuck_s
+        self.admit_bytes_max = admit_bytes_max
+        self._room = asyncio.Event()  # set when an answer brought the bytes taken under the max
+        self._bytes_pending = 0  # bytes of the commands in the entries in flight
         self._buffer: list[bytes] = []
         self._sinks: list[Sink] = []
         self._decoded: list[Command | None] = []
@@ -108,11 +125,11 @@ class GroupCommitter:
         """Queue one encoded command (loop thread); the sink gets its reply later.
 
         `decoded` is the command object the blob encodes, if the caller has it: this node's
-        apply then skips decoding it again.
+        apply then skips decoding it again (for blobs up to DECODED_KEPT_BYTES_MAX).
         """
         self._buffer.append(command_blob)
         self._sinks.append(sink)
-        self._decoded.append(decoded)
+        self._decoded.append(decoded if len(command_blob) <= DECODED_KEPT_BYTES_MAX else None)
         self._bytes += len(command_blob)
         if len(self._buffer) >= self.count_max or self._bytes >= self.bytes_max:
             self.flush()
@@ -136,6 +153,25 @@ class GroupCommitter:
         else:
             self.flush()
 
+    @property
+    def bytes_taken(self) -> int:
+        """Bytes of the commands taken and not yet answered."""
+        return self._bytes + self._bytes_pending
+
+    async def room(self) -> None:
+        """Return once the commands taken and unanswered hold under `admit_bytes_max` bytes,
+        those of entries older than `stuck_s` not counted (one whose answer will not come
+        must not hold the node's readers until the sweep)."""
+        while self._bytes_young() >= self.admit_bytes_max:
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), self.stuck_s)
+
+    def _bytes_young(self) -> int:
+        since = time.monotonic() - self.stuck_s
+        young = (b.nbytes for b in self._pending.values() if b.submitted_s > since)
+        return self._bytes + sum(young)
+
     def _young_in_flight(self) -> list[float]:
         """When each entry in flight that is younger than stuck_s was submitted."""
         since = time.monotonic() - self.stuck_s
@@ -154,14 +190,14 @@ class GroupCommitter:
             self._timer = None
         if not self._buffer:
             return
-        cmds, sinks, decoded = tuple(self._buffer), self._sinks, self._decoded
+        cmds, sinks, decoded, nbytes = tuple(self._buffer), self._sinks, self._decoded, self._bytes
         self._buffer, self._sinks, self._decoded, self._bytes = [], [], [], 0
         batch_id = next(self._ids)
         if all(d is not None for d in decoded):
             self.node.hand_decoded(batch_id, tuple(d for d in decoded if d is not None))
         wall_ms, machine_ms = self.clock.stamp()
         entry = Entry("cmds", wall_ms, self._origin(batch_id), cmds=cmds, machine_ms=machine_ms)
-        self._send(batch_id, entry, sinks)
+        self._send(batch_id, entry, sinks, nbytes)
         self.commands_submitted += len(cmds)
 
     def submit_entry(self, make: Callable[[Origin], Entry], sink: Sink) -> None:
@@ -169,8 +205,9 @@ class GroupCommitter:
         batch_id = next(self._ids)
         self._send(batch_id, make(self._origin(batch_id)), [sink])
 
-    def _send(self, batch_id: int, entry: Entry, sinks: list[Sink]) -> None:
-        self._pending[batch_id] = _Batch(sinks)
+    def _send(self, batch_id: int, entry: Entry, sinks: list[Sink], nbytes: int = 0) -> None:
+        self._pending[batch_id] = _Batch(sinks, nbytes)
+        self._bytes_pending += nbytes
         self.entries_submitted += 1
 
         def on_done(_result: Any, reason: int) -> None:  # inside a tick (the loop)
@@ -192,7 +229,7 @@ class GroupCommitter:
         origin = outcome.origin
         if origin is None or origin[:2] != self._origin(0)[:2]:
             return
-        batch = self._pending.pop(origin[2], None)
+        batch = self._pop(origin[2])
         if batch is None:
             return  # already failed (timeout, leader change): the client retries with dedup
         for sink, reply in zip(batch.sinks, outcome.replies, strict=False):
@@ -204,11 +241,19 @@ class GroupCommitter:
     def fail(self, batch_id: int, error: SubmitError) -> None:
         """Fail every command of a batch that will not be answered."""
         self.node.forget_decoded(batch_id)
-        batch = self._pending.pop(batch_id, None)
+        batch = self._pop(batch_id)
         if batch is not None:
             for sink in batch.sinks:
                 _call(sink, error)
             self._release()
+
+    def _pop(self, batch_id: int) -> _Batch | None:
+        batch = self._pending.pop(batch_id, None)
+        if batch is not None:
+            self._bytes_pending -= batch.nbytes
+            if self._bytes + self._bytes_pending < self.admit_bytes_max:
+                self._room.set()
+        return batch
 
     def sweep(self) -> None:
         """Fail batches older than the timeout (pysyncobj has no timeout on async calls)."""

@@ -152,6 +152,11 @@ class Replica:
         encoded = blob if blob is not None else bytes(encode_command(command))
         self._committer.submit(encoded, on_reply, command)
 
+    async def room(self) -> None:
+        """Return once this node has room for more commands (a reader waits on it before it
+        reads more: `GroupCommitter.room`)."""
+        await self._committer.room()
+
     def propose_upgrade(self, version: int, on_reply: Sink) -> None:
         """Replicate a switch of the effective machine version to `version`."""
         now, machine_ms = self.clock.stamp()

@@ -309,10 +309,12 @@ class AmqpConnection:
 
     async def _read_frames(self) -> AsyncIterator[frames.Frame]:
         """Every frame the client sends, in order (reading pauses while too many publishes
-        wait for their confirms; what was written is drained after each read)."""
+        wait for their confirms, or while the node holds its bound of commands in flight; what
+        was written is drained after each read)."""
         while not self.is_closed():
             await self._reading.wait()
             await self._unblocked.wait()
+            await self.server.replica.room()  # the node's commands in flight: bounded in bytes
             data = await self.reader.read(limits.read_bytes)
             if not data:
                 return

@@ -426,6 +426,7 @@ class ClientSession:
                     continue
                 self._dispatch(item)
             await self.writer.drain()
+            await self.server.replica.room()  # the node's commands in flight: bounded in bytes
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         op, request_id = message["op"], message.get("id")
