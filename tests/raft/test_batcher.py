@@ -47,9 +47,17 @@ async def _submit_and_settle(committer: GroupCommitter, replies: list[Any], blob
     await asyncio.sleep(0.01)  # the window (1 ms) and the end of the loop iteration
 
 
-def _committer(node: _SilentNode, stuck_s: float) -> GroupCommitter:
+def _committer(
+    node: _SilentNode, stuck_s: float, inflight_max: int = 3, admit_bytes_max: int = 1 << 30
+) -> GroupCommitter:
     loop = asyncio.get_running_loop()
-    return GroupCommitter(node, loop, inflight_max=3, stuck_s=stuck_s)  # type: ignore[arg-type]
+    return GroupCommitter(
+        node,  # type: ignore[arg-type]
+        loop,
+        inflight_max=inflight_max,
+        stuck_s=stuck_s,
+        admit_bytes_max=admit_bytes_max,
+    )
 
 
 def test_unanswered_entries_hold_new_commands_no_longer_than_stuck_s() -> None:
@@ -92,14 +100,7 @@ def test_readers_wait_while_the_commands_taken_hold_the_bytes_bound() -> None:
 
     async def scenario() -> None:
         node = _SilentNode()
-        loop = asyncio.get_running_loop()
-        committer = GroupCommitter(
-            node,  # type: ignore[arg-type]
-            loop,
-            inflight_max=100,
-            stuck_s=60.0,
-            admit_bytes_max=3000,
-        )
+        committer = _committer(node, stuck_s=60.0, inflight_max=100, admit_bytes_max=3000)
         replies: list[Any] = []
         await asyncio.wait_for(committer.room(), 1.0)  # nothing taken: room at once
         for k in range(3):
@@ -130,14 +131,7 @@ def test_entries_whose_answer_does_not_come_hold_readers_no_longer_than_stuck_s(
 
     async def scenario() -> float:
         node = _SilentNode()
-        loop = asyncio.get_running_loop()
-        committer = GroupCommitter(
-            node,  # type: ignore[arg-type]
-            loop,
-            inflight_max=100,
-            stuck_s=0.2,
-            admit_bytes_max=1000,
-        )
+        committer = _committer(node, stuck_s=0.2, inflight_max=100, admit_bytes_max=1000)
         await _submit_and_settle(committer, [], bytes(2000))
         started = time.monotonic()
         await asyncio.wait_for(committer.room(), 5.0)
