@@ -400,34 +400,17 @@ class PeerConnection:
         """Send `parts` in order after what is buffered; buffer what the socket does not take."""
         if self._sock is None:
             return
-        if self._wbuf:
-            self._buffer(parts, 0)
-            return
-        try:
-            if isinstance(self._sock, ssl.SSLSocket):  # no sendmsg: one record
-                parts = (b"".join(parts),) if len(parts) > 1 else parts
-                sent = self._sock.send(parts[0])
-            else:
-                sent = self._sock.sendmsg(parts)
-        except (BlockingIOError, *_TLS_WAIT):  # TLS: retried with the same bytes first
-            sent = 0
-        except OSError:
-            self.disconnect()
-            return
-        if sent < sum(len(part) for part in parts):
-            self._buffer(parts, sent)
-            self._subscribe()
-
-    def _buffer(self, parts: tuple[bytes, ...], skip: int) -> None:
-        """Queue `parts` but their first `skip` bytes (sent already)."""
+        if isinstance(self._sock, ssl.SSLSocket) and len(parts) > 1:
+            parts = (b"".join(parts),)  # no sendmsg over TLS: one record
+        idle = not self._wbuf
         for part in parts:
-            if skip >= len(part):
-                skip -= len(part)
-                continue
-            view = memoryview(part)[skip:] if skip else memoryview(part)
-            skip = 0
-            self._wbuf.append(view)
-            self._wbuf_bytes += len(view)
+            if part:
+                self._wbuf.append(memoryview(part))
+                self._wbuf_bytes += len(part)
+        if idle:
+            self._flush()
+            if self._wbuf:
+                self._subscribe()
 
     def _flush(self) -> None:
         sock = self._sock
